@@ -1,0 +1,70 @@
+"""poimen: crash-safe tool calls for AI agents."""
+
+from poimen._capability import ToolContext
+from poimen._effects import (
+    EffectClass,
+    Idempotent,
+    KeyDerivation,
+    Landed,
+    LookupAnswer,
+    NotLanded,
+    Queryable,
+    RequestIdLookup,
+    Unknown,
+    Unsafe,
+)
+from poimen._intents import (
+    Attempt,
+    Completed,
+    Denial,
+    Event,
+    Failed,
+    Indeterminate,
+    Intent,
+    IntentState,
+    Notification,
+    Outcome,
+    Pending,
+    Resolved,
+)
+from poimen._kernel import Kernel
+from poimen._keys import MAX_ARGS_BYTES
+from poimen._notify import CallbackNotifier, LogNotifier, Notifier
+from poimen._recovery import RecoveryReport
+from poimen._tools import Caps, ToolRegistration
+from poimen.errors import DefiniteFailure
+
+__all__ = [
+    "MAX_ARGS_BYTES",
+    "Attempt",
+    "CallbackNotifier",
+    "Caps",
+    "Completed",
+    "DefiniteFailure",
+    "Denial",
+    "EffectClass",
+    "Event",
+    "Failed",
+    "Idempotent",
+    "Indeterminate",
+    "Intent",
+    "IntentState",
+    "Kernel",
+    "KeyDerivation",
+    "Landed",
+    "LogNotifier",
+    "LookupAnswer",
+    "NotLanded",
+    "Notification",
+    "Notifier",
+    "Outcome",
+    "Pending",
+    "Queryable",
+    "RecoveryReport",
+    "RequestIdLookup",
+    "Resolved",
+    "ToolContext",
+    "ToolRegistration",
+    "Unknown",
+    "Unsafe",
+]

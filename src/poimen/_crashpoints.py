@@ -1,0 +1,35 @@
+"""Crash points for crash tests, set by environment variable in a child process.
+
+``POIMEN_CRASH_AT=point[,point]`` SIGKILLs the process when it reaches a point;
+``POIMEN_PAUSE_AT=point`` writes ``POIMEN_PAUSE_FILE`` and waits there for the parent's SIGKILL.
+Points: ``before_dispatch_commit``, ``after_dispatch_commit``, ``mid_call`` (inside a test tool,
+before its effect), ``after_effect`` (the tool returned, its outcome not yet committed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+POINTS = ("before_dispatch_commit", "after_dispatch_commit", "mid_call", "after_effect")
+
+_CRASH = frozenset(p for p in os.environ.get("POIMEN_CRASH_AT", "").split(",") if p)
+_PAUSE = frozenset(p for p in os.environ.get("POIMEN_PAUSE_AT", "").split(",") if p)
+ACTIVE = bool(_CRASH or _PAUSE)
+
+
+def hit(point: str) -> None:
+    if not ACTIVE:
+        return
+    if point in _CRASH:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if point in _PAUSE:
+        marker = os.environ.get("POIMEN_PAUSE_FILE")
+        if marker:
+            tmp = marker + ".tmp"
+            with open(tmp, "w", encoding="ascii") as f:
+                f.write(f"{os.getpid()} {point}\n")
+            os.replace(tmp, marker)
+        while True:  # the parent kills us here
+            time.sleep(3600)

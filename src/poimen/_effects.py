@@ -1,0 +1,194 @@
+"""The three effect classes and what each one's recovery needs (DESIGN §2)."""
+
+from __future__ import annotations
+
+import dis
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, assert_never
+
+from poimen._keys import JSONValue, hash_key, to_json_value
+from poimen.errors import ArgumentError, NondeterministicKeyError, RegistrationError
+
+# Names whose presence in a custom derivation means it reads a clock, a counter or randomness.
+_IMPURE_NAMES = frozenset(
+    {
+        "time",
+        "time_ns",
+        "monotonic",
+        "monotonic_ns",
+        "perf_counter",
+        "perf_counter_ns",
+        "now",
+        "utcnow",
+        "today",
+        "random",
+        "randint",
+        "randrange",
+        "choice",
+        "getrandbits",
+        "uuid1",
+        "uuid4",
+        "urandom",
+        "token_hex",
+        "token_bytes",
+        "token_urlsafe",
+        "count",
+        "next",
+        "getpid",
+        "environ",
+        "getenv",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyDerivation:
+    """How an Idempotent tool's key is derived from its recorded arguments.
+
+    Build one with `KeyDerivation.fields(...)`, `KeyDerivation.all_args(...)` or
+    `KeyDerivation.custom(...)`. Bump `version` when the derivation changes on purpose.
+    """
+
+    mode: Literal["fields", "all_args", "custom"]
+    paths: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    func: Callable[[Mapping[str, JSONValue]], Any] | None = field(default=None, compare=False)
+    version: int = 1
+
+    @classmethod
+    def fields(cls, *paths: str, version: int = 1) -> KeyDerivation:
+        if not paths:
+            raise RegistrationError("KeyDerivation.fields() needs at least one field name")
+        for p in paths:
+            if not isinstance(p, str) or not p or any(not s for s in p.split(".")):
+                raise RegistrationError(f"key field {p!r} is not a valid (dotted) argument name")
+        return cls("fields", paths=tuple(paths), version=version)
+
+    @classmethod
+    def all_args(cls, *, exclude: Iterable[str] = (), version: int = 1) -> KeyDerivation:
+        return cls("all_args", exclude=tuple(exclude), version=version)
+
+    @classmethod
+    def custom(
+        cls, func: Callable[[Mapping[str, JSONValue]], Any], *, version: int = 1
+    ) -> KeyDerivation:
+        """A pure function of the recorded arguments; re-checked at every recovery."""
+        impure = sorted(_impure_names(func))
+        if impure:
+            raise NondeterministicKeyError(
+                f"key derivation {getattr(func, '__qualname__', func)!r} reads "
+                f"{', '.join(impure)}: a key must depend on the recorded arguments only",
+                names=impure,
+            )
+        return cls("custom", func=func, version=version)
+
+    def select(self, args: Mapping[str, JSONValue]) -> JSONValue:
+        """The values the key is computed over."""
+        if self.mode == "fields":
+            return {p: _pick(args, p) for p in self.paths}
+        if self.mode == "all_args":
+            return {k: v for k, v in args.items() if k not in self.exclude}
+        assert self.func is not None
+        return to_json_value(self.func(args), "<key derivation result>")
+
+    def derive(self, tool_id: str, args: Mapping[str, JSONValue]) -> str:
+        return hash_key(tool_id, self.version, self.select(args))
+
+
+def _pick(args: Mapping[str, JSONValue], path: str) -> JSONValue:
+    node: JSONValue = dict(args)
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ArgumentError(f"key field {path!r} is missing from the arguments", argument=path)
+        node = node[part]
+    return node
+
+
+def _impure_names(func: Callable[..., Any]) -> set[str]:
+    code = getattr(func, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return set()
+    found: set[str] = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        found.update(n for n in c.co_names if n in _IMPURE_NAMES)
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME"):
+                name = ins.argval if isinstance(ins.argval, str) else None
+                if name in _IMPURE_NAMES:
+                    found.add(name)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    if getattr(func, "__closure__", None):
+        found.update("closure:" + n for n in code.co_freevars if n in _IMPURE_NAMES)
+    return found
+
+
+# Answers of a Queryable tool's lookup.
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """The provider has the request; `result` is what it answered."""
+
+    result: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class NotLanded:
+    """The provider never received the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """The provider could not say; ask again later."""
+
+    reason: str
+
+
+LookupAnswer = Landed | NotLanded | Unknown
+
+
+class RequestIdLookup(Protocol):
+    """Asks the provider whether the request with this id landed."""
+
+    def __call__(self, request_id: str, /) -> LookupAnswer: ...
+
+
+# The effect classes. Each carries what its recovery path needs.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Idempotent:
+    """A retry with the same key is safe: the provider deduplicates on it."""
+
+    key: KeyDerivation
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Queryable:
+    """The provider can be asked whether a request id landed."""
+
+    lookup: RequestIdLookup
+
+
+@dataclass(frozen=True, slots=True)
+class Unsafe:
+    """Nothing makes a retry safe: an unknown outcome becomes Indeterminate."""
+
+
+EffectClass = Idempotent | Queryable | Unsafe
+
+
+def effect_name(effects: EffectClass) -> Literal["idempotent", "queryable", "unsafe"]:
+    match effects:
+        case Idempotent():
+            return "idempotent"
+        case Queryable():
+            return "queryable"
+        case Unsafe():
+            return "unsafe"
+        case _:
+            assert_never(effects)

@@ -1,0 +1,175 @@
+"""Intent states, the one table of allowed transitions, and the values the log holds."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from poimen.errors import IllegalTransitionError
+
+
+class IntentState(enum.StrEnum):
+    DISPATCHED = "DISPATCHED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    INDETERMINATE = "INDETERMINATE"
+    RESOLVED_LANDED = "RESOLVED_LANDED"
+    RESOLVED_NOT_LANDED = "RESOLVED_NOT_LANDED"
+
+
+S = IntentState
+
+#: Every store checks against this table; `None` is "no intent yet".
+TRANSITIONS: dict[IntentState | None, frozenset[IntentState]] = {
+    None: frozenset({S.DISPATCHED}),
+    # DISPATCHED -> DISPATCHED is a claim or a new attempt (fence + 1).
+    S.DISPATCHED: frozenset({S.DISPATCHED, S.COMPLETED, S.FAILED, S.INDETERMINATE}),
+    S.INDETERMINATE: frozenset({S.RESOLVED_LANDED, S.RESOLVED_NOT_LANDED}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+    S.RESOLVED_LANDED: frozenset(),
+    S.RESOLVED_NOT_LANDED: frozenset(),
+}
+
+TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if s is not None and not nxt)
+UNFINISHED = frozenset({S.DISPATCHED})
+
+
+def check_transition(src: IntentState | None, dst: IntentState) -> None:
+    if dst not in TRANSITIONS[src]:
+        raise IllegalTransitionError(
+            f"illegal transition {src or 'new'} -> {dst}", source=src, target=dst
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who holds an in-flight intent: a worker, on a host, in a process."""
+
+    worker_id: str
+    host: str
+    pid: int
+    pid_start: str
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    id: str
+    call_id: str
+    tool_id: str
+    effect: str
+    args: str
+    args_hash: str
+    key: str | None
+    request_id: str | None
+    state: IntentState
+    fence: int
+    owner: Owner | None
+    lease_expires_at: float | None
+    timeout_s: float
+    deadline_at: float | None
+    next_check_at: float | None
+    unknown_count: int
+    attempts: int
+    result: str | None
+    error: str | None
+    reason: str | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    intent_id: str
+    number: int
+    fence: int
+    owner: Owner | None
+    started_at: float
+    ended_at: float | None
+    outcome: str | None
+    result: str | None
+    error: str | None
+    late_outcome: str | None
+    late_result: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: int
+    intent_id: str
+    at: float
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    actor: str
+    detail: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    id: int
+    delivery_id: str
+    intent_id: str
+    kind: str
+    payload: str
+    created_at: float
+    delivered_at: float | None
+    attempts: int
+    next_attempt_at: float
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    id: int
+    at: float
+    tool_id: str
+    intent_id: str | None
+    attempt: int | None
+    action: str
+    target: str
+    reason: str
+
+
+# What a caller receives. Indeterminate is a value, not an exception.
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    intent_id: str
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    intent_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Indeterminate:
+    """The effect may or may not have happened; an operator decides."""
+
+    intent_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """An operator decided an Indeterminate intent."""
+
+    intent_id: str
+    landed: bool
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Still in flight (another live owner) or waiting for its deadline before recovery."""
+
+    intent_id: str
+    reason: str
+
+
+Outcome = Completed | Failed | Indeterminate | Resolved | Pending

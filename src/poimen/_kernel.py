@@ -1,0 +1,484 @@
+"""The kernel: registers tools, writes the intent log, dispatches, recovers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from poimen import _crashpoints
+from poimen._capability import ToolContext
+from poimen._effects import EffectClass, Idempotent, Queryable, Unsafe, effect_name
+from poimen._intents import (
+    Completed,
+    Failed,
+    Indeterminate,
+    Intent,
+    IntentState,
+    Outcome,
+    Pending,
+    Resolved,
+)
+from poimen._keys import args_digest, canonical, encode_args, to_json_value
+from poimen._liveness import current_owner, process_alive
+from poimen._notify import LogNotifier, Notifier, deliver
+from poimen._recovery import RecoveryReport, recover_pass, resolve_unknown
+from poimen._tools import Caps, Tool, ToolRegistration, build_tool
+from poimen.errors import (
+    CallIdMismatchError,
+    DefiniteFailure,
+    IntentNotFoundError,
+    PoimenError,
+    RegistrationError,
+    SandboxDeniedError,
+    UnknownToolError,
+)
+from poimen.store import Store, open_store
+from poimen.store._base import NewDispatch
+
+log = logging.getLogger("poimen")
+F = TypeVar("F", bound=Callable[..., Any])
+Mode = Literal["live", "shadow", "replay"]
+S = IntentState
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    kind: Literal["completed", "failed", "unknown"]
+    value: Any = None
+    error: str | None = None
+
+
+class Kernel:
+    """Registers tools, journals every call before and after dispatch, and recovers by class.
+
+    `store` is a Store or a URL (``sqlite:///path``, ``postgresql://...``). Call `launch()`
+    once the tools are registered: it runs the restart scan and starts background upkeep.
+    """
+
+    def __init__(
+        self,
+        store: Store | str,
+        *,
+        worker_id: str | None = None,
+        host: str | None = None,
+        mode: Mode = "live",
+        lease_ttl: float = 30.0,
+        notifiers: Sequence[Notifier] | None = None,
+        max_attempts: int = 5,
+        lookup_limit: int = 8,
+        lookup_backoff: float = 1.0,
+        max_backoff: float = 300.0,
+        deadline_margin: float = 1.0,
+        wait_bound: float = 5.0,
+        recover_interval: float = 5.0,
+    ) -> None:
+        if mode not in ("live", "shadow", "replay"):
+            raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}")
+        self.store: Store = open_store(store) if isinstance(store, str) else store
+        self.owner = current_owner(worker_id, host)
+        self.mode: Mode = mode
+        self.lease_ttl = lease_ttl
+        self.notifiers: list[Notifier] = (
+            list(notifiers) if notifiers is not None else [LogNotifier()]
+        )
+        self.max_attempts = max_attempts
+        self.lookup_limit = lookup_limit
+        self.lookup_backoff = lookup_backoff
+        self.max_backoff = max_backoff
+        self.deadline_margin = deadline_margin
+        self.wait_bound = wait_bound
+        self.recover_interval = recover_interval
+        self._tools: dict[str, Tool] = {}
+        self._inflight: set[str] = set()
+        self._inflight_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._upkeep: threading.Thread | None = None
+        self._deliver_lock = threading.Lock()
+
+    @property
+    def worker_id(self) -> str:
+        return self.owner.worker_id
+
+    # Registration.
+
+    def tool(
+        self, *, id: str, effects: EffectClass, caps: Caps, timeout: float
+    ) -> Callable[[F], F]:
+        """Register the decorated function. Every argument is required."""
+        registration = ToolRegistration(id=id, effects=effects, caps=caps, timeout=timeout)
+
+        def decorate(fn: F) -> F:
+            self.register(registration, fn)
+            return fn
+
+        return decorate
+
+    def register(self, registration: ToolRegistration, fn: Callable[..., Any]) -> Tool:
+        if not isinstance(registration, ToolRegistration):
+            raise RegistrationError(
+                f"expected a ToolRegistration, got {type(registration).__name__}"
+            )
+        if registration.id in self._tools:
+            raise RegistrationError(
+                f"tool {registration.id!r} is already registered", tool_id=registration.id
+            )
+        tool = build_tool(registration, fn)
+        self._tools[registration.id] = tool
+        return tool
+
+    def registered(self) -> dict[str, ToolRegistration]:
+        return {k: t.registration for k, t in self._tools.items()}
+
+    # Life cycle.
+
+    def launch(self, *, background: bool = True) -> RecoveryReport:
+        """Run the restart scan and recovery pass; optionally keep leases, recovery and
+        notification delivery going in a background thread."""
+        report = self.recover()
+        if background and self._upkeep is None:
+            self._upkeep = threading.Thread(
+                target=self._upkeep_loop, name="poimen-upkeep", daemon=True
+            )
+            self._upkeep.start()
+        return report
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._upkeep is not None:
+            self._upkeep.join(timeout=10)
+            self._upkeep = None
+        self.store.close()
+
+    def __enter__(self) -> Kernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _upkeep_loop(self) -> None:
+        next_recover = time.monotonic() + self.recover_interval
+        while not self._stop.wait(min(self.lease_ttl / 3, self.recover_interval, 1.0)):
+            try:
+                self._renew()
+                if time.monotonic() >= next_recover:
+                    self.recover()
+                    next_recover = time.monotonic() + self.recover_interval
+                else:
+                    self.deliver_notifications()
+            except PoimenError as exc:  # upkeep keeps going; the next round retries
+                log.warning("poimen upkeep: %s", exc)
+
+    def _renew(self) -> None:
+        with self._inflight_lock:
+            ids = list(self._inflight)
+        if ids:
+            self.store.renew_leases(self.worker_id, ids, self.store.now() + self.lease_ttl)
+
+    # The call path.
+
+    def call(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
+        """Journal, dispatch and settle one call. Indeterminate is returned, not raised."""
+        t, d, kwargs = self._prepare(tool, args, call_id)
+        _crashpoints.hit("before_dispatch_commit")
+        intent, created = self.store.record_dispatch(d)
+        if not created:
+            return self._existing(t, intent, d)
+        _crashpoints.hit("after_dispatch_commit")
+        return self._drive(t, intent, kwargs)
+
+    async def acall(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
+        t, d, kwargs = self._prepare(tool, args, call_id)
+        _crashpoints.hit("before_dispatch_commit")
+        intent, created = await asyncio.to_thread(self.store.record_dispatch, d)
+        if not created:
+            return await asyncio.to_thread(self._existing, t, intent, d)
+        _crashpoints.hit("after_dispatch_commit")
+        while True:
+            run = await self._invoke_async(t, intent, kwargs)
+            nxt = await asyncio.to_thread(self._settle, t, intent, run)
+            if not isinstance(nxt, Intent):
+                return nxt
+            intent = nxt
+
+    def _prepare(
+        self, tool: str, args: Mapping[str, Any], call_id: str
+    ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
+        t = self._tools.get(tool) if isinstance(tool, str) else None
+        if t is None:
+            raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
+        if not isinstance(call_id, str) or not call_id:
+            raise PoimenError(f"call_id must be a non-empty string, got {call_id!r}")
+        effects = t.registration.effects
+        if self.mode != "live" and isinstance(effects, Unsafe):
+            self.store.record_denial(
+                tool_id=t.id,
+                intent_id=None,
+                attempt=None,
+                action="dispatch",
+                target=call_id,
+                reason=f"unsafe tool in {self.mode} mode",
+                now=self.store.now(),
+            )
+            raise SandboxDeniedError(
+                f"tool {t.id!r} is Unsafe and {self.mode} mode denies it", tool_id=t.id
+            )
+        data, _ = encode_args(args)
+        recorded, kwargs = t.validate(data)
+        text = canonical(recorded)
+        key = request_id = None
+        if isinstance(effects, Idempotent):
+            key = effects.key.derive(t.id, recorded)
+            if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:
+                from poimen.errors import NondeterministicKeyError
+
+                raise NondeterministicKeyError(
+                    f"tool {t.id!r}: its key derivation gave two keys for one set of arguments",
+                    tool_id=t.id,
+                )
+        elif isinstance(effects, Queryable):
+            request_id = "rq_" + uuid.uuid4().hex
+        now = self.store.now()
+        timeout = t.registration.timeout
+        d = NewDispatch(
+            intent_id=_new_id(),
+            call_id=call_id,
+            tool_id=t.id,
+            effect=effect_name(effects),
+            args=text,
+            args_hash=args_digest(text),
+            key=key,
+            request_id=request_id,
+            owner=self.owner,
+            lease_expires_at=now + max(self.lease_ttl, timeout),
+            timeout_s=timeout,
+            deadline_at=now + timeout + self.deadline_margin,
+            now=now,
+        )
+        return t, d, kwargs
+
+    def _existing(self, t: Tool, intent: Intent, d: NewDispatch) -> Outcome:
+        if intent.tool_id != t.id or intent.args_hash != d.args_hash:
+            raise CallIdMismatchError(
+                f"call id {d.call_id!r} was recorded for tool {intent.tool_id!r} with other "
+                "arguments; a call id always names the same call",
+                call_id=d.call_id,
+                intent_id=intent.id,
+            )
+        if intent.state != S.DISPATCHED:
+            return self._answer(intent)
+        deadline = time.monotonic() + self.wait_bound
+        while True:
+            now = self.store.now()
+            due = intent.next_check_at is None or intent.next_check_at <= now
+            if due and self._claimable(intent, now):
+                return self._drive(t, intent)
+            if time.monotonic() >= deadline:
+                return Pending(intent.id, "in_flight")
+            time.sleep(0.05)
+            current = self.store.get_intent(intent.id)
+            assert current is not None
+            if current.state != S.DISPATCHED:
+                return self._answer(current)
+            intent = current
+
+    def _drive(self, t: Tool, intent: Intent, kwargs: dict[str, Any] | None = None) -> Outcome:
+        """Run an intent we hold to an outcome: invoke, settle, retry by class."""
+        if kwargs is None:
+            # Recovery of an orphan: decide first, the tool runs only if its class says so.
+            nxt = resolve_unknown(self, t, intent)
+            if not isinstance(nxt, Intent):
+                return nxt
+            intent = nxt
+        while True:
+            if kwargs is None:
+                _, kwargs = t.validate(json.loads(intent.args))
+            run = self._invoke_sync(t, intent, kwargs)
+            nxt = self._settle(t, intent, run)
+            if not isinstance(nxt, Intent):
+                return nxt
+            intent = nxt
+
+    def _context(self, t: Tool, intent: Intent) -> ToolContext:
+        return ToolContext(
+            tool_id=t.id,
+            intent_id=intent.id,
+            call_id=intent.call_id,
+            attempt=intent.attempts,
+            key=intent.key,
+            request_id=intent.request_id,
+        )
+
+    def _invoke_sync(self, t: Tool, intent: Intent, kwargs: dict[str, Any]) -> _Run:
+        ctx = self._context(t, intent)
+        with self._inflight_lock:
+            self._inflight.add(intent.id)
+        try:
+            if t.is_async:
+                value = _run_coroutine(
+                    asyncio.wait_for(t.fn(ctx, **kwargs), t.registration.timeout)
+                )
+            else:
+                # A sync tool cannot be preempted; its timeout sets the lease and deadline.
+                value = t.fn(ctx, **kwargs)
+        except DefiniteFailure as exc:
+            return _Run("failed", error=str(exc) or type(exc).__name__)
+        except Exception as exc:  # any other exception: the outcome is unknown
+            return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            with self._inflight_lock:
+                self._inflight.discard(intent.id)
+        return _Run("completed", value=value)
+
+    async def _invoke_async(self, t: Tool, intent: Intent, kwargs: dict[str, Any]) -> _Run:
+        ctx = self._context(t, intent)
+        with self._inflight_lock:
+            self._inflight.add(intent.id)
+        try:
+            coro = t.fn(ctx, **kwargs) if t.is_async else asyncio.to_thread(t.fn, ctx, **kwargs)
+            value = await asyncio.wait_for(coro, t.registration.timeout)
+        except DefiniteFailure as exc:
+            return _Run("failed", error=str(exc) or type(exc).__name__)
+        except Exception as exc:  # timeouts included: the outcome is unknown
+            return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            with self._inflight_lock:
+                self._inflight.discard(intent.id)
+        return _Run("completed", value=value)
+
+    def _settle(self, t: Tool, intent: Intent, run: _Run) -> Outcome | Intent:
+        _crashpoints.hit("after_effect")
+        now = self.store.now()
+        if run.kind == "completed":
+            note = None
+            try:
+                text: str | None = canonical(to_json_value(run.value, "<result>"))
+            except PoimenError as exc:
+                text, note = None, f"result not recorded: {exc}"
+            if self.store.record_outcome(
+                intent.id, intent.fence, S.COMPLETED, result=text, error=note, now=now
+            ):
+                return Completed(intent.id, run.value if text is None else json.loads(text))
+            return self._answer_current(intent.id)
+        if run.kind == "failed":
+            if self.store.record_outcome(
+                intent.id, intent.fence, S.FAILED, result=None, error=run.error, now=now
+            ):
+                return Failed(intent.id, run.error or "")
+            return self._answer_current(intent.id)
+        self.store.record_unknown(intent.id, intent.fence, run.error or "unknown", now)
+        return resolve_unknown(self, t, intent)
+
+    def _claim_retry(self, intent: Intent) -> Outcome | Intent:
+        now = self.store.now()
+        timeout = intent.timeout_s
+        claimed = self.store.claim(
+            intent.id,
+            intent.fence,
+            self.owner,
+            lease_expires_at=now + max(self.lease_ttl, timeout),
+            new_attempt=True,
+            deadline_at=now + timeout + self.deadline_margin,
+            now=now,
+        )
+        if claimed is None:
+            return Pending(intent.id, "lost_race")
+        return claimed
+
+    def _claimable(self, intent: Intent, now: float) -> bool:
+        o = intent.owner
+        if o is None:
+            return True
+        me = self.owner
+        if o.host == me.host and o.pid == me.pid and o.pid_start == me.pid_start:
+            with self._inflight_lock:
+                return intent.id not in self._inflight
+        if intent.lease_expires_at is not None and intent.lease_expires_at <= now:
+            return True
+        # Only on our own host can a pid say anything; elsewhere the lease decides.
+        return o.host == me.host and not process_alive(o.pid, o.pid_start)
+
+    def _answer_current(self, intent_id: str) -> Outcome:
+        current = self.store.get_intent(intent_id)
+        if current is None:
+            raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+        return self._answer(current)
+
+    def _answer(self, intent: Intent) -> Outcome:
+        match intent.state:
+            case S.COMPLETED:
+                return Completed(
+                    intent.id, None if intent.result is None else json.loads(intent.result)
+                )
+            case S.FAILED:
+                return Failed(intent.id, intent.error or "")
+            case S.INDETERMINATE:
+                return Indeterminate(intent.id, intent.reason or "")
+            case S.RESOLVED_LANDED | S.RESOLVED_NOT_LANDED:
+                return Resolved(
+                    intent.id,
+                    intent.state == S.RESOLVED_LANDED,
+                    None if intent.result is None else json.loads(intent.result),
+                )
+            case S.DISPATCHED:
+                return Pending(intent.id, intent.reason or "in_flight")
+        raise AssertionError(intent.state)
+
+    # Recovery and the operator path.
+
+    def recover(self) -> RecoveryReport:
+        """One recovery pass now; then deliver due notifications."""
+        report = recover_pass(self)
+        self.deliver_notifications()
+        return report
+
+    def resolve(
+        self, intent_id: str, *, landed: bool, result: Any = None, operator: str, reason: str
+    ) -> Intent:
+        """An operator's decision on an INDETERMINATE intent; terminal and audited."""
+        if not isinstance(operator, str) or not operator.strip():
+            raise PoimenError("resolve needs the operator's name", field="operator")
+        if not isinstance(reason, str) or not reason.strip():
+            raise PoimenError("resolve needs a reason", field="reason")
+        if not landed and result is not None:
+            raise PoimenError("a result makes sense only for a landed call", field="result")
+        text = None if result is None else canonical(to_json_value(result, "result"))
+        return self.store.resolve(
+            intent_id,
+            landed=landed,
+            result=text,
+            operator=operator,
+            reason=reason,
+            now=self.store.now(),
+        )
+
+    def deliver_notifications(self) -> int:
+        with self._deliver_lock:
+            return deliver(self.store, self.notifiers)
+
+    def _notify_soon(self) -> None:
+        try:
+            self.deliver_notifications()
+        except PoimenError as exc:  # stays in the outbox; upkeep delivers it later
+            log.warning("notification delivery deferred: %s", exc)
+
+
+def _new_id() -> str:
+    # Time-ordered, so recovery scans the oldest unfinished intents first.
+    return f"in_{time.time_ns():016x}{os.urandom(5).hex()}"
+
+
+def _run_coroutine(coro: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise PoimenError("an async tool called with Kernel.call inside a running loop: use acall")

@@ -1,0 +1,594 @@
+"""A stand-in external provider that counts real effects.
+
+The provider runs as its own OS process with its own SQLite ledger, so a test
+can crash the agent side and then ask an independent witness how many effects
+actually landed. The ledger deduplicates ``/keyed`` writes on the supplied
+idempotency key only, never on content: a ledger that deduplicated on content
+would let a double issue with a fresh key slip through as a single effect.
+
+Run it with::
+
+    python -m poimen._provider --ledger PATH --port-file PATH [--port 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import IO, Any, Final
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+import httpx
+
+__all__ = ["LOOKUP_MODES", "ProviderClient", "ProviderProcess", "main"]
+
+LOOKUP_MODES: Final[tuple[str, ...]] = ("truthful", "landed", "never_arrived", "error")
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    key TEXT,
+    request_id TEXT,
+    body TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS entries_keyed_key ON entries (key) WHERE kind = 'keyed';
+"""
+
+_LEDGER_FILTERS: Final = ("kind", "key", "request_id")
+_START_TIMEOUT_S: Final = 10.0
+_STOP_TIMEOUT_S: Final = 5.0
+
+
+# --------------------------------------------------------------------------- server
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN/Infinity are not JSON; storing them would make the ledger unreadable to strict parsers.
+    raise ValueError(f"non-standard JSON constant {name!r}")
+
+
+def _canonical(value: Any) -> str:
+    # A canonical text form lets "same key, different content" be detected reliably.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    row_id = cursor.lastrowid
+    if row_id is None:
+        raise RuntimeError("INSERT did not report a row id")
+    return row_id
+
+
+class _Ledger:
+    """The provider's own record of effects; one connection guarded by one lock."""
+
+    def __init__(self, path: str) -> None:
+        # Autocommit: every INSERT is its own durable transaction (WAL + synchronous=FULL).
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.executescript(_SCHEMA)
+
+    def keyed(self, key: str, body: str) -> tuple[int, bool, bool]:
+        """Return (entry_id, duplicate, content_differs)."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT id, body FROM entries WHERE kind = 'keyed' AND key = ?", (key,)
+            ).fetchone()
+            if row is not None:
+                return int(row[0]), True, str(row[1]) != body
+            cur = self._conn.execute(
+                "INSERT INTO entries (kind, key, request_id, body, at) VALUES ('keyed', ?, NULL, ?, ?)",
+                (key, body, time.time()),
+            )
+            return _row_id(cur), False, False
+
+    def insert(self, kind: str, body: str, request_id: str | None = None) -> int:
+        with self._lock:
+            cur = self._conn.execute(
+                "INSERT INTO entries (kind, key, request_id, body, at) VALUES (?, NULL, ?, ?, ?)",
+                (kind, request_id, body, time.time()),
+            )
+            return _row_id(cur)
+
+    def first_request(self, request_id: str) -> tuple[int, Any] | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT id, body FROM entries WHERE kind = 'request' AND request_id = ?"
+                " ORDER BY id LIMIT 1",
+                (request_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        return int(row[0]), json.loads(row[1])
+
+    def select(self, filters: Mapping[str, str]) -> list[dict[str, Any]]:
+        # Column names come from the fixed _LEDGER_FILTERS allow-list, never from the request.
+        clauses = [f"{name} = ?" for name in _LEDGER_FILTERS if name in filters]
+        params = [filters[name] for name in _LEDGER_FILTERS if name in filters]
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT id, kind, key, request_id, body, at FROM entries{where} ORDER BY id",
+                params,
+            ).fetchall()
+        return [
+            {
+                "id": r[0],
+                "kind": r[1],
+                "key": r[2],
+                "request_id": r[3],
+                "body": json.loads(r[4]),
+                "at": r[5],
+            }
+            for r in rows
+        ]
+
+    def close(self) -> None:
+        # Taking the lock first means no write is half-applied when the connection goes away.
+        with self._lock:
+            self._conn.close()
+
+
+class _ProviderServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], ledger: _Ledger, lookup_mode: str) -> None:
+        super().__init__(address, _Handler)
+        self.ledger = ledger
+        # Plain attribute swaps are atomic under the GIL, so these need no lock.
+        self.lookup_mode = lookup_mode
+        self.write_delay = 0.0
+
+
+class _Handler(BaseHTTPRequestHandler):
+    # HTTP/1.1 keeps httpx connections alive; every response sets Content-Length.
+    protocol_version = "HTTP/1.1"
+    server_version = "poimen-provider"
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if os.environ.get("POIMEN_PROVIDER_LOG") == "1":
+            super().log_message(format, *args)
+
+    @property
+    def _state(self) -> _ProviderServer:
+        server = self.server
+        if not isinstance(server, _ProviderServer):
+            raise TypeError("handler is bound to the wrong server type")
+        return server
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            # Always drain the body first so a rejected request cannot desync a kept-alive socket.
+            raw = self._read_body() if method == "POST" else b""
+            status, payload = self._route(method, raw)
+        except _HttpError as exc:
+            status, payload = exc.status, {"error": exc.message}
+        except Exception:
+            # Server boundary: report a 500 instead of dropping the connection, keep the trace.
+            traceback.print_exc()
+            status, payload = 500, {"error": "internal provider error"}
+        self._send(status, payload)
+
+    def _read_body(self) -> bytes:
+        header = self.headers.get("Content-Length")
+        if header is None:
+            return b""
+        try:
+            length = int(header)
+        except ValueError:
+            self.close_connection = True
+            raise _HttpError(400, f"invalid Content-Length {header!r}") from None
+        if length < 0:
+            self.close_connection = True
+            raise _HttpError(400, f"invalid Content-Length {header!r}")
+        return self.rfile.read(length)
+
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up (often on purpose, mid-delay); the effect already landed.
+            self.close_connection = True
+
+    def _route(self, method: str, raw: bytes) -> tuple[int, Any]:
+        parts = urlsplit(self.path)
+        path = parts.path
+        if path.startswith("/requests/") and len(path) > len("/requests/"):
+            self._require(method, "GET")
+            return self._lookup(unquote(path[len("/requests/") :]))
+        routes: dict[str, tuple[str, Callable[[], tuple[int, Any]]]] = {
+            "/health": ("GET", lambda: (200, {"ok": True, "pid": os.getpid()})),
+            "/ledger": ("GET", lambda: self._ledger(parts.query)),
+            "/keyed": ("POST", lambda: self._keyed(raw)),
+            "/requests": ("POST", lambda: self._request(raw)),
+            "/plain": ("POST", lambda: self._plain(raw)),
+            "/admin/lookup-mode": ("POST", lambda: self._set_lookup_mode(raw)),
+            "/admin/delay": ("POST", lambda: self._set_delay(raw)),
+        }
+        if path not in routes:
+            raise _HttpError(404, f"unknown path {path!r}")
+        allowed, handler = routes[path]
+        self._require(method, allowed)
+        return handler()
+
+    @staticmethod
+    def _require(method: str, allowed: str) -> None:
+        if method != allowed:
+            raise _HttpError(405, f"method {method} not allowed; use {allowed}")
+
+    @staticmethod
+    def _parse_json(raw: bytes) -> Any:
+        if not raw:
+            raise _HttpError(400, "request body is empty; expected JSON")
+        try:
+            return json.loads(raw, parse_constant=_reject_constant)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise _HttpError(400, f"request body is not valid JSON: {exc}") from None
+
+    def _header(self, name: str) -> str:
+        value = self.headers.get(name)
+        if not value:
+            raise _HttpError(400, f"missing or empty {name} header")
+        return value
+
+    def _before_write(self) -> None:
+        # Sleeping before the write is applied lets a test kill a client mid-flight.
+        delay = self._state.write_delay
+        if delay > 0:
+            time.sleep(delay)
+
+    def _keyed(self, raw: bytes) -> tuple[int, Any]:
+        key = self._header("Idempotency-Key")
+        body = _canonical(self._parse_json(raw))
+        self._before_write()
+        entry_id, duplicate, differs = self._state.ledger.keyed(key, body)
+        if not duplicate:
+            return 201, {"entry_id": entry_id, "duplicate": False, "key": key}
+        return 200, {
+            "entry_id": entry_id,
+            "duplicate": True,
+            "key": key,
+            "content_differs": differs,
+        }
+
+    def _request(self, raw: bytes) -> tuple[int, Any]:
+        request_id = self._header("X-Request-Id")
+        body = _canonical(self._parse_json(raw))
+        self._before_write()
+        entry_id = self._state.ledger.insert("request", body, request_id)
+        return 201, {"entry_id": entry_id, "request_id": request_id}
+
+    def _plain(self, raw: bytes) -> tuple[int, Any]:
+        body = _canonical(self._parse_json(raw))
+        self._before_write()
+        return 201, {"entry_id": self._state.ledger.insert("plain", body)}
+
+    def _lookup(self, request_id: str) -> tuple[int, Any]:
+        mode = self._state.lookup_mode
+        if mode == "landed":
+            return 200, {"landed": True, "entry_id": None}
+        if mode == "never_arrived":
+            return 404, {"landed": False}
+        if mode == "error":
+            return 503, {"error": "lookup unavailable"}
+        found = self._state.ledger.first_request(request_id)
+        if found is None:
+            return 404, {"landed": False}
+        entry_id, body = found
+        return 200, {"landed": True, "entry_id": entry_id, "body": body}
+
+    def _ledger(self, query: str) -> tuple[int, Any]:
+        params = parse_qs(query, keep_blank_values=True)
+        # Rejecting unknown filters stops a typo from silently counting the whole ledger.
+        unknown = sorted(set(params) - set(_LEDGER_FILTERS))
+        if unknown:
+            raise _HttpError(400, f"unknown ledger filter(s): {', '.join(unknown)}")
+        filters = {name: values[-1] for name, values in params.items()}
+        entries = self._state.ledger.select(filters)
+        return 200, {"count": len(entries), "entries": entries}
+
+    def _set_lookup_mode(self, raw: bytes) -> tuple[int, Any]:
+        payload = self._parse_json(raw)
+        mode = payload.get("mode") if isinstance(payload, dict) else None
+        if mode not in LOOKUP_MODES:
+            raise _HttpError(400, f"unknown lookup mode {mode!r}; expected one of {LOOKUP_MODES}")
+        self._state.lookup_mode = mode
+        return 200, {"mode": mode}
+
+    def _set_delay(self, raw: bytes) -> tuple[int, Any]:
+        payload = self._parse_json(raw)
+        raw_seconds = payload.get("seconds") if isinstance(payload, dict) else None
+        # bool is an int subclass; {"seconds": true} is a caller bug, not one second.
+        if isinstance(raw_seconds, bool) or not isinstance(raw_seconds, int | float):
+            raise _HttpError(400, f"seconds must be a number, got {raw_seconds!r}")
+        seconds = float(raw_seconds)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise _HttpError(400, f"seconds must be finite and >= 0, got {seconds!r}")
+        self._state.write_delay = seconds
+        return 200, {"seconds": seconds}
+
+
+def _write_port_file(path: str, port: int) -> None:
+    # Write-then-rename so a poller never reads a half-written port number.
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="ascii") as fh:
+        fh.write(f"{port}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m poimen._provider", description=__doc__)
+    parser.add_argument("--ledger", required=True, help="SQLite ledger file")
+    parser.add_argument("--port-file", required=True, help="where to write the bound port")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks an ephemeral port")
+    parser.add_argument("--lookup-mode", choices=LOOKUP_MODES, default="truthful")
+    args = parser.parse_args(argv)
+
+    ledger = _Ledger(args.ledger)
+    server = _ProviderServer((args.host, args.port), ledger, args.lookup_mode)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+    # serve_forever runs off the main thread so the signal handler never has to call
+    # shutdown() from inside the loop it would be waiting on.
+    # A short poll interval keeps shutdown (and so test teardown) fast.
+    serving = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="provider-serve"
+    )
+    serving.daemon = True
+    serving.start()
+    _write_port_file(args.port_file, server.server_port)
+    # A bounded wait keeps the main thread responsive to signals on every platform.
+    while not stop.wait(0.05):
+        pass
+    server.shutdown()
+    server.server_close()
+    ledger.close()
+    return 0
+
+
+# --------------------------------------------------------------------------- client
+
+
+def _child_env() -> dict[str, str]:
+    # The child must import poimen from this same source tree, installed or not.
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    existing = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = package_parent + (os.pathsep + existing if existing else "")
+    return env
+
+
+class ProviderProcess:
+    """Runs the provider as its own OS process; context manager."""
+
+    def __init__(
+        self, ledger_path: str | os.PathLike[str], *, lookup_mode: str = "truthful"
+    ) -> None:
+        if lookup_mode not in LOOKUP_MODES:
+            raise ValueError(f"unknown lookup mode {lookup_mode!r}; expected one of {LOOKUP_MODES}")
+        self.ledger_path = Path(ledger_path)
+        self.lookup_mode = lookup_mode
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._workdir: str | None = None
+        self._stderr: IO[bytes] | None = None
+        self._url: str | None = None
+        self._returncode: int | None = None
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise RuntimeError("provider is not running; call start() first")
+        return self._url
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("provider is not running; call start() first")
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status of the last stopped process (None while running or never started)."""
+        return self._returncode
+
+    def start(self) -> ProviderProcess:
+        if self._proc is not None:
+            raise RuntimeError("provider already started")
+        self._workdir = tempfile.mkdtemp(prefix="poimen-provider-")
+        port_file = os.path.join(self._workdir, "port")
+        # stderr goes to a file, not a pipe, so a chatty child can never block on a full pipe.
+        self._stderr = open(os.path.join(self._workdir, "stderr.log"), "w+b")  # noqa: SIM115
+        self._returncode = None
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "poimen._provider",
+                "--ledger",
+                str(self.ledger_path),
+                "--port-file",
+                port_file,
+                "--lookup-mode",
+                self.lookup_mode,
+            ],
+            env=_child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+        )
+        try:
+            self._url = self._wait_ready(self._proc, port_file)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], port_file: str) -> str:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        with httpx.Client(timeout=1.0) as http:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"provider exited with status {proc.returncode} during startup:\n"
+                        f"{self._read_stderr()}"
+                    )
+                if os.path.exists(port_file):
+                    with open(port_file, encoding="ascii") as fh:
+                        url = f"http://127.0.0.1:{int(fh.read().strip())}"
+                    try:
+                        if http.get(f"{url}/health").status_code == 200:
+                            return url
+                    except httpx.TransportError:
+                        pass  # bound but not yet answering; poll again
+                time.sleep(0.02)
+        raise RuntimeError(
+            f"provider not ready within {_START_TIMEOUT_S} s:\n{self._read_stderr()}"
+        )
+
+    def _read_stderr(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.flush()
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        proc, self._proc, self._url = self._proc, None, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=_STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            self._returncode = proc.returncode
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def __enter__(self) -> ProviderProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ProviderClient:
+    """Thin typed client for the provider's HTTP API."""
+
+    def __init__(self, url: str) -> None:
+        self._http = httpx.Client(base_url=url, timeout=10)
+
+    @staticmethod
+    def _filters(kind: str | None, key: str | None, request_id: str | None) -> dict[str, str]:
+        given = {"kind": kind, "key": key, "request_id": request_id}
+        return {name: value for name, value in given.items() if value is not None}
+
+    def entries(
+        self, *, kind: str | None = None, key: str | None = None, request_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        response = self._http.get("/ledger", params=self._filters(kind, key, request_id))
+        response.raise_for_status()
+        entries: list[dict[str, Any]] = response.json()["entries"]
+        return entries
+
+    def count(
+        self, *, kind: str | None = None, key: str | None = None, request_id: str | None = None
+    ) -> int:
+        response = self._http.get("/ledger", params=self._filters(kind, key, request_id))
+        response.raise_for_status()
+        return int(response.json()["count"])
+
+    def keyed_write(self, key: str | None, body: Mapping[str, Any]) -> httpx.Response:
+        headers = {} if key is None else {"Idempotency-Key": key}
+        return self._http.post("/keyed", json=dict(body), headers=headers)
+
+    def request_write(self, request_id: str, body: Mapping[str, Any]) -> httpx.Response:
+        return self._http.post("/requests", json=dict(body), headers={"X-Request-Id": request_id})
+
+    def plain_write(self, body: Mapping[str, Any]) -> httpx.Response:
+        return self._http.post("/plain", json=dict(body))
+
+    def lookup(self, request_id: str) -> httpx.Response:
+        # safe="" so a request id containing "/" stays one path segment.
+        return self._http.get(f"/requests/{quote(request_id, safe='')}")
+
+    def set_lookup_mode(self, mode: str) -> None:
+        self._http.post("/admin/lookup-mode", json={"mode": mode}).raise_for_status()
+
+    def set_delay(self, seconds: float) -> None:
+        self._http.post("/admin/delay", json={"seconds": seconds}).raise_for_status()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ProviderClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

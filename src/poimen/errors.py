@@ -1,0 +1,91 @@
+"""The public exception tree. Every poimen error derives from `PoimenError`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PoimenError(Exception):
+    """A poimen error."""
+
+    def __init__(self, message: str | None = None, **data: Any) -> None:
+        self.data = data
+        for name, value in data.items():
+            setattr(self, name, value)
+        super().__init__(message or (self.__doc__ or type(self).__name__).strip())
+
+
+class RegistrationError(PoimenError):
+    """The tool registration was refused."""
+
+
+class UnknownToolError(PoimenError):
+    """No tool is registered under this id."""
+
+
+class ArgumentError(PoimenError):
+    """The call's arguments were refused before anything was recorded."""
+
+
+class ArgumentEncodingError(ArgumentError):
+    """An argument cannot be encoded canonically."""
+
+
+class ArgumentTooLargeError(ArgumentError):
+    """The encoded arguments exceed the size limit."""
+
+
+class CallIdMismatchError(PoimenError):
+    """This call id was recorded with different arguments or another tool."""
+
+
+class NondeterministicKeyError(RegistrationError):
+    """The key derivation is not a pure function of the recorded arguments."""
+
+
+class StoreError(PoimenError):
+    """The intent log could not be read or written."""
+
+
+class StoreUnavailableError(StoreError):
+    """The database cannot be reached."""
+
+
+class SchemaTooNewError(StoreError):
+    """The database schema is newer than this version of poimen knows."""
+
+
+class CorruptRowError(StoreError):
+    """A row in the intent log does not decode."""
+
+
+class IllegalTransitionError(PoimenError):
+    """This state change is not allowed by the intent state machine."""
+
+
+class IntentNotFoundError(PoimenError):
+    """No intent has this id."""
+
+
+class NotIndeterminateError(PoimenError):
+    """Only an INDETERMINATE intent can be resolved by an operator."""
+
+
+class CapabilityDeniedError(PoimenError):
+    """The write was denied: it did not carry the kernel's key for this call."""
+
+
+class SandboxDeniedError(PoimenError):
+    """Unsafe tools are denied outright in shadow and replay modes."""
+
+
+class DefiniteFailure(Exception):
+    """Raised by a tool when the provider definitely refused the effect.
+
+    The call becomes FAILED and is never retried. Any other exception leaves
+    the outcome unknown and hands the intent to recovery by its effect class.
+    """
+
+    def __init__(self, message: str, *, detail: Any = None) -> None:
+        self.detail = detail
+        super().__init__(message)

@@ -1,0 +1,27 @@
+"""Stores of the intent log, selected by URL: ``sqlite:///path`` or ``postgresql://...``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from poimen.errors import StoreError
+from poimen.store._base import NewDispatch, NewNotification, Store
+from poimen.store.sqlite import SqliteStore
+
+__all__ = ["NewDispatch", "NewNotification", "SqliteStore", "Store", "open_store"]
+
+
+def open_store(url: str, **options: Any) -> Store:
+    """Open (and migrate) the store a URL names."""
+    if url.startswith("sqlite:///"):
+        return SqliteStore(url[len("sqlite:///") :], **options)
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            from poimen.store.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise StoreError("PostgreSQL needs the extra: pip install 'poimen[postgres]'") from exc
+        store: Store = PostgresStore(url, **options)
+        return store
+    raise StoreError(
+        f"unsupported store URL {url!r}: use sqlite:///path or postgresql://...", url=url
+    )

@@ -1,0 +1,293 @@
+"""The store protocol: domain actions on the durable intent log, one implementation per backend."""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from poimen._intents import (
+    Attempt,
+    Denial,
+    Event,
+    Intent,
+    IntentState,
+    Notification,
+    Owner,
+)
+from poimen.errors import CorruptRowError
+
+
+@dataclass(frozen=True, slots=True)
+class NewDispatch:
+    """Everything the first dispatch commit writes: the intent and its attempt 1."""
+
+    intent_id: str
+    call_id: str
+    tool_id: str
+    effect: str
+    args: str
+    args_hash: str
+    key: str | None
+    request_id: str | None
+    owner: Owner
+    lease_expires_at: float
+    timeout_s: float
+    deadline_at: float
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class NewNotification:
+    delivery_id: str
+    kind: str
+    payload: str
+
+
+class Store(Protocol):
+    """Every method is one transaction; every state change is a compare-and-set on the fence."""
+
+    url: str
+
+    def migrate(self) -> int: ...
+    def schema_version(self) -> int: ...
+    def now(self) -> float: ...
+    def close(self) -> None: ...
+
+    # The call path.
+    def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]: ...
+    def record_outcome(
+        self,
+        intent_id: str,
+        fence: int,
+        state: IntentState,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+    ) -> bool: ...
+    def record_unknown(self, intent_id: str, fence: int, error: str, now: float) -> bool: ...
+
+    # Recovery.
+    def list_unfinished(self, *, after_id: str, limit: int) -> list[Intent]: ...
+    def claim(
+        self,
+        intent_id: str,
+        fence: int,
+        owner: Owner,
+        *,
+        lease_expires_at: float,
+        new_attempt: bool,
+        deadline_at: float | None,
+        now: float,
+    ) -> Intent | None: ...
+    def complete_landed(
+        self, intent_id: str, fence: int, result: str | None, now: float
+    ) -> bool: ...
+    def mark_indeterminate(
+        self, intent_id: str, fence: int, reason: str, note: NewNotification, now: float
+    ) -> bool: ...
+    def defer(
+        self,
+        intent_id: str,
+        fence: int,
+        *,
+        next_check_at: float,
+        unknown_count: int,
+        reason: str,
+        now: float,
+    ) -> bool: ...
+    def renew_leases(
+        self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float
+    ) -> int: ...
+
+    # The operator path.
+    def resolve(
+        self,
+        intent_id: str,
+        *,
+        landed: bool,
+        result: str | None,
+        operator: str,
+        reason: str,
+        now: float,
+    ) -> Intent: ...
+    def get_intent(self, intent_id: str) -> Intent | None: ...
+    def get_by_call_id(self, call_id: str) -> Intent | None: ...
+    def list_intents(
+        self,
+        *,
+        state: IntentState | None = None,
+        tool_id: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[Intent]: ...
+    def attempts(self, intent_id: str) -> list[Attempt]: ...
+    def events(self, intent_id: str) -> list[Event]: ...
+    def counts(self) -> dict[tuple[str, str], int]: ...
+
+    # Outbox and audit.
+    def add_notification(self, intent_id: str, note: NewNotification, now: float) -> bool: ...
+    def due_notifications(self, now: float, limit: int) -> list[Notification]: ...
+    def notifications(self, intent_id: str | None = None) -> list[Notification]: ...
+    def mark_delivered(self, notification_id: int, now: float) -> None: ...
+    def mark_delivery_failed(
+        self, notification_id: int, error: str, next_attempt_at: float
+    ) -> None: ...
+    def record_denial(
+        self,
+        *,
+        tool_id: str,
+        intent_id: str | None,
+        attempt: int | None,
+        action: str,
+        target: str,
+        reason: str,
+        now: float,
+    ) -> Denial: ...
+    def denials(
+        self, *, tool_id: str | None = None, since: float | None = None, limit: int = 1000
+    ) -> list[Denial]: ...
+
+
+# Row decoding shared by the backends. Rows come in the column order below.
+
+INTENT_COLUMNS = (
+    "id, call_id, tool_id, effect, args, args_hash, key, request_id, state, fence, owner_id, "
+    "owner_host, owner_pid, owner_start, lease_expires_at, timeout_s, deadline_at, "
+    "next_check_at, unknown_count, attempts, result, error, reason, created_at, updated_at"
+)
+ATTEMPT_COLUMNS = (
+    "intent_id, number, fence, owner_id, owner_host, owner_pid, owner_start, started_at, "
+    "ended_at, outcome, result, error, late_outcome, late_result"
+)
+EVENT_COLUMNS = "id, intent_id, at, kind, from_state, to_state, actor, detail"
+NOTIFICATION_COLUMNS = (
+    "id, delivery_id, intent_id, kind, payload, created_at, delivered_at, attempts, "
+    "next_attempt_at, last_error"
+)
+DENIAL_COLUMNS = "id, at, tool_id, intent_id, attempt, action, target, reason"
+
+_EFFECTS = frozenset({"idempotent", "queryable", "unsafe"})
+
+
+def _owner(worker: Any, host: Any, pid: Any, start: Any) -> Owner | None:
+    if worker is None:
+        return None
+    return Owner(str(worker), str(host or ""), int(pid or 0), str(start or ""))
+
+
+def intent_from_row(row: Sequence[Any]) -> Intent:
+    try:
+        state = IntentState(row[8])
+        if row[3] not in _EFFECTS:
+            raise ValueError(f"unknown effect class {row[3]!r}")
+        return Intent(
+            id=str(row[0]),
+            call_id=str(row[1]),
+            tool_id=str(row[2]),
+            effect=str(row[3]),
+            args=str(row[4]),
+            args_hash=str(row[5]),
+            key=row[6],
+            request_id=row[7],
+            state=state,
+            fence=int(row[9]),
+            owner=_owner(row[10], row[11], row[12], row[13]),
+            lease_expires_at=_opt_float(row[14]),
+            timeout_s=float(row[15]),
+            deadline_at=_opt_float(row[16]),
+            next_check_at=_opt_float(row[17]),
+            unknown_count=int(row[18]),
+            attempts=int(row[19]),
+            result=row[20],
+            error=row[21],
+            reason=row[22],
+            created_at=float(row[23]),
+            updated_at=float(row[24]),
+        )
+    except (ValueError, TypeError, IndexError) as exc:
+        ident = row[0] if row else "?"
+        raise CorruptRowError(f"intent {ident!r} does not decode: {exc}", intent_id=ident) from exc
+
+
+def attempt_from_row(row: Sequence[Any]) -> Attempt:
+    return Attempt(
+        intent_id=row[0],
+        number=int(row[1]),
+        fence=int(row[2]),
+        owner=_owner(row[3], row[4], row[5], row[6]),
+        started_at=float(row[7]),
+        ended_at=_opt_float(row[8]),
+        outcome=row[9],
+        result=row[10],
+        error=row[11],
+        late_outcome=row[12],
+        late_result=row[13],
+    )
+
+
+def event_from_row(row: Sequence[Any]) -> Event:
+    return Event(
+        id=int(row[0]),
+        intent_id=row[1],
+        at=float(row[2]),
+        kind=row[3],
+        from_state=row[4],
+        to_state=row[5],
+        actor=row[6],
+        detail=row[7],
+    )
+
+
+def notification_from_row(row: Sequence[Any]) -> Notification:
+    return Notification(
+        id=int(row[0]),
+        delivery_id=row[1],
+        intent_id=row[2],
+        kind=row[3],
+        payload=row[4],
+        created_at=float(row[5]),
+        delivered_at=_opt_float(row[6]),
+        attempts=int(row[7]),
+        next_attempt_at=float(row[8]),
+        last_error=row[9],
+    )
+
+
+def denial_from_row(row: Sequence[Any]) -> Denial:
+    return Denial(
+        id=int(row[0]),
+        at=float(row[1]),
+        tool_id=row[2],
+        intent_id=row[3],
+        attempt=None if row[4] is None else int(row[4]),
+        action=row[5],
+        target=row[6],
+        reason=row[7],
+    )
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+_MIGRATION = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+def migrations(dialect: str) -> list[tuple[int, str]]:
+    """The versioned SQL shipped in the package, in order."""
+    root = importlib.resources.files("poimen.store") / "sql" / dialect
+    out = []
+    for entry in root.iterdir():
+        m = _MIGRATION.match(entry.name)
+        if m:
+            out.append((int(m.group(1)), entry.read_text(encoding="utf-8")))
+    out.sort()
+    return out
+
+
+def latest_version(dialect: str) -> int:
+    return migrations(dialect)[-1][0]

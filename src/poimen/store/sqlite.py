@@ -1,0 +1,814 @@
+"""The embedded default store: SQLite in WAL mode, synchronous=FULL, one writer with group commit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from poimen._intents import (
+    Attempt,
+    Denial,
+    Event,
+    Intent,
+    IntentState,
+    Notification,
+    Owner,
+    check_transition,
+)
+from poimen.errors import (
+    IntentNotFoundError,
+    NotIndeterminateError,
+    SchemaTooNewError,
+    StoreError,
+    StoreUnavailableError,
+)
+from poimen.store._base import (
+    ATTEMPT_COLUMNS,
+    DENIAL_COLUMNS,
+    EVENT_COLUMNS,
+    INTENT_COLUMNS,
+    NOTIFICATION_COLUMNS,
+    NewDispatch,
+    NewNotification,
+    attempt_from_row,
+    denial_from_row,
+    event_from_row,
+    intent_from_row,
+    migrations,
+    notification_from_row,
+)
+
+T = TypeVar("T")
+S = IntentState
+SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+class _Op(Generic[T]):
+    __slots__ = ("done", "error", "fn", "value")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], T]) -> None:
+        self.fn = fn
+        self.done = False
+        self.value: T | None = None
+        self.error: BaseException | None = None
+
+
+class _GroupCommit:
+    """Many callers' writes in one transaction; each caller returns only after that commit.
+
+    A caller that finds no leader becomes the leader and commits whatever is queued, its
+    own write included; callers arriving meanwhile wait for the next leader's commit. A
+    single caller therefore commits inline, with no thread hop.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: list[_Op[Any]] = []
+        self._leading = False
+
+    def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        op: _Op[T] = _Op(fn)
+        with self._cv:
+            self._queue.append(op)
+            while self._leading and not op.done:
+                self._cv.wait()
+            if not op.done:
+                self._leading = True
+                batch, self._queue = self._queue, []
+        if not op.done:
+            try:
+                self._commit(batch)
+            finally:
+                with self._cv:
+                    self._leading = False
+                    self._cv.notify_all()
+        if op.error is not None:
+            raise op.error
+        return op.value  # type: ignore[return-value]
+
+    def _commit(self, batch: list[_Op[Any]]) -> None:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if len(batch) == 1:
+                op = batch[0]
+                try:
+                    op.value = op.fn(conn)
+                except BaseException as exc:
+                    op.error = exc
+                    conn.execute("ROLLBACK")
+                    return
+            else:
+                for op in batch:
+                    conn.execute("SAVEPOINT op")
+                    try:
+                        op.value = op.fn(conn)
+                        conn.execute("RELEASE op")
+                    except BaseException as exc:  # one caller's failure must not sink the batch
+                        op.error = exc
+                        conn.execute("ROLLBACK TO op")
+                        conn.execute("RELEASE op")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            err = StoreError(f"commit failed: {exc}")
+            err.__cause__ = exc
+            for op in batch:
+                if op.error is None:
+                    op.error, op.value = err, None
+        finally:
+            for op in batch:
+                op.done = True
+
+
+class SqliteStore:
+    """A SQLite intent log at `path`. Thread-safe; several processes may share the file."""
+
+    dialect = "sqlite"
+
+    def __init__(
+        self, path: str | Path, *, synchronous: str = "FULL", migrate: bool = True
+    ) -> None:
+        if synchronous.upper() not in SYNCHRONOUS:
+            raise StoreError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
+        self.path = str(path)
+        self.url = f"sqlite:///{self.path}"
+        self._synchronous = synchronous.upper()
+        self._local = threading.local()
+        self._closed = False
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        self._writer = _GroupCommit(self._connect())
+        if migrate:
+            self.migrate()
+        else:
+            self._check_version()
+
+    # Connections.
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(
+                f"cannot open the SQLite intent log at {self.path!r}: {exc}", path=self.path
+            ) from exc
+        with self._conns_lock:
+            self._conns.append(conn)
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise StoreUnavailableError("the store is closed")
+            conn = self._connect()
+            self._local.conn = conn
+        return conn
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._closed:
+            raise StoreUnavailableError("the store is closed")
+        return self._writer.run(fn)
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self._reader().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"read failed: {exc}") from exc
+
+    def close(self) -> None:
+        self._closed = True
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            with contextlib.suppress(sqlite3.Error):
+                c.close()
+
+    def now(self) -> float:
+        return time.time()
+
+    # Schema.
+
+    def schema_version(self) -> int:
+        rows = self._read(
+            "SELECT name FROM sqlite_master WHERE type='table' AND name='poimen_schema'"
+        )
+        if not rows:
+            return 0
+        return int(self._read("SELECT COALESCE(MAX(version), 0) FROM poimen_schema")[0][0])
+
+    def _check_version(self) -> None:
+        known = migrations("sqlite")[-1][0]
+        found = self.schema_version()
+        if found > known:
+            raise SchemaTooNewError(
+                f"the intent log at {self.path!r} has schema version {found}, newer than "
+                f"version {known} that this poimen knows; upgrade poimen",
+                found=found,
+                known=known,
+            )
+
+    def migrate(self) -> int:
+        steps = migrations("sqlite")
+        known = steps[-1][0]
+
+        def apply(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS poimen_schema "
+                "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+            )
+            found = int(
+                conn.execute("SELECT COALESCE(MAX(version), 0) FROM poimen_schema").fetchone()[0]
+            )
+            if found > known:
+                raise SchemaTooNewError(
+                    f"the intent log at {self.path!r} has schema version {found}, newer than "
+                    f"version {known} that this poimen knows; upgrade poimen",
+                    found=found,
+                    known=known,
+                )
+            for version, sql in steps:
+                if version > found:
+                    for stmt in _statements(sql):
+                        conn.execute(stmt)
+                    conn.execute(
+                        "INSERT INTO poimen_schema (version, applied_at) VALUES (?, ?)",
+                        (version, time.time()),
+                    )
+            return known
+
+        return self._write(apply)
+
+    # The call path.
+
+    def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
+        def op(conn: sqlite3.Connection) -> tuple[Intent, bool]:
+            o = d.owner
+            cur = conn.execute(
+                "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
+                "request_id, state, fence, owner_id, owner_host, owner_pid, owner_start, "
+                "lease_expires_at, timeout_s, deadline_at, next_check_at, unknown_count, "
+                "attempts, created_at, updated_at) VALUES "
+                "(?,?,?,?,?,?,?,?,'DISPATCHED',1,?,?,?,?,?,?,?,NULL,0,1,?,?) "
+                "ON CONFLICT (call_id) DO NOTHING",
+                (
+                    d.intent_id,
+                    d.call_id,
+                    d.tool_id,
+                    d.effect,
+                    d.args,
+                    d.args_hash,
+                    d.key,
+                    d.request_id,
+                    o.worker_id,
+                    o.host,
+                    o.pid,
+                    o.pid_start,
+                    d.lease_expires_at,
+                    d.timeout_s,
+                    d.deadline_at,
+                    d.now,
+                    d.now,
+                ),
+            )
+            if cur.rowcount == 0:
+                row = conn.execute(
+                    f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = ?", (d.call_id,)
+                ).fetchone()
+                return intent_from_row(row), False
+            conn.execute(
+                "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
+                "owner_pid, owner_start, started_at) VALUES (?,1,1,?,?,?,?,?)",
+                (d.intent_id, o.worker_id, o.host, o.pid, o.pid_start, d.now),
+            )
+            _event(
+                conn,
+                d.intent_id,
+                d.now,
+                "dispatched",
+                None,
+                S.DISPATCHED,
+                o.worker_id,
+                {"attempt": 1, "fence": 1, "key": d.key, "request_id": d.request_id},
+            )
+            return _intent(conn, d.intent_id), True
+
+        return self._write(op)
+
+    def record_outcome(
+        self,
+        intent_id: str,
+        fence: int,
+        state: IntentState,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+    ) -> bool:
+        check_transition(S.DISPATCHED, state)
+        outcome = {S.COMPLETED: "completed", S.FAILED: "failed"}[state]
+
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE intents SET state = ?, result = ?, error = ?, lease_expires_at = NULL, "
+                "next_check_at = NULL, updated_at = ? "
+                "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
+                (state.value, result, error, now, intent_id, fence),
+            )
+            if cur.rowcount == 1:
+                conn.execute(
+                    "UPDATE attempts SET ended_at = ?, outcome = ?, result = ?, error = ? "
+                    "WHERE intent_id = ? AND fence = ?",
+                    (now, outcome, result, error, intent_id, fence),
+                )
+                _event(
+                    conn,
+                    intent_id,
+                    now,
+                    outcome,
+                    S.DISPATCHED,
+                    state,
+                    "kernel",
+                    {"fence": fence, "error": error},
+                )
+                return True
+            # A stale owner: keep what it saw as evidence, change nothing else.
+            conn.execute(
+                "UPDATE attempts SET late_outcome = ?, late_result = ? "
+                "WHERE intent_id = ? AND fence = ?",
+                (outcome, result if error is None else error, intent_id, fence),
+            )
+            _event(
+                conn,
+                intent_id,
+                now,
+                "late_outcome",
+                None,
+                None,
+                "kernel",
+                {"fence": fence, "outcome": outcome},
+            )
+            return False
+
+        return self._write(op)
+
+    def record_unknown(self, intent_id: str, fence: int, error: str, now: float) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE attempts SET ended_at = ?, outcome = 'unknown', error = ? "
+                "WHERE intent_id = ? AND fence = ? AND outcome IS NULL",
+                (now, error, intent_id, fence),
+            )
+            if cur.rowcount:
+                _event(
+                    conn,
+                    intent_id,
+                    now,
+                    "outcome_unknown",
+                    S.DISPATCHED,
+                    S.DISPATCHED,
+                    "kernel",
+                    {"fence": fence, "error": error},
+                )
+            return cur.rowcount == 1
+
+        return self._write(op)
+
+    # Recovery.
+
+    def list_unfinished(self, *, after_id: str, limit: int) -> list[Intent]:
+        rows = self._read(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = 'DISPATCHED' AND id > ? "
+            "ORDER BY id LIMIT ?",
+            (after_id, limit),
+        )
+        return [intent_from_row(r) for r in rows]
+
+    def claim(
+        self,
+        intent_id: str,
+        fence: int,
+        owner: Owner,
+        *,
+        lease_expires_at: float,
+        new_attempt: bool,
+        deadline_at: float | None,
+        now: float,
+    ) -> Intent | None:
+        def op(conn: sqlite3.Connection) -> Intent | None:
+            cur = conn.execute(
+                "UPDATE intents SET fence = fence + 1, owner_id = ?, owner_host = ?, "
+                "owner_pid = ?, owner_start = ?, lease_expires_at = ?, next_check_at = NULL, "
+                "deadline_at = COALESCE(?, deadline_at), attempts = attempts + ?, "
+                "updated_at = ? WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
+                (
+                    owner.worker_id,
+                    owner.host,
+                    owner.pid,
+                    owner.pid_start,
+                    lease_expires_at,
+                    deadline_at,
+                    1 if new_attempt else 0,
+                    now,
+                    intent_id,
+                    fence,
+                ),
+            )
+            if cur.rowcount == 0:
+                return None
+            it = _intent(conn, intent_id)
+            if new_attempt:
+                conn.execute(
+                    "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
+                    "owner_pid, owner_start, started_at) VALUES (?,?,?,?,?,?,?,?)",
+                    (
+                        intent_id,
+                        it.attempts,
+                        it.fence,
+                        owner.worker_id,
+                        owner.host,
+                        owner.pid,
+                        owner.pid_start,
+                        now,
+                    ),
+                )
+            _event(
+                conn,
+                intent_id,
+                now,
+                "retry" if new_attempt else "claimed",
+                S.DISPATCHED,
+                S.DISPATCHED,
+                owner.worker_id,
+                {"fence": it.fence, "attempt": it.attempts if new_attempt else None},
+            )
+            return it
+
+        return self._write(op)
+
+    def complete_landed(self, intent_id: str, fence: int, result: str | None, now: float) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE intents SET state = 'COMPLETED', result = ?, reason = 'landed_by_lookup', "
+                "lease_expires_at = NULL, next_check_at = NULL, updated_at = ? "
+                "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
+                (result, now, intent_id, fence),
+            )
+            if cur.rowcount:
+                _event(
+                    conn,
+                    intent_id,
+                    now,
+                    "landed_by_lookup",
+                    S.DISPATCHED,
+                    S.COMPLETED,
+                    "kernel",
+                    {"fence": fence},
+                )
+            return cur.rowcount == 1
+
+        return self._write(op)
+
+    def mark_indeterminate(
+        self, intent_id: str, fence: int, reason: str, note: NewNotification, now: float
+    ) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE intents SET state = 'INDETERMINATE', reason = ?, lease_expires_at = NULL, "
+                "next_check_at = NULL, updated_at = ? "
+                "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
+                (reason, now, intent_id, fence),
+            )
+            if cur.rowcount == 0:
+                return False
+            _event(
+                conn,
+                intent_id,
+                now,
+                "indeterminate",
+                S.DISPATCHED,
+                S.INDETERMINATE,
+                "kernel",
+                {"fence": fence, "reason": reason},
+            )
+            _insert_note(conn, intent_id, note, now)
+            return True
+
+        return self._write(op)
+
+    def defer(
+        self,
+        intent_id: str,
+        fence: int,
+        *,
+        next_check_at: float,
+        unknown_count: int,
+        reason: str,
+        now: float,
+    ) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            # The lease ends when the next check is due, so any live recoverer may take it then.
+            cur = conn.execute(
+                "UPDATE intents SET next_check_at = ?, lease_expires_at = ?, unknown_count = ?, "
+                "reason = ?, updated_at = ? WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
+                (next_check_at, next_check_at, unknown_count, reason, now, intent_id, fence),
+            )
+            if cur.rowcount:
+                _event(
+                    conn,
+                    intent_id,
+                    now,
+                    "deferred",
+                    S.DISPATCHED,
+                    S.DISPATCHED,
+                    "kernel",
+                    {"fence": fence, "reason": reason, "next_check_at": next_check_at},
+                )
+            return cur.rowcount == 1
+
+        return self._write(op)
+
+    def renew_leases(
+        self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float
+    ) -> int:
+        if not intent_ids:
+            return 0
+        ids = list(intent_ids)
+
+        def op(conn: sqlite3.Connection) -> int:
+            n = 0
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                cur = conn.execute(
+                    "UPDATE intents SET lease_expires_at = ? WHERE owner_id = ? AND "
+                    f"state = 'DISPATCHED' AND next_check_at IS NULL AND id IN "
+                    f"({','.join('?' * len(chunk))})",
+                    (lease_expires_at, worker_id, *chunk),
+                )
+                n += cur.rowcount
+            return n
+
+        return self._write(op)
+
+    # The operator path.
+
+    def resolve(
+        self,
+        intent_id: str,
+        *,
+        landed: bool,
+        result: str | None,
+        operator: str,
+        reason: str,
+        now: float,
+    ) -> Intent:
+        target = S.RESOLVED_LANDED if landed else S.RESOLVED_NOT_LANDED
+
+        def op(conn: sqlite3.Connection) -> Intent:
+            row = conn.execute("SELECT state FROM intents WHERE id = ?", (intent_id,)).fetchone()
+            if row is None:
+                raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+            if row[0] != S.INDETERMINATE:
+                raise NotIndeterminateError(
+                    f"intent {intent_id!r} is {row[0]}; only an INDETERMINATE intent can be "
+                    "resolved",
+                    intent_id=intent_id,
+                    state=row[0],
+                )
+            check_transition(S.INDETERMINATE, target)
+            conn.execute(
+                "UPDATE intents SET state = ?, result = ?, updated_at = ? "
+                "WHERE id = ? AND state = 'INDETERMINATE'",
+                (target.value, result, now, intent_id),
+            )
+            _event(
+                conn,
+                intent_id,
+                now,
+                "resolved",
+                S.INDETERMINATE,
+                target,
+                operator,
+                {"operator": operator, "reason": reason, "landed": landed, "result": result},
+            )
+            return _intent(conn, intent_id)
+
+        return self._write(op)
+
+    def get_intent(self, intent_id: str) -> Intent | None:
+        rows = self._read(f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?", (intent_id,))
+        return intent_from_row(rows[0]) if rows else None
+
+    def get_by_call_id(self, call_id: str) -> Intent | None:
+        rows = self._read(f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = ?", (call_id,))
+        return intent_from_row(rows[0]) if rows else None
+
+    def list_intents(
+        self,
+        *,
+        state: IntentState | None = None,
+        tool_id: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[Intent]:
+        where, params = _filters(state=state, tool_id=tool_id, since=since)
+        rows = self._read(
+            f"SELECT {INTENT_COLUMNS} FROM intents {where} ORDER BY created_at, id LIMIT ?",
+            (*params, limit),
+        )
+        return [intent_from_row(r) for r in rows]
+
+    def attempts(self, intent_id: str) -> list[Attempt]:
+        rows = self._read(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE intent_id = ? ORDER BY number",
+            (intent_id,),
+        )
+        return [attempt_from_row(r) for r in rows]
+
+    def events(self, intent_id: str) -> list[Event]:
+        rows = self._read(
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE intent_id = ? ORDER BY id", (intent_id,)
+        )
+        return [event_from_row(r) for r in rows]
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        rows = self._read("SELECT tool_id, state, COUNT(*) FROM intents GROUP BY tool_id, state")
+        return {(r[0], r[1]): int(r[2]) for r in rows}
+
+    # Outbox and audit.
+
+    def add_notification(self, intent_id: str, note: NewNotification, now: float) -> bool:
+        return self._write(lambda conn: _insert_note(conn, intent_id, note, now))
+
+    def due_notifications(self, now: float, limit: int) -> list[Notification]:
+        rows = self._read(
+            f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE delivered_at IS NULL "
+            "AND next_attempt_at <= ? ORDER BY next_attempt_at, id LIMIT ?",
+            (now, limit),
+        )
+        return [notification_from_row(r) for r in rows]
+
+    def notifications(self, intent_id: str | None = None) -> list[Notification]:
+        if intent_id is None:
+            rows = self._read(f"SELECT {NOTIFICATION_COLUMNS} FROM outbox ORDER BY id")
+        else:
+            rows = self._read(
+                f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE intent_id = ? ORDER BY id",
+                (intent_id,),
+            )
+        return [notification_from_row(r) for r in rows]
+
+    def mark_delivered(self, notification_id: int, now: float) -> None:
+        self._write(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE outbox SET delivered_at = ?, attempts = attempts + 1 "
+                    "WHERE id = ? AND delivered_at IS NULL",
+                    (now, notification_id),
+                ).rowcount
+            )
+        )
+
+    def mark_delivery_failed(
+        self, notification_id: int, error: str, next_attempt_at: float
+    ) -> None:
+        self._write(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
+                    "WHERE id = ? AND delivered_at IS NULL",
+                    (error, next_attempt_at, notification_id),
+                ).rowcount
+            )
+        )
+
+    def record_denial(
+        self,
+        *,
+        tool_id: str,
+        intent_id: str | None,
+        attempt: int | None,
+        action: str,
+        target: str,
+        reason: str,
+        now: float,
+    ) -> Denial:
+        def op(conn: sqlite3.Connection) -> Denial:
+            cur = conn.execute(
+                "INSERT INTO denials (at, tool_id, intent_id, attempt, action, target, reason) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (now, tool_id, intent_id, attempt, action, target, reason),
+            )
+            return Denial(
+                int(cur.lastrowid or 0), now, tool_id, intent_id, attempt, action, target, reason
+            )
+
+        return self._write(op)
+
+    def denials(
+        self, *, tool_id: str | None = None, since: float | None = None, limit: int = 1000
+    ) -> list[Denial]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if tool_id is not None:
+            clauses.append("tool_id = ?")
+            params.append(tool_id)
+        if since is not None:
+            clauses.append("at >= ?")
+            params.append(since)
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        rows = self._read(
+            f"SELECT {DENIAL_COLUMNS} FROM denials {where} ORDER BY id LIMIT ?", (*params, limit)
+        )
+        return [denial_from_row(r) for r in rows]
+
+
+def _intent(conn: sqlite3.Connection, intent_id: str) -> Intent:
+    row = conn.execute(
+        f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?", (intent_id,)
+    ).fetchone()
+    return intent_from_row(row)
+
+
+def _event(
+    conn: sqlite3.Connection,
+    intent_id: str,
+    at: float,
+    kind: str,
+    src: IntentState | None,
+    dst: IntentState | None,
+    actor: str,
+    detail: dict[str, Any],
+) -> None:
+    conn.execute(
+        "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
+        "VALUES (?,?,?,?,?,?,?)",
+        (
+            intent_id,
+            at,
+            kind,
+            src,
+            dst,
+            actor,
+            json.dumps({k: v for k, v in detail.items() if v is not None}, sort_keys=True),
+        ),
+    )
+
+
+def _insert_note(
+    conn: sqlite3.Connection, intent_id: str, note: NewNotification, now: float
+) -> bool:
+    cur = conn.execute(
+        "INSERT INTO outbox (delivery_id, intent_id, kind, payload, created_at, next_attempt_at) "
+        "VALUES (?,?,?,?,?,?) ON CONFLICT (delivery_id) DO NOTHING",
+        (note.delivery_id, intent_id, note.kind, note.payload, now, now),
+    )
+    return cur.rowcount == 1
+
+
+def _filters(
+    *, state: IntentState | None, tool_id: str | None, since: float | None
+) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if state is not None:
+        clauses.append("state = ?")
+        params.append(state.value)
+    if tool_id is not None:
+        clauses.append("tool_id = ?")
+        params.append(tool_id)
+    if since is not None:
+        clauses.append("created_at >= ?")
+        params.append(since)
+    return ("WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration into statements; trigger bodies contain semicolons."""
+    out, buf = [], ""
+    for line in sql.splitlines(keepends=True):
+        if not buf and line.lstrip().startswith("--"):
+            continue
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out
