@@ -1,0 +1,72 @@
+"""The Python form of trybuild: snippets that must fail `mypy --strict`, with the message."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HEADER = """\
+from poimen import Caps, Idempotent, KeyDerivation, Queryable, ToolRegistration, Unsafe
+"""
+
+CASES = {
+    "idempotent_without_key": (
+        "Idempotent()",
+        r'Missing named argument "key" for "Idempotent"',
+    ),
+    "queryable_without_lookup": (
+        "Queryable()",
+        r'Missing named argument "lookup" for "Queryable"',
+    ),
+    "registration_without_effects": (
+        'ToolRegistration(id="t", caps=Caps(), timeout=1.0)',
+        r'Missing named argument "effects" for "ToolRegistration"',
+    ),
+    "effects_not_a_class": (
+        'ToolRegistration(id="t", effects="idempotent", caps=Caps(), timeout=1.0)',
+        r'Argument "effects" to "ToolRegistration" has incompatible type "str"',
+    ),
+}
+
+PASSES = """\
+def lookup(request_id: str) -> "NotLanded":
+    return NotLanded()
+
+from poimen import NotLanded
+regs = [
+    ToolRegistration(id="a", effects=Idempotent(key=KeyDerivation.fields("x")), caps=Caps(),
+                     timeout=1.0),
+    ToolRegistration(id="b", effects=Queryable(lookup=lookup), caps=Caps(), timeout=1.0),
+    ToolRegistration(id="c", effects=Unsafe(), caps=Caps(), timeout=1.0),
+]
+"""
+
+
+def _mypy(tmp_path: Path, name: str, body: str) -> subprocess.CompletedProcess[str]:
+    src = tmp_path / f"{name}.py"
+    src.write_text(HEADER + textwrap.dedent(body) + "\n")
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir",
+         str(tmp_path / ".mypy_cache"), "--config-file", "/dev/null", str(src)],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_snippet_fails_mypy_strict_naming_the_field(tmp_path: Path, name: str) -> None:
+    snippet, expected = CASES[name]
+    result = _mypy(tmp_path, name, f"x = {snippet}\n")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(expected, result.stdout), result.stdout
+    # Exactly one error: the test cannot pass because of an unrelated failure.
+    assert result.stdout.count(": error:") == 1, result.stdout
+
+
+def test_well_formed_registrations_pass_mypy_strict(tmp_path: Path) -> None:
+    result = _mypy(tmp_path, "passes", PASSES)
+    assert result.returncode == 0, result.stdout + result.stderr
