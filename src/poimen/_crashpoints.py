@@ -3,7 +3,8 @@
 ``POIMEN_CRASH_AT=point[,point]`` SIGKILLs the process when it reaches a point;
 ``POIMEN_PAUSE_AT=point`` writes ``POIMEN_PAUSE_FILE`` and waits there for the parent's SIGKILL.
 Points: ``before_dispatch_commit``, ``after_dispatch_commit``, ``mid_call`` (inside a test tool,
-before its effect), ``after_effect`` (the tool returned, its outcome not yet committed).
+before its effect), ``after_effect`` (the tool returned, its outcome not yet committed),
+``before_notify`` (an INDETERMINATE state and its outbox row committed, not yet delivered).
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import os
 import signal
 import time
 
-POINTS = ("before_dispatch_commit", "after_dispatch_commit", "mid_call", "after_effect")
+POINTS = (
+    "before_dispatch_commit",
+    "after_dispatch_commit",
+    "mid_call",
+    "after_effect",
+    "before_notify",
+)
 
 _CRASH = frozenset(p for p in os.environ.get("POIMEN_CRASH_AT", "").split(",") if p)
 _PAUSE = frozenset(p for p in os.environ.get("POIMEN_PAUSE_AT", "").split(",") if p)

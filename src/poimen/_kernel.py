@@ -102,6 +102,7 @@ class Kernel:
         self._stop = threading.Event()
         self._upkeep: threading.Thread | None = None
         self._deliver_lock = threading.Lock()
+        self._on_close: list[Callable[[], object]] = []
 
     @property
     def worker_id(self) -> str:
@@ -150,11 +151,17 @@ class Kernel:
             self._upkeep.start()
         return report
 
+    def on_close(self, fn: Callable[[], object]) -> None:
+        """Run `fn` when the kernel closes (e.g. to close a tool's HTTP client)."""
+        self._on_close.append(fn)
+
     def close(self) -> None:
         self._stop.set()
         if self._upkeep is not None:
             self._upkeep.join(timeout=10)
             self._upkeep = None
+        while self._on_close:
+            self._on_close.pop()()
         self.store.close()
 
     def __enter__(self) -> Kernel:
@@ -464,6 +471,7 @@ class Kernel:
             return deliver(self.store, self.notifiers)
 
     def _notify_soon(self) -> None:
+        _crashpoints.hit("before_notify")
         try:
             self.deliver_notifications()
         except PoimenError as exc:  # stays in the outbox; upkeep delivers it later

@@ -61,9 +61,9 @@ def _host_port(url: str) -> str:
     return f"{u.host}:{u.port}"
 
 
-def provider_lookup(url: str) -> Any:
+def provider_lookup(url: str, client: httpx.Client | None = None) -> Any:
     """A `RequestIdLookup` over the provider's lookup endpoint."""
-    client = httpx.Client(base_url=url, timeout=10)
+    client = client or httpx.Client(base_url=url, timeout=10)
 
     def lookup(request_id: str, /) -> LookupAnswer:
         r = client.get(f"/requests/{request_id}")
@@ -79,6 +79,7 @@ def provider_lookup(url: str) -> Any:
 def register_test_tools(kernel: Kernel, provider_url: str, *, timeout: float = 2.0) -> None:
     """Register `test.charge`, `test.ship` and `test.email` against the provider."""
     client = httpx.Client(base_url=provider_url, timeout=timeout)
+    kernel.on_close(client.close)
     caps = Caps(hosts=(_host_port(provider_url),))
 
     def _check(r: httpx.Response) -> dict[str, Any]:
@@ -101,7 +102,7 @@ def register_test_tools(kernel: Kernel, provider_url: str, *, timeout: float = 2
         return _check(client.post("/keyed", json=body, headers={caps.key_header: ctx.key}))
 
     @kernel.tool(
-        id=SHIP, effects=Queryable(lookup=provider_lookup(provider_url)), caps=caps,
+        id=SHIP, effects=Queryable(lookup=provider_lookup(provider_url, client)), caps=caps,
         timeout=timeout,
     )
     def ship(ctx: ToolContext, order_id: str, address: str) -> dict[str, Any]:
