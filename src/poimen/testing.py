@@ -27,8 +27,16 @@ import httpx
 
 from poimen import _crashpoints
 from poimen._capability import ToolContext
-from poimen._effects import Idempotent, KeyDerivation, Landed, LookupAnswer, NotLanded, Queryable
-from poimen._effects import Unknown, Unsafe
+from poimen._effects import (
+    Idempotent,
+    KeyDerivation,
+    Landed,
+    LookupAnswer,
+    NotLanded,
+    Queryable,
+    Unknown,
+    Unsafe,
+)
 from poimen._intents import Outcome
 from poimen._kernel import Kernel
 from poimen._provider import ProviderClient, ProviderProcess
