@@ -403,10 +403,10 @@ class Kernel:
         o = intent.owner
         if o is None:
             return True
-        me = self.owner
-        if o.host == me.host and o.pid == me.pid and o.pid_start == me.pid_start:
+        if o == self.owner:
             with self._inflight_lock:
                 return intent.id not in self._inflight
+        me = self.owner
         if intent.lease_expires_at is not None and intent.lease_expires_at <= now:
             return True
         # Only on our own host can a pid say anything; elsewhere the lease decides.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, assert_never
 
@@ -134,21 +135,29 @@ def _defer(k: Kernel, intent: Intent, at: float, unknown_count: int, reason: str
     return k._answer_current(intent.id)
 
 
-def recover_pass(k: Kernel, *, batch: int = 500) -> RecoveryReport:
-    """One restart scan: every DISPATCHED intent whose owner is gone is resolved by class."""
+def recover_pass(
+    k: Kernel, *, batch: int = 500, progress: Callable[[int], object] | None = None
+) -> RecoveryReport:
+    """One restart scan: every DISPATCHED intent whose owner is gone is resolved by class.
+
+    `progress`, if given, is called with the number of intents scanned so far."""
     report = RecoveryReport()
     after = ""
+    step = batch
     while True:
         try:
-            rows = k.store.list_unfinished(after_id=after, limit=batch)
+            rows = k.store.list_unfinished(after_id=after, limit=step)
         except CorruptRowError as exc:
-            # One bad row must not stop recovery of the rest: skip past it and report it.
+            if step > 1:  # find the bad row one at a time, so no good row before it is skipped
+                step = 1
+                continue
+            # One bad row must not stop recovery of the rest: report it and go past it.
             bad = str(exc.data.get("intent_id", ""))
             report.corrupt.append(bad)
             log.error("recovery skipped a corrupt row: %s", exc)
             if not bad or bad <= after:
                 break
-            after = bad
+            after, step = bad, batch
             continue
         if not rows:
             break
@@ -175,6 +184,8 @@ def recover_pass(k: Kernel, *, batch: int = 500) -> RecoveryReport:
                 report.lost_race += 1
             else:
                 report.count(outcome)
+        if progress is not None:
+            progress(report.scanned)
     if report.unregistered:
         log.warning(
             "%d unfinished intents belong to tools that are not registered; they stay "
