@@ -96,7 +96,7 @@ def test_a_time_like_key_field_is_refused(kernel: Kernel) -> None:
 def test_optional_and_nested_time_fields_are_refused(kernel: Kernel) -> None:
     def book(ctx: ToolContext, slot: Slot, until: dt.time | None = None) -> None: ...
 
-    with pytest.raises(RegistrationError, match="'slot.day'"):
+    with pytest.raises(RegistrationError, match=r"'slot\.day'"):
         kernel.tool(id="a", effects=Idempotent(key=KeyDerivation.fields("slot.day")),
                     caps=Caps(), timeout=1)(book)
     with pytest.raises(RegistrationError, match="'until'"):
