@@ -28,7 +28,8 @@ from poimen._intents import (
 )
 from poimen._keys import args_digest, canonical, encode_args, to_json_value
 from poimen._liveness import current_owner, process_alive
-from poimen._notify import LogNotifier, Notifier, deliver
+from poimen._notify import LogNotifier, Notifier, Renotifier, deliver
+from poimen._operator import resolve as operator_resolve
 from poimen._recovery import RecoveryReport, recover_pass, resolve_unknown
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen.errors import (
@@ -79,6 +80,7 @@ class Kernel:
         deadline_margin: float = 1.0,
         wait_bound: float = 5.0,
         recover_interval: float = 5.0,
+        renotify_after: float | None = None,
     ) -> None:
         if mode not in ("live", "shadow", "replay"):
             raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}")
@@ -96,6 +98,8 @@ class Kernel:
         self.deadline_margin = deadline_margin
         self.wait_bound = wait_bound
         self.recover_interval = recover_interval
+        # Reminders for INDETERMINATE intents still open after this many seconds.
+        self._renotifier = Renotifier(renotify_after) if renotify_after is not None else None
         self._tools: dict[str, Tool] = {}
         self._inflight: set[str] = set()
         self._inflight_lock = threading.Lock()
@@ -440,9 +444,9 @@ class Kernel:
 
     # Recovery and the operator path.
 
-    def recover(self) -> RecoveryReport:
+    def recover(self, *, progress: Callable[[int], object] | None = None) -> RecoveryReport:
         """One recovery pass now; then deliver due notifications."""
-        report = recover_pass(self)
+        report = recover_pass(self, progress=progress)
         self.deliver_notifications()
         return report
 
@@ -450,24 +454,14 @@ class Kernel:
         self, intent_id: str, *, landed: bool, result: Any = None, operator: str, reason: str
     ) -> Intent:
         """An operator's decision on an INDETERMINATE intent; terminal and audited."""
-        if not isinstance(operator, str) or not operator.strip():
-            raise PoimenError("resolve needs the operator's name", field="operator")
-        if not isinstance(reason, str) or not reason.strip():
-            raise PoimenError("resolve needs a reason", field="reason")
-        if not landed and result is not None:
-            raise PoimenError("a result makes sense only for a landed call", field="result")
-        text = None if result is None else canonical(to_json_value(result, "result"))
-        return self.store.resolve(
-            intent_id,
-            landed=landed,
-            result=text,
-            operator=operator,
-            reason=reason,
-            now=self.store.now(),
+        return operator_resolve(
+            self.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
 
     def deliver_notifications(self) -> int:
         with self._deliver_lock:
+            if self._renotifier is not None:
+                self._renotifier.maybe_run(self.store)
             return deliver(self.store, self.notifiers)
 
     def _notify_soon(self) -> None:

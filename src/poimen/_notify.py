@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-from poimen._intents import Intent, Notification
+import httpx
+
+from poimen._intents import Intent, IntentState, Notification
+from poimen.errors import PoimenError
 from poimen.store._base import NewNotification, Store
 
 log = logging.getLogger("poimen.notify")
@@ -79,3 +84,180 @@ def deliver(
         store.mark_delivered(n.id, store.now())
         delivered += 1
     return delivered
+
+
+# Webhooks.
+
+SIGNATURE_HEADER = "X-Poimen-Signature"
+TIMESTAMP_HEADER = "X-Poimen-Timestamp"
+DELIVERY_HEADER = "X-Poimen-Delivery"
+
+
+class WebhookDeliveryError(PoimenError):
+    """The webhook receiver did not accept the notification; the outbox retries it."""
+
+
+def _secret_bytes(secret: str | bytes) -> bytes:
+    raw = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    if not raw:
+        raise PoimenError("a webhook needs a non-empty shared secret", field="secret")
+    return raw
+
+
+def sign(secret: str | bytes, timestamp: str, body: bytes) -> str:
+    """``sha256=<hex>``: HMAC-SHA256 with the shared secret over ``timestamp + "." + body``."""
+    mac = hmac.new(_secret_bytes(secret), timestamp.encode("ascii") + b"." + body, "sha256")
+    return "sha256=" + mac.hexdigest()
+
+
+def verify_signature(
+    secret: str | bytes,
+    timestamp: str,
+    body: bytes,
+    signature: str,
+    *,
+    tolerance: float = 300.0,
+    now: float | None = None,
+) -> bool:
+    """What a receiver checks: the signature matches and the timestamp is recent (no replay)."""
+    try:
+        ts = int(timestamp)
+    except ValueError:
+        return False
+    if abs((time.time() if now is None else now) - ts) > tolerance:
+        return False
+    return hmac.compare_digest(sign(secret, timestamp, body), signature)
+
+
+class WebhookNotifier:
+    """POSTs each notification as JSON to `url`, signed with the shared `secret`.
+
+    Headers: ``X-Poimen-Delivery`` (the delivery id; the same on every retry, so a
+    receiver dedupes on it), ``X-Poimen-Timestamp`` (unix seconds) and
+    ``X-Poimen-Signature`` (see `sign`). Anything but a 2xx answer raises, and the durable
+    outbox retries with back-off: delivery is at least once.
+    `console_url` (the console's base URL) adds a link to the intent's page.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: str | bytes,
+        console_url: str | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise PoimenError(f"webhook url {url!r} must be http:// or https://", field="url")
+        self.url = url
+        self._secret = _secret_bytes(secret)
+        self.console_url = console_url.rstrip("/") if console_url else None
+        self._client = httpx.Client(timeout=timeout)
+
+    def body(self, notification: Notification, now: float) -> dict[str, Any]:
+        payload = json.loads(notification.payload)
+        intent_id = payload.get("intent_id", notification.intent_id)
+        created = payload.get("created_at")
+        return {
+            "delivery_id": notification.delivery_id,
+            "kind": notification.kind,
+            "intent": {
+                "id": intent_id,
+                "call_id": payload.get("call_id"),
+                "tool_id": payload.get("tool_id"),
+                "effect": payload.get("effect"),
+                "reason": payload.get("reason"),
+                "created_at": created,
+                "age_s": None if created is None else round(now - float(created), 3),
+                "link": f"{self.console_url}/intents/{intent_id}" if self.console_url else None,
+            },
+            "reminder": payload.get("reminder"),
+            "queued_at": notification.created_at,
+            "sent_at": now,
+        }
+
+    def notify(self, notification: Notification) -> None:
+        now = time.time()
+        body = json.dumps(self.body(notification, now), sort_keys=True).encode("utf-8")
+        ts = str(int(now))
+        headers = {
+            "Content-Type": "application/json",
+            DELIVERY_HEADER: notification.delivery_id,
+            TIMESTAMP_HEADER: ts,
+            SIGNATURE_HEADER: sign(self._secret, ts, body),
+        }
+        try:
+            r = self._client.post(self.url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise WebhookDeliveryError(
+                f"webhook {self.url} unreachable: {exc}", delivery_id=notification.delivery_id
+            ) from exc
+        if not 200 <= r.status_code < 300:
+            raise WebhookDeliveryError(
+                f"webhook {self.url} answered {r.status_code}",
+                delivery_id=notification.delivery_id,
+                status=r.status_code,
+            )
+
+    def close(self) -> None:
+        self._client.close()
+
+
+# Re-notification of Indeterminate intents nobody has resolved yet.
+
+REMINDER = "indeterminate_reminder"
+
+
+def reminder_note(intent: Intent, number: int, now: float) -> NewNotification:
+    payload = {
+        "intent_id": intent.id,
+        "call_id": intent.call_id,
+        "tool_id": intent.tool_id,
+        "effect": intent.effect,
+        "reason": intent.reason,
+        "created_at": intent.created_at,
+        "reminder": number,
+        "open_for_s": now - intent.updated_at,
+    }
+    return NewNotification(
+        # Numbered, so two processes re-notifying at once add one row, not two.
+        delivery_id=f"{intent.id}:{REMINDER}:{number}",
+        kind=REMINDER,
+        payload=json.dumps(payload, sort_keys=True),
+    )
+
+
+def renotify(store: Store, *, after: float, limit: int = 10_000) -> int:
+    """Queue a reminder for each INDETERMINATE intent whose latest notification is older
+    than `after` seconds; returns how many were queued. Resolved intents get none."""
+    if not after > 0:
+        raise PoimenError(f"renotify after must be positive, not {after!r}", field="after")
+    now = store.now()
+    queued = 0
+    for intent in store.list_intents(state=IntentState.INDETERMINATE, limit=limit):
+        notes = store.notifications(intent.id)
+        last = max((n.created_at for n in notes), default=intent.updated_at)
+        if now - last < after:
+            continue
+        number = sum(1 for n in notes if n.kind == REMINDER) + 1
+        if store.add_notification(intent.id, reminder_note(intent, number, now), now):
+            queued += 1
+    return queued
+
+
+class Renotifier:
+    """Runs `renotify` at most every `every` seconds (default: a quarter of `after`, <= 60s)."""
+
+    def __init__(self, after: float, *, every: float | None = None) -> None:
+        if not after > 0:
+            raise PoimenError(f"renotify_after must be positive, not {after!r}", field="after")
+        self.after = after
+        self.every = every if every is not None else min(after / 4, 60.0)
+        self._next = 0.0
+
+    def maybe_run(self, store: Store) -> int:
+        mono = time.monotonic()
+        if mono < self._next:
+            return 0
+        self._next = mono + self.every
+        return renotify(store, after=self.after)

@@ -1,0 +1,401 @@
+"""The operator path over any Store: status, list, show, resolve, audit (DESIGN §8).
+
+The CLI and the web console both call these functions, so the two never disagree about
+what an intent looks like, what is redacted, or when a resolution is refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from poimen._intents import (
+    TERMINAL,
+    Attempt,
+    Denial,
+    Event,
+    Intent,
+    IntentState,
+    Notification,
+    Owner,
+)
+from poimen._keys import canonical, to_json_value
+from poimen.errors import IntentNotFoundError, PoimenError
+from poimen.store._base import Store
+
+S = IntentState
+
+__all__ = [
+    "REDACTED",
+    "SECRET_NAME",
+    "IntentDetail",
+    "OperatorInputError",
+    "Status",
+    "audit",
+    "find",
+    "fmt_age",
+    "fmt_time",
+    "list_intents",
+    "parse_result",
+    "parse_since",
+    "parse_state",
+    "redact",
+    "resolve",
+    "show",
+    "status",
+]
+
+#: An argument (or result field) whose name contains one of these, after lower-casing and
+#: turning ``-`` into ``_``, is shown as REDACTED at any depth. Over-redaction is the safe error.
+SECRET_NAME = re.compile(
+    r"password|passwd|passphrase|secret|token|api_?key|authori[sz]ation|credential"
+    r"|private_?key|cookie|session_?id"
+)
+REDACTED = "[redacted]"
+
+MAX_OPERATOR = 200
+MAX_REASON = 4000
+
+
+class OperatorInputError(PoimenError):
+    """An operator's input was refused before anything changed."""
+
+
+# Redaction.
+
+
+def is_secret_name(name: str) -> bool:
+    return SECRET_NAME.search(name.lower().replace("-", "_")) is not None
+
+
+def redact(value: Any) -> Any:
+    """A copy of JSON data with every value under a secret-looking key replaced."""
+    if isinstance(value, Mapping):
+        return {
+            k: (REDACTED if isinstance(k, str) and is_secret_name(k) else redact(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    return value
+
+
+def _redacted_json(text: str | None) -> Any:
+    """Decode recorded JSON text and redact it; text that does not decode is shown as is."""
+    if text is None:
+        return None
+    try:
+        return redact(json.loads(text))
+    except ValueError:
+        return text
+
+
+# Parsing operator input.
+
+
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: float) -> float:
+    """``15m``, ``2h``, ``7d`` (that long ago), an ISO 8601 date or time (UTC unless it
+    says otherwise), or seconds since the epoch."""
+    m = _RELATIVE.match(text)
+    if m:
+        return now - float(m.group(1)) * _UNIT[m.group(2)]
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(value):
+            return value
+    try:
+        when = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise OperatorInputError(
+            f"since {text!r} is not a duration (15m, 2h, 7d), an ISO 8601 time or epoch seconds",
+            field="since",
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def parse_state(text: str) -> IntentState:
+    try:
+        return IntentState(text.strip().upper())
+    except ValueError:
+        names = ", ".join(s.value for s in IntentState)
+        raise OperatorInputError(f"state {text!r} is not one of {names}", field="state") from None
+
+
+def parse_result(text: str) -> Any:
+    """The JSON an operator gives as a landed call's result; refused when it does not parse."""
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(text, parse_constant=no_constant)
+    except ValueError as exc:
+        raise OperatorInputError(f"result is not valid JSON: {exc}", field="result") from exc
+
+
+# Formatting shared by the CLI and the console.
+
+
+def fmt_time(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def fmt_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+# Reading.
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Counts by state and by tool, the oldest Indeterminate intent, the unfinished ones."""
+
+    now: float
+    by_state: dict[str, int]
+    by_tool: dict[str, dict[str, int]]
+    total: int
+    unfinished: int
+    indeterminate: int
+    oldest_indeterminate: Intent | None
+    undelivered_notifications: int
+
+    def to_json(self) -> dict[str, Any]:
+        oldest = self.oldest_indeterminate
+        return {
+            "now": self.now,
+            "total": self.total,
+            "by_state": self.by_state,
+            "by_tool": self.by_tool,
+            "unfinished": self.unfinished,
+            "indeterminate": self.indeterminate,
+            "oldest_indeterminate": None
+            if oldest is None
+            else {**intent_summary(oldest), "age_s": self.now - oldest.created_at},
+            "undelivered_notifications": self.undelivered_notifications,
+        }
+
+
+def status(store: Store, *, notification_cap: int = 1000) -> Status:
+    now = store.now()
+    by_state = {s.value: 0 for s in IntentState}
+    by_tool: dict[str, dict[str, int]] = {}
+    for (tool, state), n in sorted(store.counts().items()):
+        by_state[state] = by_state.get(state, 0) + n
+        by_tool.setdefault(tool, {})[state] = n
+    oldest = store.list_intents(state=S.INDETERMINATE, limit=1)
+    # Due at the end of time: every undelivered row, capped so a huge backlog stays cheap.
+    pending = len(store.due_notifications(float(2**62), notification_cap))
+    return Status(
+        now=now,
+        by_state=by_state,
+        by_tool=by_tool,
+        total=sum(by_state.values()),
+        unfinished=by_state[S.DISPATCHED],
+        indeterminate=by_state[S.INDETERMINATE],
+        oldest_indeterminate=oldest[0] if oldest else None,
+        undelivered_notifications=pending,
+    )
+
+
+def list_intents(
+    store: Store,
+    *,
+    state: IntentState | None = None,
+    tool_id: str | None = None,
+    since: float | None = None,
+    limit: int = 100,
+) -> list[Intent]:
+    """Intents oldest first, filtered; `limit` bounds the answer."""
+    if limit < 1:
+        raise OperatorInputError(f"limit must be at least 1, not {limit}", field="limit")
+    return store.list_intents(state=state, tool_id=tool_id, since=since, limit=limit)
+
+
+@dataclass(frozen=True, slots=True)
+class IntentDetail:
+    """One intent with its history; `args` and `result` already redacted."""
+
+    intent: Intent
+    args: Any
+    result: Any
+    attempts: list[Attempt]
+    events: list[Event]
+    notifications: list[Notification]
+    now: float
+
+    @property
+    def resolvable(self) -> bool:
+        return self.intent.state == S.INDETERMINATE
+
+    @property
+    def late_evidence(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.late_outcome is not None]
+
+    def event_detail(self, event: Event) -> Any:
+        return _event_detail(event)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **intent_summary(self.intent),
+            "args": self.args,
+            "result": self.result,
+            "age_s": self.now - self.intent.created_at,
+            "attempts": [attempt_json(a) for a in self.attempts],
+            "events": [event_json(e) for e in self.events],
+            "notifications": [notification_json(n) for n in self.notifications],
+        }
+
+
+def find(store: Store, ident: str) -> Intent:
+    """The intent with this intent id, or else with this call id."""
+    intent = store.get_intent(ident) or store.get_by_call_id(ident)
+    if intent is None:
+        raise IntentNotFoundError(f"no intent has id or call id {ident!r}", intent_id=ident)
+    return intent
+
+
+def show(store: Store, intent_id: str) -> IntentDetail:
+    """Everything recorded about one intent, by intent id or call id."""
+    intent = find(store, intent_id)
+    return IntentDetail(
+        intent=intent,
+        args=_redacted_json(intent.args),
+        result=_redacted_json(intent.result),
+        attempts=store.attempts(intent.id),
+        events=store.events(intent.id),
+        notifications=store.notifications(intent.id),
+        now=store.now(),
+    )
+
+
+def audit(
+    store: Store, *, tool_id: str | None = None, since: float | None = None, limit: int = 1000
+) -> list[Denial]:
+    """Capability and sandbox denials, oldest first."""
+    if limit < 1:
+        raise OperatorInputError(f"limit must be at least 1, not {limit}", field="limit")
+    return store.denials(tool_id=tool_id, since=since, limit=limit)
+
+
+# The one state change an operator makes.
+
+
+def resolve(
+    store: Store,
+    intent_id: str,
+    *,
+    landed: bool,
+    result: Any = None,
+    operator: str,
+    reason: str,
+) -> Intent:
+    """Decide an INDETERMINATE intent: landed (with an optional result) or not landed.
+
+    Terminal and audited: the operator and reason go into the intent's events in the same
+    transaction. Any other state is refused (`NotIndeterminateError`); nothing here retries.
+    """
+    if not isinstance(operator, str) or not operator.strip():
+        raise OperatorInputError("resolve needs the operator's name", field="operator")
+    if not isinstance(reason, str) or not reason.strip():
+        raise OperatorInputError("resolve needs a reason", field="reason")
+    if len(operator) > MAX_OPERATOR:
+        raise OperatorInputError(
+            f"operator is longer than {MAX_OPERATOR} characters", field="operator"
+        )
+    if len(reason) > MAX_REASON:
+        raise OperatorInputError(f"reason is longer than {MAX_REASON} characters", field="reason")
+    if not landed and result is not None:
+        raise OperatorInputError("a result makes sense only for a landed call", field="result")
+    text = None if result is None else canonical(to_json_value(result, "result"))
+    return store.resolve(
+        intent_id,
+        landed=landed,
+        result=text,
+        operator=operator.strip(),
+        reason=reason.strip(),
+        now=store.now(),
+    )
+
+
+# JSON shapes, shared by `--json` and the console.
+
+
+def _owner_json(o: Owner | None) -> dict[str, Any] | None:
+    if o is None:
+        return None
+    return {"worker_id": o.worker_id, "host": o.host, "pid": o.pid}
+
+
+def _plain(obj: Any, drop: frozenset[str] = frozenset(), **override: Any) -> dict[str, Any]:
+    out = {f.name: getattr(obj, f.name) for f in fields(obj) if f.name not in drop}
+    out.update(override)
+    return out
+
+
+# Raw arguments and results never leave this module unredacted.
+_INTENT_DROP = frozenset({"args", "args_hash", "result", "lease_expires_at", "next_check_at"})
+
+
+def intent_summary(i: Intent) -> dict[str, Any]:
+    return _plain(
+        i,
+        _INTENT_DROP,
+        state=i.state.value,
+        owner=_owner_json(i.owner),
+        terminal=i.state in TERMINAL,
+    )
+
+
+def attempt_json(a: Attempt) -> dict[str, Any]:
+    return _plain(
+        a,
+        frozenset({"intent_id"}),
+        owner=_owner_json(a.owner),
+        result=_redacted_json(a.result),
+        late_result=_redacted_json(a.late_result),
+    )
+
+
+def _event_detail(e: Event) -> Any:
+    detail = _redacted_json(e.detail)
+    if isinstance(detail, dict) and isinstance(detail.get("result"), str):
+        detail = {**detail, "result": _redacted_json(detail["result"])}
+    return detail
+
+
+def event_json(e: Event) -> dict[str, Any]:
+    return _plain(e, frozenset({"intent_id"}), detail=_event_detail(e))
+
+
+def notification_json(n: Notification) -> dict[str, Any]:
+    return _plain(n, frozenset({"id", "intent_id", "payload"}))
+
+
+def denial_json(d: Denial) -> dict[str, Any]:
+    return _plain(d)

@@ -1,0 +1,3 @@
+from poimen.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,383 @@
+"""``poimen``: the operator CLI over the intent log.
+
+Exit codes: 0 ok · 1 nothing found, or refused (e.g. resolving an intent that is not
+INDETERMINATE) · 2 usage (bad or missing options) · 3 the store cannot be opened or read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from poimen import _operator as op
+from poimen._kernel import Kernel
+from poimen.cli import _render as render
+from poimen.errors import (
+    IntentNotFoundError,
+    NotIndeterminateError,
+    PoimenError,
+    StoreError,
+)
+from poimen.store import Store, open_store
+
+OK, NOT_FOUND, USAGE, STORE = 0, 1, 2, 3
+
+
+class CliError(PoimenError):
+    """The command cannot run as given."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message, code=code)
+        self.code = code
+
+
+# Opening the store.
+
+
+def _db_url(ns: argparse.Namespace) -> str:
+    url = ns.db or os.environ.get("POIMEN_DB")
+    if not url:
+        raise CliError("no database: pass --db URL or set POIMEN_DB", code=USAGE)
+    return str(url)
+
+
+def _open(url: str) -> Store:
+    """Open an existing log without migrating it: reading never changes the schema."""
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+        if not Path(path).is_file():
+            raise CliError(f"no intent log at {path!r} (poimen migrate creates one)", code=STORE)
+    store = open_store(url, migrate=False)
+    if store.schema_version() == 0:
+        store.close()
+        raise CliError(f"{url} holds no poimen schema: run `poimen migrate`", code=STORE)
+    return store
+
+
+def _same_store(a: str, b: str) -> bool:
+    if a.startswith("sqlite:///") and b.startswith("sqlite:///"):
+        return os.path.realpath(a[10:]) == os.path.realpath(b[10:])
+    return a == b
+
+
+def load_app(spec: str) -> Kernel:
+    """``module:attr``: a Kernel, or a callable returning one, with the tools registered."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"--app {spec!r} must look like module:kernel", code=USAGE)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"--app: cannot import {module_name!r}: {exc}", code=USAGE) from exc
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise CliError(f"--app: {module_name!r} has no attribute {attr!r}", code=USAGE)
+    if not isinstance(obj, Kernel) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Kernel):
+        raise CliError(f"--app {spec!r} is a {type(obj).__name__}, not a poimen Kernel", code=USAGE)
+    return obj
+
+
+# Output.
+
+
+def _emit(ns: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
+    if ns.json:
+        print(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        print(text())
+
+
+# Commands.
+
+
+def cmd_status(ns: argparse.Namespace, store: Store) -> int:
+    st = op.status(store)
+    _emit(ns, st.to_json(), lambda: render.status_text(st))
+    return OK
+
+
+def _since(ns: argparse.Namespace, store: Store) -> float | None:
+    return None if ns.since is None else op.parse_since(ns.since, store.now())
+
+
+def cmd_intents(ns: argparse.Namespace, store: Store) -> int:
+    rows = op.list_intents(
+        store,
+        state=None if ns.state is None else op.parse_state(ns.state),
+        tool_id=ns.tool,
+        since=_since(ns, store),
+        limit=ns.limit,
+    )
+    _emit(
+        ns,
+        [op.intent_summary(i) for i in rows],
+        lambda: render.intents_text(rows) if rows else "no intents match",
+    )
+    return OK if rows else NOT_FOUND
+
+
+def cmd_show(ns: argparse.Namespace, store: Store) -> int:
+    d = op.show(store, ns.intent)
+    _emit(ns, d.to_json(), lambda: render.detail_text(d))
+    return OK
+
+
+def cmd_resolve(ns: argparse.Namespace, store: Store) -> int:
+    if ns.result is not None and not ns.landed:
+        raise CliError("--result goes only with --landed", code=USAGE)
+    result = None if ns.result is None else op.parse_result(ns.result)
+    intent = op.find(store, ns.intent)
+    done = op.resolve(
+        store, intent.id, landed=ns.landed, result=result, operator=ns.operator, reason=ns.reason
+    )
+    _emit(
+        ns,
+        op.intent_summary(done),
+        lambda: (
+            f"resolved {done.id}: {intent.state} -> {done.state} by {ns.operator.strip()} "
+            f"({ns.reason.strip()})"
+        ),
+    )
+    return OK
+
+
+def cmd_audit(ns: argparse.Namespace, store: Store) -> int:
+    rows = op.audit(store, tool_id=ns.tool, since=_since(ns, store), limit=ns.limit)
+    _emit(
+        ns,
+        [op.denial_json(d) for d in rows],
+        lambda: render.denials_text(rows) if rows else "no denials match",
+    )
+    return OK if rows else NOT_FOUND
+
+
+def cmd_recover(ns: argparse.Namespace) -> int:
+    kernel = load_app(ns.app)
+    try:
+        given = ns.db or os.environ.get("POIMEN_DB")
+        if given and not _same_store(given, kernel.store.url):
+            raise CliError(
+                f"--db/POIMEN_DB {given} is not the app's store {kernel.store.url}", code=USAGE
+            )
+        show = ns.progress if ns.progress is not None else sys.stderr.isatty()
+        bar: render.ProgressBar | None = None
+        if show:
+            total = sum(n for (_, s), n in kernel.store.counts().items() if s == "DISPATCHED")
+            bar = render.ProgressBar(total)
+            bar.update(0)
+        report = kernel.recover(progress=bar.update if bar else None)
+        if bar:
+            bar.finish(report.scanned)
+    finally:
+        kernel.close()
+    data = asdict(report)
+
+    def text() -> str:
+        lines = [
+            f"scanned {report.scanned}: {report.completed} completed, {report.failed} failed, "
+            f"{report.indeterminate} indeterminate, {report.pending} pending, "
+            f"{report.busy} busy (live owner), {report.lost_race} taken by another recoverer"
+        ]
+        if report.unregistered:
+            lines.append(
+                f"{len(report.unregistered)} belong to tools the app does not register and stay "
+                f"DISPATCHED: {', '.join(report.unregistered[:10])}"
+            )
+        if report.corrupt:
+            lines.append(f"{len(report.corrupt)} corrupt rows skipped: {', '.join(report.corrupt)}")
+        return "\n".join(lines)
+
+    _emit(ns, data, text)
+    return OK
+
+
+def cmd_migrate(ns: argparse.Namespace) -> int:
+    url = _db_url(ns)
+    before = open_store(url, migrate=False)
+    try:
+        found = before.schema_version()
+    finally:
+        before.close()
+    store = open_store(url)
+    try:
+        now = store.schema_version()
+    finally:
+        store.close()
+    _emit(
+        ns,
+        {"from": found, "to": now},
+        lambda: (
+            f"schema version {found} -> {now}"
+            if now != found
+            else f"schema is current (version {now})"
+        ),
+    )
+    return OK
+
+
+def cmd_console(ns: argparse.Namespace) -> int:
+    try:
+        from poimen.console import serve
+    except ImportError as exc:
+        raise CliError(
+            f"the console needs its extra: pip install 'poimen[console]' ({exc})", code=USAGE
+        ) from exc
+    url = _db_url(ns)
+    store = _open(url)
+    try:
+        token = ns.token or os.environ.get("POIMEN_CONSOLE_TOKEN") or None
+        serve(store, host=ns.host, port=ns.port, token=token)
+    finally:
+        store.close()
+    return OK
+
+
+# The parser.
+
+
+def _parser() -> argparse.ArgumentParser:
+    # Global options are accepted before or after the command; SUPPRESS keeps a
+    # subcommand's unset option from overwriting one given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--db",
+        default=argparse.SUPPRESS,
+        help="store URL: sqlite:///path or postgresql://... (or POIMEN_DB)",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    p = argparse.ArgumentParser(
+        prog="poimen",
+        description="Operate the poimen intent log: status, Indeterminate intents, audit, "
+        "recovery.",
+        epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable",
+    )
+    p.add_argument("--db", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    sub.add_parser(
+        "status",
+        parents=[common],
+        help="counts by state and tool, oldest Indeterminate, unfinished intents",
+    )
+
+    s = sub.add_parser("intents", parents=[common], help="list intents, oldest first")
+    s.add_argument("--state", help="DISPATCHED, COMPLETED, FAILED, INDETERMINATE, ...")
+    s.add_argument("--tool", help="tool id")
+    s.add_argument("--since", help="15m, 2h, 7d, an ISO 8601 time, or epoch seconds")
+    s.add_argument("--limit", type=int, default=100)
+
+    s = sub.add_parser(
+        "show", parents=[common], help="one intent: arguments (secrets redacted), attempts, events"
+    )
+    s.add_argument("intent", help="intent id or call id")
+
+    s = sub.add_parser(
+        "resolve", parents=[common], help="decide an INDETERMINATE intent (never retries it)"
+    )
+    s.add_argument("intent", help="intent id or call id")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--landed", action="store_true", help="the effect happened")
+    g.add_argument("--not-landed", action="store_true", help="the effect did not happen")
+    s.add_argument("--result", help="JSON result of a landed call (optional)")
+    s.add_argument("--operator", required=True, help="who decides")
+    s.add_argument("--reason", required=True, help="why: what you checked")
+
+    s = sub.add_parser("audit", parents=[common], help="capability and sandbox denials")
+    s.add_argument("--tool", help="tool id")
+    s.add_argument("--since", help="15m, 2h, 7d, an ISO 8601 time, or epoch seconds")
+    s.add_argument("--limit", type=int, default=1000)
+
+    s = sub.add_parser("recover", parents=[common], help="run one recovery pass now")
+    s.add_argument(
+        "--app", required=True, help="module:kernel of the application (its tool registrations)"
+    )
+    s.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+    sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+
+    s = sub.add_parser("console", parents=[common], help="serve the web console")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8470, help="port (0 picks a free one)")
+    s.add_argument(
+        "--token", help="access token (or POIMEN_CONSOLE_TOKEN; default: generated and printed)"
+    )
+    return p
+
+
+_STORE_COMMANDS: dict[str, Callable[[argparse.Namespace, Store], int]] = {
+    "status": cmd_status,
+    "intents": cmd_intents,
+    "show": cmd_show,
+    "resolve": cmd_resolve,
+    "audit": cmd_audit,
+}
+
+
+def _fail(ns: argparse.Namespace | None, code: int, exc: BaseException, prefix: str) -> int:
+    print(f"poimen: {prefix}{exc}", file=sys.stderr)
+    if ns is not None and getattr(ns, "json", False):
+        data = getattr(exc, "data", {})
+        print(
+            json.dumps(
+                {
+                    "error": {
+                        "type": type(exc).__name__,
+                        "message": str(exc),
+                        **{k: v for k, v in data.items() if k != "code"},
+                    }
+                },
+                default=str,
+                sort_keys=True,
+            )
+        )
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns: argparse.Namespace | None = None
+    try:
+        ns = _parser().parse_args(argv)
+        if ns.cmd in _STORE_COMMANDS:
+            store = _open(_db_url(ns))
+            try:
+                return _STORE_COMMANDS[ns.cmd](ns, store)
+            finally:
+                store.close()
+        if ns.cmd == "recover":
+            return cmd_recover(ns)
+        if ns.cmd == "migrate":
+            return cmd_migrate(ns)
+        return cmd_console(ns)
+    except CliError as exc:
+        return _fail(ns, exc.code, exc, "")
+    except op.OperatorInputError as exc:
+        return _fail(ns, USAGE, exc, "")
+    except (IntentNotFoundError, NotIndeterminateError) as exc:
+        return _fail(
+            ns, NOT_FOUND, exc, "refused: " if isinstance(exc, NotIndeterminateError) else ""
+        )
+    except StoreError as exc:
+        return _fail(ns, STORE, exc, "store: ")
+    except PoimenError as exc:
+        return _fail(ns, NOT_FOUND, exc, "refused: ")
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,218 @@
+"""Human-readable output: plain tables and a progress bar, no dependencies."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from poimen._intents import Denial, Intent, IntentState
+from poimen._operator import IntentDetail, Status, fmt_age, fmt_time
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [len(h) for h in headers]
+    for r in cells:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for r in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    text = str(v).replace("\n", " ")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def status_text(st: Status) -> str:
+    out = [
+        f"intents: {st.total} total, {st.unfinished} unfinished (DISPATCHED), "
+        f"{st.indeterminate} INDETERMINATE"
+    ]
+    o = st.oldest_indeterminate
+    if o is not None:
+        out.append(
+            f"oldest INDETERMINATE: {o.id}  {o.tool_id}  {o.reason or '-'}  "
+            f"created {fmt_time(o.created_at)} ({fmt_age(st.now - o.created_at)} ago)"
+        )
+    out.append(f"undelivered notifications: {st.undelivered_notifications}")
+    out.append("")
+    out.append(table(["state", "count"], [(s, n) for s, n in st.by_state.items()]))
+    if st.by_tool:
+        states = [s.value for s in IntentState]
+        out.append("")
+        out.append(
+            table(
+                ["tool", *states],
+                [(tool, *(c.get(s, 0) for s in states)) for tool, c in st.by_tool.items()],
+            )
+        )
+    return "\n".join(out)
+
+
+def intents_text(rows: Sequence[Intent]) -> str:
+    return table(
+        ["id", "created", "state", "tool", "effect", "reason", "attempts", "call_id"],
+        [
+            (
+                i.id,
+                fmt_time(i.created_at),
+                i.state,
+                i.tool_id,
+                i.effect,
+                i.reason,
+                i.attempts,
+                i.call_id,
+            )
+            for i in rows
+        ],
+    )
+
+
+def _owner(o: Any) -> str:
+    return "-" if o is None else f"{o.worker_id}@{o.host} pid {o.pid}"
+
+
+def _indent(text: str, n: int = 2) -> str:
+    return "\n".join(" " * n + line for line in text.splitlines())
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def detail_text(d: IntentDetail) -> str:
+    i = d.intent
+    head = [
+        ("intent", i.id),
+        ("call id", i.call_id),
+        ("tool", f"{i.tool_id} ({i.effect})"),
+        ("state", f"{i.state}" + (f" ({i.reason})" if i.reason else "")),
+        ("key", i.key),
+        ("request id", i.request_id),
+        ("fence", i.fence),
+        ("owner", _owner(i.owner)),
+        ("created", f"{fmt_time(i.created_at)} ({fmt_age(d.now - i.created_at)} ago)"),
+        ("updated", fmt_time(i.updated_at)),
+    ]
+    if i.error:
+        head.append(("error", i.error))
+    out = [f"{k + ':':12} {'-' if v is None else v}" for k, v in head]
+    out += ["", "arguments (secrets redacted):", _indent(_pretty(d.args))]
+    if d.result is not None:
+        out += ["result:", _indent(_pretty(d.result))]
+    out += ["", f"attempts ({len(d.attempts)}):"]
+    out.append(
+        _indent(
+            table(
+                ["#", "fence", "owner", "started", "ended", "outcome", "error", "late"],
+                [
+                    (
+                        a.number,
+                        a.fence,
+                        _owner(a.owner),
+                        fmt_time(a.started_at),
+                        fmt_time(a.ended_at),
+                        a.outcome,
+                        a.error,
+                        a.late_outcome,
+                    )
+                    for a in d.attempts
+                ],
+            )
+        )
+    )
+    out += ["", f"events ({len(d.events)}):"]
+    out.append(
+        _indent(
+            table(
+                ["at", "kind", "transition", "actor", "detail"],
+                [
+                    (
+                        fmt_time(e.at),
+                        e.kind,
+                        f"{e.from_state or '-'} -> {e.to_state or '-'}" if e.to_state else "-",
+                        e.actor,
+                        json.dumps(d.event_detail(e), sort_keys=True),
+                    )
+                    for e in d.events
+                ],
+            )
+        )
+    )
+    out += ["", f"notifications ({len(d.notifications)}):"]
+    if d.notifications:
+        out.append(
+            _indent(
+                table(
+                    ["delivery id", "kind", "queued", "delivered", "attempts", "last error"],
+                    [
+                        (
+                            n.delivery_id,
+                            n.kind,
+                            fmt_time(n.created_at),
+                            fmt_time(n.delivered_at),
+                            n.attempts,
+                            n.last_error,
+                        )
+                        for n in d.notifications
+                    ],
+                )
+            )
+        )
+    if d.resolvable:
+        out += [
+            "",
+            "resolve with: poimen resolve "
+            f"{i.id} --landed|--not-landed --operator NAME --reason TEXT",
+        ]
+    return "\n".join(out)
+
+
+def denials_text(rows: Sequence[Denial]) -> str:
+    return table(
+        ["at", "tool", "intent", "attempt", "action", "target", "reason"],
+        [
+            (fmt_time(d.at), d.tool_id, d.intent_id, d.attempt, d.action, d.target, d.reason)
+            for d in rows
+        ],
+    )
+
+
+class ProgressBar:
+    """``recover [#####-----] 120/300  40%`` redrawn in place, at most ten times a second."""
+
+    def __init__(self, total: int, *, stream: TextIO | None = None, width: int = 30) -> None:
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.width = width
+        self._last = 0.0
+        self._shown = -1
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if done < self.total and now - self._last < 0.1:
+            return
+        self._last = now
+        self._draw(done)
+
+    def _draw(self, done: int) -> None:
+        total = max(self.total, done, 1)
+        filled = self.width * done // total
+        bar = "#" * filled + "-" * (self.width - filled)
+        self.stream.write(f"\rrecover [{bar}] {done}/{total} {100 * done // total:3d}%")
+        self.stream.flush()
+        self._shown = done
+
+    def finish(self, done: int) -> None:
+        if self._shown != done:
+            self._draw(done)
+        self.stream.write("\n")
+        self.stream.flush()
