@@ -1,12 +1,414 @@
-"""The context the kernel hands every tool: the kernel-derived key or request id."""
+"""The context the kernel hands every tool, and its keyed write handles (DESIGN §5, layer 2).
+
+For an Idempotent tool every handle carries a write token: an HMAC over (tool id, intent,
+attempt, key) with a per-kernel secret the tool never receives, live only while its call runs.
+A handle checks the token and the key on every write; a bad write is recorded as a denial
+(committed) and only then raised as `CapabilityDeniedError`. Queryable and Unsafe tools get
+plain handles that this layer never denies.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, runtime_checkable
+
+import httpx
+
+from poimen import _guard
+from poimen.errors import CapabilityDeniedError, PoimenError, RegistrationError
+
+if TYPE_CHECKING:
+    from poimen._tools import Caps
+    from poimen.store import Store
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Something the application lets tools write to: apply this payload under this key.
+
+    For an Idempotent tool `key` is always the kernel-derived key; a sink that deduplicates
+    on it makes the recovery retry harmless. Other tools pass whatever key they choose.
+    """
+
+    def apply(self, payload: Any, *, key: str | None) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WriteToken:
+    """The kernel's grant for one attempt of one call. Only the kernel's secret makes `mac`."""
+
+    tool_id: str
+    intent_id: str
+    attempt: int
+    key: str
+    mac: bytes = field(repr=False)
+
+
+class _Authority:
+    """Mints, verifies and revokes write tokens. The secret never leaves this object."""
+
+    __slots__ = ("_live", "_secret")
+
+    def __init__(self) -> None:
+        self._secret = os.urandom(32)
+        self._live: set[bytes] = set()
+
+    def _mac(self, tool_id: str, intent_id: str, attempt: int, key: str) -> bytes:
+        msg = "\x1f".join((tool_id, intent_id, str(attempt), key)).encode()
+        return hmac.digest(self._secret, msg, hashlib.sha256)
+
+    def mint(self, tool_id: str, intent_id: str, attempt: int, key: str) -> WriteToken:
+        mac = self._mac(tool_id, intent_id, attempt, key)
+        self._live.add(mac)
+        return WriteToken(tool_id, intent_id, attempt, key, mac)
+
+    def problem(self, token: object) -> str | None:
+        """None for a live token this kernel minted; else why not."""
+        if not isinstance(token, WriteToken) or not isinstance(token.mac, bytes):
+            return "forged"
+        expected = self._mac(token.tool_id, token.intent_id, token.attempt, token.key)
+        if not hmac.compare_digest(expected, token.mac):
+            return "forged"
+        if token.mac not in self._live:
+            return "revoked"
+        return None
+
+    def revoke(self, token: WriteToken) -> None:
+        self._live.discard(token.mac)
+
+
+class Issuer:
+    """The kernel's side of layer 2: the token authority, registered sinks, one HTTP pool."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.sinks: dict[str, Sink] = {}
+        self._authority = _Authority()
+        self._lock = threading.Lock()
+        self._client: httpx.Client | None = None
+        self._closed = False
+
+    def register_sink(self, name: str, sink: Sink) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise RegistrationError(f"sink name must be a non-empty string, got {name!r}")
+        if not callable(getattr(sink, "apply", None)):
+            raise RegistrationError(
+                f"sink {name!r} must have an apply(payload, *, key) method", field="sink"
+            )
+        if name in self.sinks:
+            raise RegistrationError(f"sink {name!r} is already registered", field="name")
+        self.sinks[name] = sink
+
+    def client(self) -> httpx.Client:
+        # Built on first use: creating an httpx client (TLS context) is milliseconds.
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._closed:
+                    raise PoimenError("the kernel is closed; its HTTP handles are gone")
+                if self._client is None:
+                    self._client = httpx.Client(follow_redirects=False)
+                client = self._client
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def scope(self, tool_id: str, intent_id: str, attempt: int, key: str, caps: Caps) -> CallScope:
+        return CallScope(self, tool_id, intent_id, attempt, key, caps)
+
+
+class CallScope:
+    """One running attempt of an Idempotent call: what its handles may do, and its denials."""
+
+    __slots__ = ("_issuer", "_token", "attempt", "caps", "ended", "intent_id", "key", "tool_id")
+
+    def __init__(
+        self, issuer: Issuer, tool_id: str, intent_id: str, attempt: int, key: str, caps: Caps
+    ) -> None:
+        self._issuer = issuer
+        self.tool_id = tool_id
+        self.intent_id = intent_id
+        self.attempt = attempt
+        self.key = key
+        self.caps = caps
+        self.ended = False
+        self._token: WriteToken | None = None
+
+    def token(self) -> WriteToken:
+        # Minted on a handle's first use, so a tool that writes nothing pays no HMAC.
+        token = self._token
+        if token is None:
+            with self._issuer._lock:
+                if self._token is None:
+                    self._token = self._issuer._authority.mint(
+                        self.tool_id, self.intent_id, self.attempt, self.key
+                    )
+                token = self._token
+        if self.ended:
+            self._issuer._authority.revoke(token)
+        return token
+
+    def end(self) -> None:
+        """The call is over: its token is revoked and late writes are denied."""
+        self.ended = True
+        if self._token is not None:
+            self._issuer._authority.revoke(self._token)
+
+    def authorize(self, token: WriteToken, action: str, target: str, key_used: str | None) -> str:
+        """Check a handle's token and the key its write uses; returns the key to send."""
+        running = _guard.current()
+        blame = running if running is not None else self
+        problem = self._issuer._authority.problem(token)
+        if problem == "forged":
+            blame.deny(action, target, "forged_token: the token was not minted by this kernel")
+        if problem == "revoked":
+            blame.deny(
+                action,
+                target,
+                f"revoked_token: the call that was granted it (intent {token.intent_id}, "
+                f"attempt {token.attempt}) has ended",
+            )
+        if running is not None and (running.intent_id, running.attempt) != (
+            token.intent_id,
+            token.attempt,
+        ):
+            blame.deny(
+                action,
+                target,
+                f"other_call_token: the token belongs to intent {token.intent_id} attempt "
+                f"{token.attempt}, not to the running call",
+            )
+        if key_used is not None and key_used != token.key:
+            blame.deny(
+                action,
+                target,
+                "no_key: the write cleared the kernel's key"
+                if not key_used
+                else "key_mismatch: the write carries a key other than the kernel's",
+            )
+        return token.key
+
+    def deny_out_of_band(self, action: str, target: str) -> NoReturn:
+        if self.ended:
+            self.deny(action, target, "call_ended: the tool wrote after its call ended")
+        self.deny(
+            action,
+            target,
+            "out_of_band: an Idempotent tool writes only through ctx.http or ctx.sink(...)",
+        )
+
+    def deny(self, action: str, target: str, reason: str) -> NoReturn:
+        """Commit the denial row, then raise. The audit write itself must pass the guard."""
+        msg = (
+            f"tool {self.tool_id!r} (intent {self.intent_id}, attempt {self.attempt}): "
+            f"{action} {target} denied: {reason}"
+        )
+        data: dict[str, Any] = {
+            "tool_id": self.tool_id,
+            "intent_id": self.intent_id,
+            "attempt": self.attempt,
+            "action": action,
+            "target": target,
+            "reason": reason,
+        }
+        store = self._issuer.store
+        token = _guard.suspend()
+        try:
+            denial = store.record_denial(now=store.now(), **data)
+        except PoimenError as exc:
+            raise CapabilityDeniedError(
+                f"{msg} (the denial could not be recorded: {exc})", denial_id=None, **data
+            ) from exc
+        finally:
+            _guard.resume(token)
+        raise CapabilityDeniedError(msg, denial_id=denial.id, **data)
+
+
+def _host_allowed(url: httpx.URL, hosts: tuple[str, ...]) -> bool:
+    host = url.host
+    if not host:
+        return False
+    port = url.port or _DEFAULT_PORTS.get(url.scheme)
+    bracketed = f"[{host}]" if ":" in host else host
+    return host in hosts or f"{host}:{port}" in hosts or f"{bracketed}:{port}" in hosts
+
+
+class HttpHandle:
+    """`ctx.http`: an httpx-based client. For an Idempotent tool every write method (POST, PUT,
+    PATCH, DELETE) carries the registration's key header set to the kernel key, and every
+    request must go to a host in the registration's caps. Redirects are never followed."""
+
+    __slots__ = ("_issuer", "_scope", "_timeout", "_token")
+
+    def __init__(self, issuer: Issuer, scope: CallScope | None, timeout: float | None) -> None:
+        self._issuer = issuer
+        self._scope = scope
+        self._timeout = timeout
+        self._token = scope.token() if scope is not None else None
+
+    def request(
+        self,
+        method: str,
+        url: str | httpx.URL,
+        *,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        content: str | bytes | None = None,
+        data: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        m = method.upper()
+        sent = dict(headers) if headers else {}
+        scope = self._scope
+        if scope is not None:
+            assert self._token is not None
+            u = httpx.URL(url)
+            target = f"{m} {u.copy_with(query=None, fragment=None)}"
+            name = scope.caps.key_header
+            lowered = name.lower()
+            supplied = None
+            for h in [h for h in sent if h.lower() == lowered]:
+                supplied = sent.pop(h) or ""
+            key = scope.authorize(self._token, "http", target, supplied)
+            if not _host_allowed(u, scope.caps.hosts):
+                (_guard.current() or scope).deny(
+                    "http",
+                    target,
+                    f"host_not_in_caps: {u.host}:{u.port or _DEFAULT_PORTS.get(u.scheme)} "
+                    f"is not in the registration's caps.hosts {list(scope.caps.hosts)}",
+                )
+            if m in WRITE_METHODS:
+                sent[name] = key
+        # Bodies are data, never callables: nothing of the tool's runs while the guard is off.
+        if content is not None and not isinstance(content, str | bytes):
+            raise PoimenError("ctx.http: content must be str or bytes", argument="content")
+        if data is not None and not isinstance(data, Mapping):
+            raise PoimenError("ctx.http: data must be a mapping", argument="data")
+        t = timeout if timeout is not None else self._timeout
+        guard = _guard.suspend()
+        try:
+            return self._issuer.client().request(
+                m,
+                url,
+                params=params,
+                headers=sent,
+                json=json,
+                content=content,
+                data=data,
+                timeout=t if t is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        finally:
+            _guard.resume(guard)
+
+    def get(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return self.request("GET", url, **kw)
+
+    def head(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return self.request("HEAD", url, **kw)
+
+    def options(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return self.request("OPTIONS", url, **kw)
+
+    def post(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return self.request("POST", url, **kw)
+
+    def put(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return self.request("PUT", url, **kw)
+
+    def patch(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return self.request("PATCH", url, **kw)
+
+    def delete(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return self.request("DELETE", url, **kw)
+
+
+class AsyncHttpHandle:
+    """`ctx.ahttp`: `ctx.http` for async tools; each request runs in a worker thread (the
+    guard's scope follows it there), so one connection pool serves every event loop."""
+
+    __slots__ = ("_sync",)
+
+    def __init__(self, sync: HttpHandle) -> None:
+        self._sync = sync
+
+    async def request(self, method: str, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return await asyncio.to_thread(self._sync.request, method, url, **kw)
+
+    async def get(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return await self.request("GET", url, **kw)
+
+    async def post(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return await self.request("POST", url, **kw)
+
+    async def put(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return await self.request("PUT", url, **kw)
+
+    async def patch(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return await self.request("PATCH", url, **kw)
+
+    async def delete(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        return await self.request("DELETE", url, **kw)
+
+
+class SinkHandle:
+    """`ctx.sink(name)`: writes to a sink the application registered with the kernel. For an
+    Idempotent tool the write is applied under the kernel key and needs a live token."""
+
+    __slots__ = ("_name", "_scope", "_sink", "_token")
+
+    def __init__(self, name: str, sink: Sink, scope: CallScope | None) -> None:
+        self._name = name
+        self._sink = sink
+        self._scope = scope
+        self._token = scope.token() if scope is not None else None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def write(self, payload: Any, *, key: str | None = None) -> Any:
+        scope = self._scope
+        if scope is not None:
+            assert self._token is not None
+            key = scope.authorize(self._token, "sink", self._name, key)
+        guard = _guard.suspend()  # the sink is the application's code, trusted to write
+        try:
+            return self._sink.apply(payload, key=key)
+        finally:
+            _guard.resume(guard)
 
 
 class ToolContext:
     """What a tool receives as its first argument. Read-only: a tool cannot set its own key."""
 
-    __slots__ = ("_attempt", "_call_id", "_intent_id", "_key", "_request_id", "_tool_id")
+    __slots__ = (
+        "_ahttp",
+        "_attempt",
+        "_call_id",
+        "_http",
+        "_intent_id",
+        "_issuer",
+        "_key",
+        "_request_id",
+        "_scope",
+        "_timeout",
+        "_tool_id",
+    )
 
     def __init__(
         self,
@@ -17,6 +419,9 @@ class ToolContext:
         attempt: int,
         key: str | None,
         request_id: str | None,
+        issuer: Issuer | None = None,
+        scope: CallScope | None = None,
+        timeout: float | None = None,
     ) -> None:
         self._tool_id = tool_id
         self._intent_id = intent_id
@@ -24,6 +429,11 @@ class ToolContext:
         self._attempt = attempt
         self._key = key
         self._request_id = request_id
+        self._issuer = issuer
+        self._scope = scope
+        self._timeout = timeout
+        self._http: HttpHandle | None = None
+        self._ahttp: AsyncHttpHandle | None = None
 
     @property
     def tool_id(self) -> str:
@@ -50,6 +460,45 @@ class ToolContext:
     def request_id(self) -> str | None:
         """The kernel-minted request id (Queryable tools only)."""
         return self._request_id
+
+    def _need_issuer(self) -> Issuer:
+        if self._issuer is None:
+            raise PoimenError("this ToolContext was not made by a kernel; it has no handles")
+        return self._issuer
+
+    @property
+    def http(self) -> HttpHandle:
+        """An HTTP client; for an Idempotent tool it sends the kernel key on every write."""
+        handle = self._http
+        if handle is None:
+            handle = self._http = HttpHandle(self._need_issuer(), self._scope, self._timeout)
+        return handle
+
+    @property
+    def ahttp(self) -> AsyncHttpHandle:
+        """`http` for async tools."""
+        handle = self._ahttp
+        if handle is None:
+            handle = self._ahttp = AsyncHttpHandle(self.http)
+        return handle
+
+    def sink(self, name: str) -> SinkHandle:
+        """A writer over the sink the application registered as `name`."""
+        issuer = self._need_issuer()
+        sink = issuer.sinks.get(name)
+        scope = self._scope
+        if scope is not None and name not in scope.caps.sinks:
+            (_guard.current() or scope).deny(
+                "sink",
+                str(name),
+                f"sink_not_in_caps: {name!r} is not in the registration's caps.sinks "
+                f"{list(scope.caps.sinks)}",
+            )
+        if sink is None:
+            raise PoimenError(
+                f"no sink is registered as {name!r}; use kernel.register_sink", sink=name
+            )
+        return SinkHandle(name, sink, scope)
 
     def __repr__(self) -> str:
         return (

@@ -34,6 +34,9 @@ def hit(point: str) -> None:
     if point in _PAUSE:
         marker = os.environ.get("POIMEN_PAUSE_FILE")
         if marker:
+            from poimen import _guard
+
+            _guard.suspend()  # the marker is the harness's write, not the tool's; we die here
             tmp = marker + ".tmp"
             with open(tmp, "w", encoding="ascii") as f:
                 f.write(f"{os.getpid()} {point}\n")

@@ -13,11 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from poimen import _crashpoints
-from poimen._capability import ToolContext
+from poimen import _crashpoints, _guard
+from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, Unsafe, effect_name
 from poimen._intents import (
     Completed,
+    Denial,
     Failed,
     Indeterminate,
     Intent,
@@ -34,6 +35,7 @@ from poimen._recovery import RecoveryReport, recover_pass, resolve_unknown
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen.errors import (
     CallIdMismatchError,
+    CapabilityDeniedError,
     DefiniteFailure,
     IntentNotFoundError,
     PoimenError,
@@ -107,6 +109,9 @@ class Kernel:
         self._upkeep: threading.Thread | None = None
         self._deliver_lock = threading.Lock()
         self._on_close: list[Callable[[], object]] = []
+        # Layer 2: write tokens, registered sinks, the shared HTTP pool of ctx.http.
+        self._issuer = Issuer(self.store)
+        self._on_close.append(self._issuer.close)
 
     @property
     def worker_id(self) -> str:
@@ -136,8 +141,21 @@ class Kernel:
                 f"tool {registration.id!r} is already registered", tool_id=registration.id
             )
         tool = build_tool(registration, fn)
+        if isinstance(registration.effects, Idempotent):
+            _guard.install()
         self._tools[registration.id] = tool
         return tool
+
+    def register_sink(self, name: str, sink: Sink) -> None:
+        """Make `sink` available to tools as `ctx.sink(name)`; Idempotent tools also need
+        `name` in their registration's `caps.sinks`."""
+        self._issuer.register_sink(name, sink)
+
+    def denials(
+        self, tool_id: str | None = None, since: float | None = None, *, limit: int = 1000
+    ) -> list[Denial]:
+        """The audit of denied writes, oldest first, optionally for one tool or since a time."""
+        return self.store.denials(tool_id=tool_id, since=since, limit=limit)
 
     def registered(self) -> dict[str, ToolRegistration]:
         return {k: t.registration for k, t in self._tools.items()}
@@ -318,32 +336,50 @@ class Kernel:
             intent = nxt
 
     def _context(self, t: Tool, intent: Intent) -> ToolContext:
+        reg = t.registration
+        key = intent.key
+        # Only an Idempotent call is guarded: its handles carry a token for this attempt.
+        scope = (
+            self._issuer.scope(t.id, intent.id, intent.attempts, key, reg.caps)
+            if key is not None and isinstance(reg.effects, Idempotent)
+            else None
+        )
         return ToolContext(
             tool_id=t.id,
             intent_id=intent.id,
             call_id=intent.call_id,
             attempt=intent.attempts,
-            key=intent.key,
+            key=key,
             request_id=intent.request_id,
+            issuer=self._issuer,
+            scope=scope,
+            timeout=reg.timeout,
         )
 
     def _invoke_sync(self, t: Tool, intent: Intent, kwargs: dict[str, Any]) -> _Run:
         ctx = self._context(t, intent)
         with self._inflight_lock:
             self._inflight.add(intent.id)
+        scope = ctx._scope
         try:
             if t.is_async:
-                value = _run_coroutine(
-                    asyncio.wait_for(t.fn(ctx, **kwargs), t.registration.timeout)
-                )
+                coro = t.fn(ctx, **kwargs)
+                if scope is not None:
+                    coro = _guard.arun(scope, coro)
+                value = _run_coroutine(asyncio.wait_for(coro, t.registration.timeout))
+            elif scope is not None:
+                value = _guard.run(scope, t.fn, ctx, **kwargs)
             else:
                 # A sync tool cannot be preempted; its timeout sets the lease and deadline.
                 value = t.fn(ctx, **kwargs)
-        except DefiniteFailure as exc:
-            return _Run("failed", error=str(exc) or type(exc).__name__)
+        except (DefiniteFailure, CapabilityDeniedError) as exc:
+            # A denied write never left; a retry would be denied the same way.
+            return _Run("failed", error=_failure(exc))
         except Exception as exc:  # any other exception: the outcome is unknown
             return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
         finally:
+            if scope is not None:
+                scope.end()
             with self._inflight_lock:
                 self._inflight.discard(intent.id)
         return _Run("completed", value=value)
@@ -352,14 +388,25 @@ class Kernel:
         ctx = self._context(t, intent)
         with self._inflight_lock:
             self._inflight.add(intent.id)
+        scope = ctx._scope
         try:
-            coro = t.fn(ctx, **kwargs) if t.is_async else asyncio.to_thread(t.fn, ctx, **kwargs)
+            if t.is_async:
+                coro = t.fn(ctx, **kwargs)
+                if scope is not None:
+                    coro = _guard.arun(scope, coro)
+            elif scope is not None:
+                coro = asyncio.to_thread(_guard.run, scope, t.fn, ctx, **kwargs)
+            else:
+                coro = asyncio.to_thread(t.fn, ctx, **kwargs)
             value = await asyncio.wait_for(coro, t.registration.timeout)
-        except DefiniteFailure as exc:
-            return _Run("failed", error=str(exc) or type(exc).__name__)
+        except (DefiniteFailure, CapabilityDeniedError) as exc:
+            # A denied write never left; a retry would be denied the same way.
+            return _Run("failed", error=_failure(exc))
         except Exception as exc:  # timeouts included: the outcome is unknown
             return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
         finally:
+            if scope is not None:
+                scope.end()
             with self._inflight_lock:
                 self._inflight.discard(intent.id)
         return _Run("completed", value=value)
@@ -470,6 +517,12 @@ class Kernel:
             self.deliver_notifications()
         except PoimenError as exc:  # stays in the outbox; upkeep delivers it later
             log.warning("notification delivery deferred: %s", exc)
+
+
+def _failure(exc: Exception) -> str:
+    if isinstance(exc, CapabilityDeniedError):
+        return f"capability denied: {exc}"
+    return str(exc) or type(exc).__name__
 
 
 def _new_id() -> str:

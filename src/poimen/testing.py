@@ -105,9 +105,9 @@ def register_test_tools(kernel: Kernel, provider_url: str, *, timeout: float = 2
     )
     def charge(ctx: ToolContext, order_id: str, amount_cents: int, note: str = "") -> dict[str, Any]:
         _crashpoints.hit("mid_call")
-        assert ctx.key is not None
         body = {"order_id": order_id, "amount_cents": amount_cents, "note": note}
-        return _check(client.post("/keyed", json=body, headers={caps.key_header: ctx.key}))
+        # Through the kernel's keyed handle: it sets the key header; a raw client is denied.
+        return _check(ctx.http.post(f"{provider_url}/keyed", json=body))
 
     @kernel.tool(
         id=SHIP, effects=Queryable(lookup=provider_lookup(provider_url, client)), caps=caps,
