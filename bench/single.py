@@ -1,0 +1,114 @@
+"""Items 1 and 2: one caller on SQLite FULL, poimen against the raw two-commit floor."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from bench._util import fresh, per_call_us
+from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext
+from poimen.store.sqlite import SqliteStore
+
+TOOL = "bench.noop"
+ARGS_JSON = '{"amount_cents":1200,"order_id":"o-1"}'
+
+
+def floor_sqlite(path: Path, calls: int, warmup: int) -> float:
+    """The physical floor: raw sqlite3, WAL, synchronous=FULL, two commits per call
+    (the call's record, then its outcome), one connection, on the same disk as poimen."""
+    fresh(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(
+            "CREATE TABLE calls (call_id TEXT PRIMARY KEY, tool_id TEXT NOT NULL, "
+            "args TEXT NOT NULL, state TEXT NOT NULL, result TEXT)"
+        )
+
+        def one(call_id: str) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO calls VALUES (?, ?, ?, 'DISPATCHED', NULL)", (call_id, TOOL, ARGS_JSON)
+            )
+            conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "UPDATE calls SET state = 'COMPLETED', result = 'null' WHERE call_id = ?",
+                (call_id,),
+            )
+            conn.execute("COMMIT")
+
+        for i in range(warmup):
+            one(f"w{i}")
+        t0 = time.perf_counter()
+        for i in range(calls):
+            one(f"c{i}")
+        return per_call_us(time.perf_counter() - t0, calls)
+    finally:
+        conn.close()
+
+
+def noop_kernel(path: Path, *, new: bool = True, **store_opts: Any) -> Kernel:
+    """A kernel on a SQLite log (default settings: WAL, FULL) with the no-op tools;
+    `new` starts from an empty file."""
+    kernel = Kernel(SqliteStore(fresh(path) if new else path, **store_opts), notifiers=[])
+
+    @kernel.tool(
+        id=TOOL,
+        effects=Idempotent(key=KeyDerivation.fields("order_id", "amount_cents")),
+        caps=Caps(),
+        timeout=10.0,
+    )
+    def noop(ctx: ToolContext, order_id: str, amount_cents: int) -> None:
+        return None
+
+    @kernel.tool(
+        id=TOOL + ".async",
+        effects=Idempotent(key=KeyDerivation.fields("order_id", "amount_cents")),
+        caps=Caps(),
+        timeout=10.0,
+    )
+    async def anoop(ctx: ToolContext, order_id: str, amount_cents: int) -> None:
+        return None
+
+    return kernel
+
+
+def args(i: int) -> dict[str, Any]:
+    return {"order_id": f"o-{i}", "amount_cents": 1200}
+
+
+def poimen_call(path: Path, calls: int, warmup: int) -> float:
+    kernel = noop_kernel(path)
+    try:
+        for i in range(warmup):
+            kernel.call(TOOL, args(i), call_id=f"w{i}")
+        t0 = time.perf_counter()
+        for i in range(calls):
+            out = kernel.call(TOOL, args(i), call_id=f"c{i}")
+        elapsed = time.perf_counter() - t0
+        assert type(out).__name__ == "Completed", out
+        return per_call_us(elapsed, calls)
+    finally:
+        kernel.close()
+
+
+def poimen_acall(path: Path, calls: int, warmup: int) -> float:
+    kernel = noop_kernel(path)
+
+    async def main() -> float:
+        for i in range(warmup):
+            await kernel.acall(TOOL + ".async", args(i), call_id=f"w{i}")
+        t0 = time.perf_counter()
+        for i in range(calls):
+            await kernel.acall(TOOL + ".async", args(i), call_id=f"c{i}")
+        return per_call_us(time.perf_counter() - t0, calls)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        kernel.close()

@@ -1,0 +1,49 @@
+"""The benchmark suite still runs end to end (tiny sizes; no timing is asserted here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_quick_run_writes_every_group(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    names = {r["name"] for r in doc["rows"]}
+    ran = {r["group"] for r in doc["rows"]} | {s["group"] for s in doc["skipped"]}
+    assert {"1 floor", "2 dbos", "3 concurrency", "5 recovery", "6 keys"} <= ran
+    assert "SQLite floor: raw sqlite3, 2 commits/call" in names
+    assert "poimen Kernel.call, no-op Idempotent tool" in names
+    for row in doc["rows"]:
+        assert len(row["samples"]) >= 1 and row["min"] <= row["median"] <= row["max"], row
+    # Every pass recovered every orphan (the suite raises otherwise); the durable setting held.
+    assert doc["settings"]["sqlite_synchronous"] == "FULL"
+    assert doc["settings"]["sqlite_journal_mode"] == "wal"
+    assert doc["machine"]["cores"] and doc["machine"]["sqlite"]
+    assert "poimen Kernel.call" in proc.stdout and "median" in proc.stdout
