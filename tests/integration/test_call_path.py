@@ -454,3 +454,54 @@ def test_the_log_survives_a_closed_store_with_a_clear_error(sqlite_url: str) -> 
 
     with pytest.raises(StoreUnavailableError, match="closed"):
         k.store.list_intents()
+
+
+def test_the_happy_path_is_two_durable_commits(sqlite_url: str, witness: Witness) -> None:
+    with Kernel(sqlite_url) as k:
+        @k.tool(id="mail", effects=Unsafe(), caps=Caps(), timeout=1)
+        def mail(ctx: ToolContext, to: str) -> None:
+            witness.hit(ctx)
+
+        k.call("mail", {"to": "warm-up"}, call_id="w")
+        statements: list[str] = []
+        k.store._writer._conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+        out = k.call("mail", {"to": "a"}, call_id="m")
+        k.store._writer._conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        assert isinstance(out, Completed)
+        assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == [
+            "BEGIN IMMEDIATE", "COMMIT", "BEGIN IMMEDIATE", "COMMIT"
+        ]
+        path = sqlite_url.removeprefix("sqlite:///")
+        with sqlite3.connect(path) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert k.store._writer._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # type: ignore[attr-defined]
+
+
+def test_a_call_id_held_by_a_live_owner_waits_then_is_recovered_once_the_owner_dies(
+    tmp_path: Path, sqlite_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    import time
+
+    from poimen.testing import register_test_tools, spawn_call
+    from tests.helpers import TIMEOUT
+
+    args = {"order_id": "o", "amount_cents": 1}
+    pause = tmp_path / "pause"
+    proc = spawn_call(sqlite_url, provider.url, CHARGE, args, "same", pause_at="mid_call",
+                      pause_file=pause, timeout=TIMEOUT)
+    try:
+        while not pause.exists():
+            time.sleep(0.01)
+        with Kernel(sqlite_url, notifiers=[], wait_bound=0.3) as k:
+            register_test_tools(k, provider.url, timeout=TIMEOUT)
+            waiting = k.call(CHARGE, args, call_id="same")
+            assert waiting == Pending(waiting.intent_id, "in_flight")
+            assert ledger.count() == 0
+            proc.kill()
+            proc.wait()
+            done = k.call(CHARGE, args, call_id="same")
+            assert isinstance(done, Completed) and done.intent_id == waiting.intent_id
+            assert ledger.count(kind="keyed") == 1
+    finally:
+        proc.kill()
+        proc.communicate()
