@@ -9,6 +9,7 @@ context and are not guarded (see docs/capability.md for every limit).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -42,11 +43,11 @@ def resume(token: Token[CallScope | None]) -> None:
     _active.reset(token)
 
 
-def run(scope: CallScope, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def run(scope: CallScope, fn: Callable[..., Any], ctx: Any, kwargs: dict[str, Any]) -> Any:
     """Run a sync tool body under `scope` in the current thread's context."""
     token = _active.set(scope)
     try:
-        return fn(*args, **kwargs)
+        return fn(ctx, **kwargs)
     finally:
         _active.reset(token)
 
@@ -136,6 +137,11 @@ def _rename(args: tuple[Any, ...]) -> tuple[str, str] | None:
 
 
 def _connect(args: tuple[Any, ...]) -> tuple[str, str] | None:
+    # Callers clean up only on OSError; close the socket so a denial leaks no descriptor.
+    close = getattr(args[0], "close", None)
+    if close is not None:
+        with contextlib.suppress(OSError):
+            close()
     return "connect", _text(args[1])
 
 

@@ -368,7 +368,7 @@ class Kernel:
                     coro = _guard.arun(scope, coro)
                 value = _run_coroutine(asyncio.wait_for(coro, t.registration.timeout))
             elif scope is not None:
-                value = _guard.run(scope, t.fn, ctx, **kwargs)
+                value = _guard.run(scope, t.fn, ctx, kwargs)
             else:
                 # A sync tool cannot be preempted; its timeout sets the lease and deadline.
                 value = t.fn(ctx, **kwargs)
@@ -395,7 +395,7 @@ class Kernel:
                 if scope is not None:
                     coro = _guard.arun(scope, coro)
             elif scope is not None:
-                coro = asyncio.to_thread(_guard.run, scope, t.fn, ctx, **kwargs)
+                coro = asyncio.to_thread(_guard.run, scope, t.fn, ctx, kwargs)
             else:
                 coro = asyncio.to_thread(t.fn, ctx, **kwargs)
             value = await asyncio.wait_for(coro, t.registration.timeout)
