@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,10 +52,12 @@ __all__ = [
     "ProviderClient",
     "ProviderProcess",
     "crash_drill",
+    "held_call",
     "kill_at_pause",
     "provider_lookup",
     "register_test_tools",
     "spawn_call",
+    "spawn_held_calls",
 ]
 
 CHARGE = "test.charge"  # Idempotent: keyed write
@@ -196,6 +199,110 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
     return {"type": type(outcome).__name__, **asdict(outcome)}
 
 
+HOLD_POINTS = ("after_dispatch_commit", "mid_call", "after_effect")
+
+
+def held_call(prefix: str, i: int) -> tuple[str, str, dict[str, Any], str]:
+    """Call `i` of a held batch: (call id, tool, args, the point it is held at)."""
+    tool = (CHARGE, SHIP, EMAIL)[i % 3]
+    every: dict[str, dict[str, Any]] = {
+        CHARGE: {"order_id": f"{prefix}-{i}", "amount_cents": 100 + i},
+        SHIP: {"order_id": f"{prefix}-{i}", "address": f"{i} Main St"},
+        EMAIL: {"to": f"{prefix}-{i}@example.com", "subject": "hi"},
+    }
+    args = every[tool]
+    return f"{prefix}-{i}", tool, args, HOLD_POINTS[(i // 3) % 3]
+
+
+def spawn_held_calls(
+    db_url: str,
+    provider_url: str,
+    count: int,
+    ready_file: str | os.PathLike[str],
+    *,
+    prefix: str = "held",
+    worker_id: str | None = None,
+    host: str | None = None,
+    lease_ttl: float = 30.0,
+    timeout: float = 1.0,
+) -> subprocess.Popen[str]:
+    """A child that makes `count` calls at once (mixed classes, see `held_call`), holds each at
+    its crash point, writes `ready_file` once all are held, and waits for the parent's SIGKILL."""
+    cmd = [sys.executable, "-m", "poimen.testing", "hold", "--db", db_url, "--provider",
+           provider_url, "--count", str(count), "--ready", str(ready_file), "--prefix", prefix,
+           "--lease-ttl", str(lease_ttl), "--timeout", str(timeout)]
+    if worker_id:
+        cmd += ["--worker-id", worker_id]
+    if host:
+        cmd += ["--host", host]
+    return subprocess.Popen(cmd, env=_child_env({}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _hook_points(on_point: Any) -> None:
+    # Child processes only: every crash point goes through `on_point` instead.
+    setattr(_crashpoints, "hit", on_point)  # noqa: B010
+
+
+def _hold(kernel: Kernel, count: int, prefix: str, ready: str) -> int:
+    local = threading.local()
+    cond = threading.Condition()
+    held: list[str] = []
+    errors: list[str] = []
+
+    def on_point(point: str) -> None:
+        if getattr(local, "point", None) != point:
+            return
+        with cond:
+            held.append(local.call_id)
+            cond.notify_all()
+        threading.Event().wait()  # held until the parent's SIGKILL
+
+    def run(i: int) -> None:
+        call_id, tool, args, point = held_call(prefix, i)
+        local.point, local.call_id = point, call_id
+        try:
+            kernel.call(tool, args, call_id=call_id)
+        except Exception as exc:  # reported to the parent, which fails the test
+            with cond:
+                errors.append(f"{call_id}: {type(exc).__name__}: {exc}")
+                cond.notify_all()
+
+    _hook_points(on_point)
+    for i in range(count):
+        threading.Thread(target=run, args=(i,), daemon=True).start()
+    with cond:
+        if not cond.wait_for(lambda: len(held) + len(errors) >= count, timeout=120):
+            print(f"only {len(held)} of {count} calls reached their points", file=sys.stderr)
+            return 1
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        return 1
+    tmp = ready + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"pid": os.getpid(), "held": len(held)}, f)
+    os.replace(tmp, ready)
+    threading.Event().wait()
+    return 0
+
+
+def _stop_at(point: str, marker: str) -> None:
+    """At `point`, write `marker` and SIGSTOP this process; the parent SIGCONTs it."""
+
+    def on_point(p: str) -> None:
+        if p == point:
+            from poimen import _guard
+
+            token = _guard.suspend()  # the marker is the harness's write, not the tool's
+            try:
+                Path(marker).write_text(f"{os.getpid()} {p}\n", encoding="ascii")
+            finally:
+                _guard.resume(token)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    _hook_points(on_point)
+
+
 @dataclass
 class DrillReport:
     """What the crash drill saw: per scenario, the state and the provider's ledger count."""
@@ -285,12 +392,26 @@ def _main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--timeout", type=float, default=2.0)
     c.add_argument("--worker-id")
     c.add_argument("--host")
+    c.add_argument("--lease-ttl", type=float, default=30.0)
+    c.add_argument("--stop-at", help="SIGSTOP this process at a crash point")
+    c.add_argument("--stop-file", help="written when --stop-at is reached")
     r = sub.add_parser("recover", help="one recovery pass with the test tools registered")
     r.add_argument("--db", required=True)
     r.add_argument("--provider", required=True)
     r.add_argument("--timeout", type=float, default=2.0)
     r.add_argument("--worker-id")
     r.add_argument("--host")
+    r.add_argument("--lease-ttl", type=float, default=30.0)
+    h = sub.add_parser("hold", help="many calls at once, each held at a crash point")
+    h.add_argument("--db", required=True)
+    h.add_argument("--provider", required=True)
+    h.add_argument("--count", type=int, required=True)
+    h.add_argument("--ready", required=True)
+    h.add_argument("--prefix", default="held")
+    h.add_argument("--timeout", type=float, default=1.0)
+    h.add_argument("--worker-id")
+    h.add_argument("--host")
+    h.add_argument("--lease-ttl", type=float, default=30.0)
     d = sub.add_parser("drill", help="the end-to-end crash drill")
     d.add_argument("--dir")
     d.add_argument("--json", action="store_true")
@@ -299,9 +420,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
         report = crash_drill(ns.dir)
         print(json.dumps(asdict(report), indent=2) if ns.json else report.table())
         return 0 if report.ok() else 1
-    kernel = Kernel(ns.db, worker_id=ns.worker_id, host=ns.host, deadline_margin=0.1)
+    kernel = Kernel(ns.db, worker_id=ns.worker_id, host=ns.host, deadline_margin=0.1,
+                    lease_ttl=ns.lease_ttl)
     register_test_tools(kernel, ns.provider, timeout=ns.timeout)
     try:
+        if ns.cmd == "hold":
+            return _hold(kernel, ns.count, ns.prefix, ns.ready)
+        if ns.cmd == "call" and ns.stop_at:
+            _stop_at(ns.stop_at, ns.stop_file or os.devnull)
         if ns.cmd == "call":
             out = kernel.call(ns.tool, json.loads(ns.args), call_id=ns.call_id)
             print(json.dumps(outcome_json(out)))
