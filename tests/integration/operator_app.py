@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,18 +32,23 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 0.5
 
 
-def register_ops(kernel: Kernel, provider_url: str, *, timeout: float = TIMEOUT) -> None:
+def register_ops(kernel: Kernel, provider_url: str, *, timeout: float = 10.0) -> None:
+    # Unsafe has no deadline to wait for: a generous timeout keeps loaded CI machines honest.
     u = httpx.URL(provider_url)
     client = httpx.Client(base_url=provider_url, timeout=timeout)
 
-    @kernel.tool(id=HOOK, effects=Unsafe(), caps=Caps(hosts=(f"{u.host}:{u.port}",)),
-                 timeout=timeout)
+    @kernel.tool(
+        id=HOOK, effects=Unsafe(), caps=Caps(hosts=(f"{u.host}:{u.port}",)), timeout=timeout
+    )
     def post_hook(
         ctx: ToolContext, channel: str, api_token: str, payload: dict[str, Any]
     ) -> dict[str, Any]:
         # The secret goes to the provider as a header, never into its ledger body.
-        r = client.post("/plain", json={"channel": channel, "payload": payload},
-                        headers={"Authorization": f"Bearer {api_token}"})
+        r = client.post(
+            "/plain",
+            json={"channel": channel, "payload": payload},
+            headers={"Authorization": f"Bearer {api_token}"},
+        )
         r.raise_for_status()
         body: dict[str, Any] = r.json()
         return body
@@ -52,13 +58,23 @@ def make_kernel() -> Kernel:
     notifiers: list[Notifier] | None = None
     hook = os.environ.get("POIMEN_TEST_WEBHOOK")
     if hook:
-        notifiers = [WebhookNotifier(hook, secret=os.environ["POIMEN_TEST_WEBHOOK_SECRET"],
-                                     console_url=os.environ.get("POIMEN_TEST_CONSOLE_URL"),
-                                     timeout=30.0)]
+        notifiers = [
+            WebhookNotifier(
+                hook,
+                secret=os.environ["POIMEN_TEST_WEBHOOK_SECRET"],
+                console_url=os.environ.get("POIMEN_TEST_CONSOLE_URL"),
+                timeout=30.0,
+            )
+        ]
     renotify = os.environ.get("POIMEN_TEST_RENOTIFY")
     mode: Any = os.environ.get("POIMEN_TEST_MODE", "live")
-    kernel = Kernel(os.environ["POIMEN_DB"], mode=mode, notifiers=notifiers,
-                    deadline_margin=0.1, renotify_after=float(renotify) if renotify else None)
+    kernel = Kernel(
+        os.environ["POIMEN_DB"],
+        mode=mode,
+        notifiers=notifiers,
+        deadline_margin=0.1,
+        renotify_after=float(renotify) if renotify else None,
+    )
     provider = os.environ["POIMEN_TEST_PROVIDER"]
     register_test_tools(kernel, provider, timeout=TIMEOUT)
     register_ops(kernel, provider)
@@ -78,8 +94,11 @@ def spawn(
     """This module as a child process (a crash-test child when POIMEN_PAUSE_AT is set)."""
     return subprocess.Popen(
         [sys.executable, "-m", "tests.integration.operator_app", *cmd],
-        cwd=ROOT, env=child_env(db_url, provider_url, **extra),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=child_env(db_url, provider_url, **extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -111,11 +130,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             args = json.loads(ns.args)
             threads = [
-                threading.Thread(target=_call, args=(kernel, ns.tool, args, f"{ns.prefix}-{i}"))
+                threading.Thread(
+                    target=_call, args=(kernel, ns.tool, args, f"{ns.prefix}-{i}"), daemon=True
+                )
                 for i in range(ns.n)
             ]
             for t in threads:
                 t.start()
+            if os.environ.get("POIMEN_PAUSE_AT"):
+                # Threads share one pause file and may trip over each other writing it; either
+                # way none records an outcome. Wait here for the parent's SIGKILL.
+                while True:
+                    time.sleep(3600)
             for t in threads:
                 t.join()
     finally:
@@ -125,3 +151,75 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# Helpers for the tests: real children, the installed `poimen` command.
+
+POIMEN = Path(sys.executable).with_name("poimen")
+
+
+def crash(
+    tmp_path: Path,
+    db_url: str,
+    provider_url: str,
+    tool: str,
+    args: Mapping[str, Any],
+    call_id: str,
+    point: str = "after_effect",
+    **extra: str,
+) -> int:
+    """Run one call in a child and SIGKILL it at `point`; returns the child's pid."""
+    from poimen.testing import kill_at_pause
+
+    pause = tmp_path / f"pause-{call_id}"
+    proc = spawn(
+        db_url,
+        provider_url,
+        ["call", "--tool", tool, "--args", json.dumps(dict(args)), "--call-id", call_id],
+        POIMEN_PAUSE_AT=point,
+        POIMEN_PAUSE_FILE=str(pause),
+        **extra,
+    )
+    kill_at_pause(proc, pause)
+    return proc.pid
+
+
+def run_call(
+    db_url: str,
+    provider_url: str,
+    tool: str,
+    args: Mapping[str, Any],
+    call_id: str,
+    **extra: str,
+) -> dict[str, Any]:
+    proc = spawn(
+        db_url,
+        provider_url,
+        ["call", "--tool", tool, "--args", json.dumps(dict(args)), "--call-id", call_id],
+        **extra,
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def poimen(
+    *args: str, db: str | None = None, provider: str | None = None, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """The installed `poimen` console script, as an operator would run it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    if db is not None:
+        env["POIMEN_DB"] = db
+    if provider is not None:
+        env["POIMEN_TEST_PROVIDER"] = provider
+    env.update(extra)
+    return subprocess.run(
+        [str(POIMEN), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def poimen_json(*args: str, db: str | None = None, **kw: str) -> Any:
+    r = poimen(*args, "--json", db=db, **kw)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    return json.loads(r.stdout)

@@ -381,3 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(ns, NOT_FOUND, exc, "refused: ")
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `poimen show X | head`: the reader left; that is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return OK
