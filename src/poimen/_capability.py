@@ -10,7 +10,6 @@ plain handles that this layer never denies.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import os
 import threading
@@ -60,30 +59,34 @@ class _Authority:
 
     def __init__(self) -> None:
         self._secret = os.urandom(32)
-        self._live: set[bytes] = set()
+        # mac -> the token minted with it, for as long as its call runs.
+        self._live: dict[bytes, WriteToken] = {}
 
     def _mac(self, tool_id: str, intent_id: str, attempt: int, key: str) -> bytes:
         msg = "\x1f".join((tool_id, intent_id, str(attempt), key)).encode()
-        return hmac.digest(self._secret, msg, hashlib.sha256)
+        return hmac.digest(self._secret, msg, "sha256")
 
     def mint(self, tool_id: str, intent_id: str, attempt: int, key: str) -> WriteToken:
-        mac = self._mac(tool_id, intent_id, attempt, key)
-        self._live.add(mac)
-        return WriteToken(tool_id, intent_id, attempt, key, mac)
+        token = WriteToken(
+            tool_id, intent_id, attempt, key, self._mac(tool_id, intent_id, attempt, key)
+        )
+        self._live[token.mac] = token
+        return token
 
     def problem(self, token: object) -> str | None:
         """None for a live token this kernel minted; else why not."""
         if not isinstance(token, WriteToken) or not isinstance(token.mac, bytes):
             return "forged"
+        minted = self._live.get(token.mac)
+        if minted is token or (minted is not None and minted == token):
+            return None  # the live table holds exactly what was minted: no MAC to recompute
         expected = self._mac(token.tool_id, token.intent_id, token.attempt, token.key)
         if not hmac.compare_digest(expected, token.mac):
             return "forged"
-        if token.mac not in self._live:
-            return "revoked"
-        return None
+        return "revoked"
 
     def revoke(self, token: WriteToken) -> None:
-        self._live.discard(token.mac)
+        self._live.pop(token.mac, None)
 
 
 class Issuer:
@@ -277,8 +280,9 @@ class HttpHandle:
         scope = self._scope
         if scope is not None:
             assert self._token is not None
-            u = httpx.URL(url)
-            target = f"{m} {u.copy_with(query=None, fragment=None)}"
+            # Parsed once here and handed on, so the check costs the client no second parse.
+            url = u = url if isinstance(url, httpx.URL) else httpx.URL(url)
+            target = f"{m} {u.scheme}://{u.netloc.decode('ascii', 'replace')}{u.path}"
             name = scope.caps.key_header
             lowered = name.lower()
             supplied = None
