@@ -1,6 +1,6 @@
 """poimen: crash-safe tool calls for AI agents."""
 
-from poimen._capability import ToolContext
+from poimen._capability import AsyncHttpHandle, HttpHandle, Sink, SinkHandle, ToolContext
 from poimen._effects import (
     EffectClass,
     Idempotent,
@@ -36,6 +36,7 @@ from poimen.errors import DefiniteFailure
 
 __all__ = [
     "MAX_ARGS_BYTES",
+    "AsyncHttpHandle",
     "Attempt",
     "CallbackNotifier",
     "Caps",
@@ -45,6 +46,7 @@ __all__ = [
     "EffectClass",
     "Event",
     "Failed",
+    "HttpHandle",
     "Idempotent",
     "Indeterminate",
     "Intent",
@@ -63,6 +65,8 @@ __all__ = [
     "RecoveryReport",
     "RequestIdLookup",
     "Resolved",
+    "Sink",
+    "SinkHandle",
     "ToolContext",
     "ToolRegistration",
     "Unknown",

@@ -205,6 +205,10 @@ def test_idempotent_without_key_fails_mypy_strict_and_ctx_key_is_read_only(
     assert re.search(r':9: error: Property "key" defined in "ToolContext" is read-only', errors[1])
     with pytest.raises(TypeError, match="key"):
         Idempotent()  # type: ignore[call-arg]
+    ctx = ToolContext(tool_id="t", intent_id="i", call_id="c", attempt=1, key="k", request_id=None)
+    with pytest.raises(AttributeError):
+        ctx.key = "my-own-key"  # type: ignore[misc]
+    assert ctx.key == "k"
 
 
 # 2. Happy path: one ledger entry under the kernel-derived key.
