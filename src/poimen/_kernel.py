@@ -376,7 +376,7 @@ class Kernel:
             # A denied write never left; a retry would be denied the same way.
             return _Run("failed", error=_failure(exc))
         except Exception as exc:  # any other exception: the outcome is unknown
-            return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
+            return _unknown(exc)
         finally:
             if scope is not None:
                 scope.end()
@@ -403,7 +403,7 @@ class Kernel:
             # A denied write never left; a retry would be denied the same way.
             return _Run("failed", error=_failure(exc))
         except Exception as exc:  # timeouts included: the outcome is unknown
-            return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
+            return _unknown(exc)
         finally:
             if scope is not None:
                 scope.end()
@@ -519,10 +519,20 @@ class Kernel:
             log.warning("notification delivery deferred: %s", exc)
 
 
-def _failure(exc: Exception) -> str:
+def _failure(exc: BaseException) -> str:
     if isinstance(exc, CapabilityDeniedError):
         return f"capability denied: {exc}"
     return str(exc) or type(exc).__name__
+
+
+def _unknown(exc: Exception) -> _Run:
+    # A library that wrapped a denial (raise ... from it) hides a write that never left.
+    seen: BaseException | None = exc
+    for _ in range(8):
+        seen = seen.__cause__ or seen.__context__ if seen is not None else None
+        if isinstance(seen, CapabilityDeniedError):
+            return _Run("failed", error=_failure(seen))
+    return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
 
 
 def _new_id() -> str:

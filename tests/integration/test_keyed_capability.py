@@ -101,6 +101,12 @@ def register_cap_tools(k: Kernel, url: str, tmp_path: Path, stash: dict[str, Any
             case "raw_http_no_key":
                 with httpx.Client() as c:
                     return c.post(f"{url}/plain", json=body).json()
+            case "wrapped_by_library":  # an SDK that turns every error into its own
+                try:
+                    with httpx.Client() as c:
+                        return c.post(f"{url}/plain", json=body).json()
+                except Exception as exc:
+                    raise RuntimeError("payments SDK: request failed") from exc
             case "raw_socket":
                 data = json.dumps(body).encode()
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -266,6 +272,7 @@ DENIED = [
     ("no_key", "http", "no_key"),
     ("raw_http_with_kernel_key", "connect", "out_of_band"),
     ("raw_http_no_key", "connect", "out_of_band"),
+    ("wrapped_by_library", "connect", "out_of_band"),
     ("raw_socket", "connect", "out_of_band"),
     ("file", "file_write", "out_of_band"),
     ("spawn", "spawn", "out_of_band"),
