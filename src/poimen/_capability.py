@@ -279,24 +279,15 @@ class HttpHandle:
         sent = dict(headers) if headers else {}
         scope = self._scope
         if scope is not None:
-            assert self._token is not None
             # Parsed once here and handed on, so the check costs the client no second parse.
             url = u = url if isinstance(url, httpx.URL) else httpx.URL(url)
-            target = f"{m} {u.scheme}://{u.netloc.decode('ascii', 'replace')}{u.path}"
             name = scope.caps.key_header
             lowered = name.lower()
             supplied = None
             for h in [h for h in sent if h.lower() == lowered]:
                 supplied = sent.pop(h) or ""
-            key = scope.authorize(self._token, "http", target, supplied)
-            if not _host_allowed(u, scope.caps.hosts):
-                (_guard.current() or scope).deny(
-                    "http",
-                    target,
-                    f"host_not_in_caps: {u.host}:{u.port or _DEFAULT_PORTS.get(u.scheme)} "
-                    f"is not in the registration's caps.hosts {list(scope.caps.hosts)}",
-                )
-            if m in WRITE_METHODS:
+            key = self._check(m, u, supplied)
+            if key is not None:
                 sent[name] = key
         # Bodies are data, never callables: nothing of the tool's runs while the guard is off.
         if content is not None and not isinstance(content, str | bytes):
@@ -319,6 +310,27 @@ class HttpHandle:
         finally:
             _guard.resume(guard)
 
+    def _check(self, method: str, u: httpx.URL, supplied: str | None) -> str | None:
+        """Deny (recorded) or pass; returns the key a write must carry, None for a read."""
+        scope = self._scope
+        assert scope is not None and self._token is not None
+        target = f"{method} {u.scheme}://{u.netloc.decode('ascii', 'replace')}{u.path}"
+        key = scope.authorize(self._token, "http", target, supplied)
+        if not _host_allowed(u, scope.caps.hosts):
+            (_guard.current() or scope).deny(
+                "http",
+                target,
+                f"host_not_in_caps: {u.host}:{u.port or _DEFAULT_PORTS.get(u.scheme)} "
+                f"is not in the registration's caps.hosts {list(scope.caps.hosts)}",
+            )
+        return key if method in WRITE_METHODS else None
+
+    @property
+    def transport(self) -> httpx.BaseTransport:
+        """For client libraries built on httpx: ``httpx.Client(transport=ctx.http.transport)``
+        sends each of their requests through this handle's checks and key."""
+        return _HandleTransport(self)
+
     def get(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
         return self.request("GET", url, **kw)
 
@@ -339,6 +351,33 @@ class HttpHandle:
 
     def delete(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
         return self.request("DELETE", url, **kw)
+
+
+class _HandleTransport(httpx.BaseTransport):
+    def __init__(self, handle: HttpHandle) -> None:
+        self._handle = handle
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        handle = self._handle
+        request.read()  # a streamed body is the caller's code: run it while the guard is on
+        scope = handle._scope
+        if scope is not None:
+            name = scope.caps.key_header
+            key = handle._check(request.method.upper(), request.url, request.headers.get(name))
+            if key is not None:
+                request.headers[name] = key
+        guard = _guard.suspend()
+        try:
+            r = handle._issuer.client().send(request, stream=True)
+            try:
+                raw = b"".join(r.iter_raw())
+            finally:
+                r.close()
+        finally:
+            _guard.resume(guard)
+        return httpx.Response(
+            r.status_code, headers=r.headers, stream=httpx.ByteStream(raw), extensions=r.extensions
+        )
 
 
 class AsyncHttpHandle:

@@ -82,6 +82,14 @@ def register_cap_tools(k: Kernel, url: str, tmp_path: Path, stash: dict[str, Any
                 return ctx.http.post(f"{url}/keyed", json=body).json()
             case "sink":
                 return ctx.sink("ledger").write(body)
+            case "sdk":  # a client library built on httpx, given the handle's transport
+                with httpx.Client(transport=ctx.http.transport) as sdk:
+                    return sdk.post(f"{url}/keyed", json=body).json()
+            case "sdk_own_key":
+                with httpx.Client(transport=ctx.http.transport) as sdk:
+                    return sdk.post(
+                        f"{url}/keyed", json=body, headers={"Idempotency-Key": "sdk-key"}
+                    ).json()
             case "own_key":
                 return ctx.http.post(
                     f"{url}/keyed", json=body, headers={"idempotency-key": "my-own-key"}
@@ -220,7 +228,7 @@ def test_idempotent_without_key_fails_mypy_strict_and_ctx_key_is_read_only(
 # 2. Happy path: one ledger entry under the kernel-derived key.
 
 
-@pytest.mark.parametrize("how", ["handle", "sink"])
+@pytest.mark.parametrize("how", ["handle", "sink", "sdk"])
 def test_write_through_handle_lands_once_under_the_kernel_key(
     kernel: Kernel, ledger: ProviderClient, how: str
 ) -> None:
@@ -269,6 +277,7 @@ def test_duplicate_call_derives_the_same_key_and_the_ledger_keeps_one_entry(
 DENIED = [
     ("own_key", "http", "key_mismatch"),
     ("own_key_sink", "sink", "key_mismatch"),
+    ("sdk_own_key", "http", "key_mismatch"),
     ("no_key", "http", "no_key"),
     ("raw_http_with_kernel_key", "connect", "out_of_band"),
     ("raw_http_no_key", "connect", "out_of_band"),
