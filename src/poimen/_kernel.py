@@ -215,6 +215,14 @@ class Kernel:
 
     def call(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
         """Journal, dispatch and settle one call. Indeterminate is returned, not raised."""
+        if _guard.current() is not None:
+            # Called from inside a guarded tool: the kernel's writes are not that tool's, and
+            # the inner tool is guarded by its own class.
+            token = _guard.suspend()
+            try:
+                return self.call(tool, args, call_id=call_id)
+            finally:
+                _guard.resume(token)
         t, d, kwargs = self._prepare(tool, args, call_id)
         _crashpoints.hit("before_dispatch_commit")
         intent, created = self.store.record_dispatch(d)
@@ -224,6 +232,12 @@ class Kernel:
         return self._drive(t, intent, kwargs)
 
     async def acall(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
+        if _guard.current() is not None:  # see call()
+            token = _guard.suspend()
+            try:
+                return await self.acall(tool, args, call_id=call_id)
+            finally:
+                _guard.resume(token)
         t, d, kwargs = self._prepare(tool, args, call_id)
         _crashpoints.hit("before_dispatch_commit")
         intent, created = await asyncio.to_thread(self.store.record_dispatch, d)

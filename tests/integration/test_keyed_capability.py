@@ -479,6 +479,35 @@ def with_plain_tools(kernel: Kernel, provider: ProviderProcess, tmp_path: Path) 
 # 7. Queryable and Unsafe tools write through plain handles and are never denied here.
 
 
+def test_a_call_made_inside_a_guarded_tool_is_guarded_by_its_own_class(
+    with_plain_tools: Kernel, ledger: ProviderClient, tmp_path: Path
+) -> None:
+    """An Idempotent tool that calls the kernel: the kernel's writes and the inner Unsafe tool
+    are not the outer tool's writes; after the inner call the outer tool is guarded again."""
+    k = with_plain_tools
+    seen: dict[str, Any] = {}
+
+    @k.tool(
+        id="cap.outer", effects=Idempotent(key=KeyDerivation.fields("n")), caps=Caps(), timeout=10.0
+    )
+    def outer(ctx: ToolContext, n: int) -> Any:
+        seen["inner"] = k.call("cap.email", {"n": n}, call_id=f"inner-{n}")
+        seen["nested_idempotent"] = k.call(TOOL, {**ORDER, "how": "file"}, call_id=f"i2-{n}")
+        try:
+            (tmp_path / "outer.txt").write_text("x")
+        except CapabilityDeniedError as exc:
+            seen["outer"] = exc.tool_id
+        return n
+
+    assert isinstance(k.call("cap.outer", {"n": 5}, call_id="o"), Completed)
+    assert seen["inner"] == Completed(seen["inner"].intent_id, 5)
+    assert isinstance(seen["nested_idempotent"], Failed)  # guarded by its own scope
+    assert seen["outer"] == "cap.outer"
+    assert (tmp_path / "cap.email-5.txt").read_text() == "written"
+    assert ledger.count(kind="plain") == 2
+    assert [d.tool_id for d in k.denials()] == [TOOL, "cap.outer"]
+
+
 @pytest.mark.parametrize("tool", ["cap.ship", "cap.email"])
 def test_queryable_and_unsafe_tools_are_not_denied(
     with_plain_tools: Kernel, ledger: ProviderClient, tmp_path: Path, tool: str
