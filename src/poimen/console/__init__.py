@@ -34,6 +34,7 @@ def serve(
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(128)  # connections made after the address is printed wait in the backlog
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     base = f"http://{shown}:{bound}"

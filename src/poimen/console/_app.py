@@ -39,7 +39,8 @@ _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # "no-referrer" would make browsers send "Origin: null" on our own form posts.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
