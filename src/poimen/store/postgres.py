@@ -17,12 +17,14 @@ fence, events in the same transaction). What PostgreSQL adds:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -187,8 +189,10 @@ class PostgresStore:
         delay = 0.02
         retrying = False
         while True:
+            # Waiting for a connection counts against the same budget.
+            wait = min(self._connect_timeout, max(0.05, deadline - time.monotonic()))
             try:
-                with self._pool.connection(timeout=self._connect_timeout) as conn:
+                with self._connection(wait, direct=retrying) as conn:
                     if write:
                         with conn.transaction(), conn.cursor() as cur:
                             return fn(cur, retrying)
@@ -212,6 +216,26 @@ class PostgresStore:
                 raise
             except psycopg.Error as exc:
                 raise StoreError(f"{what} failed: {_first_line(exc)}", operation=what) from exc
+
+    @contextlib.contextmanager
+    def _connection(self, wait: float, *, direct: bool) -> Iterator[psycopg.Connection[Any]]:
+        if direct:
+            # A retry takes a fresh connection: after an outage the pool's idle sessions may
+            # all be dead, and the pool backs off its own reconnects for up to minutes.
+            with psycopg.connect(self.url, **self._params) as conn:
+                yield conn
+            return
+        conn = self._pool.getconn(timeout=wait)
+        try:
+            with conn:
+                yield conn
+        except psycopg.OperationalError:
+            # A terminated session can still look IDLE to the pool: close it, so the pool
+            # replaces it instead of handing the dead socket to the next retry.
+            conn.close()
+            raise
+        finally:
+            self._pool.putconn(conn)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         def op(cur: Cursor, _retrying: bool) -> list[Any]:
@@ -455,6 +479,8 @@ class PostgresStore:
         deadline_at: float | None,
         now: float,
     ) -> Intent | None:
+        nonce = uuid.uuid4().hex  # marks this claim's event, so a retry can find its own
+
         def op(cur: Cursor, retrying: bool) -> Intent | None:
             # SKIP LOCKED: if another recoverer is claiming this row right now, it wins and
             # we move on instead of waiting for its commit.
@@ -466,13 +492,13 @@ class PostgresStore:
             if locked is None:
                 if retrying:
                     # The claim may have committed on the try whose answer we lost.
+                    mine = cur.execute(
+                        "SELECT 1 FROM events WHERE intent_id = %s AND kind IN "
+                        "('retry', 'claimed') AND detail LIKE %s",
+                        (intent_id, f'%"{nonce}"%'),
+                    ).fetchone()
                     it = _intent_or_none(cur, intent_id)
-                    if (
-                        it is not None
-                        and it.state == S.DISPATCHED
-                        and it.fence == fence + 1
-                        and it.owner == owner
-                    ):
+                    if mine and it and it.state == S.DISPATCHED and it.fence == fence + 1:
                         return it
                 return None
             cur.execute(
@@ -518,7 +544,11 @@ class PostgresStore:
                 S.DISPATCHED,
                 S.DISPATCHED,
                 owner.worker_id,
-                {"fence": it.fence, "attempt": it.attempts if new_attempt else None},
+                {
+                    "fence": it.fence,
+                    "attempt": it.attempts if new_attempt else None,
+                    "claim": nonce,
+                },
             )
             return it
 
