@@ -29,7 +29,7 @@ from poimen._intents import (
 )
 from poimen._kernel import Kernel
 from poimen._keys import MAX_ARGS_BYTES
-from poimen._notify import CallbackNotifier, LogNotifier, Notifier
+from poimen._notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
 from poimen._recovery import RecoveryReport
 from poimen._tools import Caps, ToolRegistration
 from poimen.errors import DefiniteFailure
@@ -71,4 +71,5 @@ __all__ = [
     "ToolRegistration",
     "Unknown",
     "Unsafe",
+    "WebhookNotifier",
 ]

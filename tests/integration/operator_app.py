@@ -22,8 +22,7 @@ from typing import Any
 
 import httpx
 
-from poimen import Caps, Kernel, ToolContext, Unsafe
-from poimen._notify import Notifier, WebhookNotifier
+from poimen import Caps, Kernel, Notifier, ToolContext, Unsafe, WebhookNotifier
 from poimen.errors import SandboxDeniedError
 from poimen.testing import register_test_tools
 

@@ -303,6 +303,8 @@ def test_database_selection_migrate_and_exit_codes(tmp_path: Path, store_url: st
     assert missing.returncode == 3 and "migrate" in missing.stderr
     assert not (tmp_path / "absent.db").exists()  # reading never creates a log
     assert poimen("frobnicate", db=store_url).returncode == 2
+    short = poimen("console", "--token", "short", db=store_url)
+    assert short.returncode == 2 and "16 characters" in short.stderr
 
     first = poimen_json("migrate", db=store_url)
     assert first == {"from": 0, "to": 1}

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from poimen import IntentState, Kernel
-from poimen._notify import WebhookNotifier
+from poimen import IntentState, Kernel, WebhookNotifier
 from poimen.testing import (
     EMAIL,
     ProviderClient,

@@ -233,10 +233,11 @@ def cmd_console(ns: argparse.Namespace) -> int:
         raise CliError(
             f"the console needs its extra: pip install 'poimen[console]' ({exc})", code=USAGE
         ) from exc
-    url = _db_url(ns)
-    store = _open(url)
+    token = ns.token or os.environ.get("POIMEN_CONSOLE_TOKEN") or None
+    if token is not None and len(token) < 16:
+        raise CliError("the console token must be at least 16 characters", code=USAGE)
+    store = _open(_db_url(ns))
     try:
-        token = ns.token or os.environ.get("POIMEN_CONSOLE_TOKEN") or None
         serve(store, host=ns.host, port=ns.port, token=token)
     finally:
         store.close()
