@@ -306,3 +306,32 @@ def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
     page.goto(console.url + "/audit")
     shot(page, "audit")
     page.close()
+
+
+def test_without_a_token_one_is_generated_printed_and_required(store_url: str) -> None:
+    assert poimen("migrate", db=store_url).returncode == 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    proc = subprocess.Popen(
+        [str(POIMEN), "console", "--db", store_url, "--port", "0"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "poimen console printed nothing"
+        # Printed together: once the first line is there, the rest is in the buffer or pipe.
+        lines = [proc.stdout.readline() for _ in range(3)]
+        m = re.search(r"open: (http://127\.0\.0\.1:\d+)/\?token=(\S+)", lines[2])
+        assert m, lines
+        base, token = m.groups()
+        assert lines[1].strip() == f"access token: {token}" and len(token) >= 16
+        with httpx.Client(base_url=base, timeout=10) as c:
+            assert c.get("/").status_code == 401
+            assert c.get(f"/?token={token}", follow_redirects=True).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
