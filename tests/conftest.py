@@ -8,6 +8,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -69,6 +70,18 @@ def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database, for tests that are about PostgreSQL itself."""
     with fresh_postgres_database() as url:
         yield url
+
+
+@pytest.fixture
+def postgres_store(postgres_url: str) -> Iterator[Any]:
+    """An open PostgresStore on `postgres_url`, for reading what the processes under test did."""
+    from poimen.store import open_store
+
+    store = open_store(postgres_url)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

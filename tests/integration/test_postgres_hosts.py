@@ -12,14 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from poimen import Kernel
-from poimen.store import Store, open_store
+from poimen.store import Store
 from poimen.testing import CHARGE, EMAIL, ProviderClient, register_test_tools
 
 from .test_postgres_recovery import (
@@ -34,12 +33,8 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def store(postgres_url: str) -> Iterator[Store]:
-    s = open_store(postgres_url)
-    try:
-        yield s
-    finally:
-        s.close()
+def store(postgres_store: Store) -> Store:
+    return postgres_store
 
 
 def test_other_host_recovers_a_killed_workers_calls_after_lease_expiry(

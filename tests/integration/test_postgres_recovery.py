@@ -13,13 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from poimen.store import Store, open_store
+from poimen.store import Store
 from poimen.testing import (
     CHARGE,
     EMAIL,
@@ -33,12 +32,8 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def store(postgres_url: str) -> Iterator[Store]:
-    s = open_store(postgres_url)
-    try:
-        yield s
-    finally:
-        s.close()
+def store(postgres_store: Store) -> Store:
+    return postgres_store
 
 
 def _child_env() -> dict[str, str]:
