@@ -11,13 +11,14 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from poimen import Kernel
+from poimen import Caps, Kernel, Unsafe
 from poimen.store import Store
 from poimen.testing import CHARGE, EMAIL, ProviderClient, register_test_tools
 
@@ -174,3 +175,42 @@ def test_stalled_worker_cannot_overwrite_the_newer_attempt(
     else:
         assert final.fence == 1 and len(store.notifications(final.id)) == 1
         assert ledger.count(kind="plain") == 1  # the stalled effect landed; never re-issued
+
+
+def test_live_worker_keeps_its_lease_while_another_host_recovers(
+    postgres_url: str, provider: Any, ledger: ProviderClient
+) -> None:
+    """A slow call outlives its lease_ttl many times over; renewal keeps host-b's hands off."""
+    slow = Kernel(postgres_url, host="host-a", worker_id="slow", lease_ttl=0.6)
+    other = Kernel(postgres_url, host="host-b", worker_id="other", deadline_margin=0.1)
+    for k in (slow, other):
+
+        @k.tool(id="t.slow", effects=Unsafe(), caps=Caps(), timeout=0.1)
+        def slow_tool(ctx: Any, seconds: float) -> str:
+            ledger.plain_write({"slow": seconds}).raise_for_status()
+            time.sleep(seconds)  # a sync tool is not preempted: only renewal covers this
+            return "done"
+
+    slow.launch(background=True)
+    outcome: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: outcome.append(slow.call("t.slow", {"seconds": 3.0}, call_id="slow-1"))
+    )
+    try:
+        runner.start()
+        busy = 0
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            report = other.recover()
+            busy += report.busy
+            assert (report.indeterminate, report.completed) == (0, 0), report
+            time.sleep(0.2)
+        runner.join(timeout=10)
+        assert busy >= 5
+        assert [type(o).__name__ for o in outcome] == ["Completed"]
+        it = other.store.get_by_call_id("slow-1")
+        assert it is not None and (it.state.value, it.fence) == ("COMPLETED", 1)
+        assert ledger.count(kind="plain") == 1
+    finally:
+        slow.close()
+        other.close()
