@@ -219,3 +219,19 @@ def test_database_down_at_start_is_a_clear_error(url: str | None, says: str) -> 
     assert isinstance(err.value.__cause__, psycopg.OperationalError)
     assert "Traceback" not in str(err.value) and "\n" not in str(err.value)
     assert time.monotonic() - started < 10
+
+
+def test_clock_refresh_survives_a_terminated_session(app_url: tuple[str, str]) -> None:
+    url, app = app_url
+    store = PostgresStore(url, clock_refresh=0.0)
+    try:
+        with _admin() as admin:
+            server = admin.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+            row = server.fetchone()
+            assert row is not None and abs(store.now() - row[0]) < 1.0
+            assert _terminate(admin, app) >= 1
+        store.now()  # the refresh meets a dead session: it keeps the last offset
+        assert abs(store.now() - time.time()) < 1.0
+        assert store.list_unfinished(after_id="", limit=1) == []  # and the pool recovered
+    finally:
+        store.close()

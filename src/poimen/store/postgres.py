@@ -256,7 +256,7 @@ class PostgresStore:
             blocking=False
         ):
             try:
-                with self._pool.connection(timeout=self._connect_timeout) as conn:
+                with self._connection(self._connect_timeout, direct=False) as conn:
                     self._offset = _measure_offset(conn)
             except (*_TRANSIENT, psycopg.Error) as exc:  # keep the last offset, try again later
                 log.warning("clock offset not refreshed: %s", _first_line(exc))
