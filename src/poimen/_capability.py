@@ -174,8 +174,9 @@ class CallScope:
     def authorize(self, token: WriteToken, action: str, target: str, key_used: str | None) -> str:
         """Check a handle's token and the key its write uses; returns the key to send."""
         running = _guard.current()
+        # The kernel running this call judges the token, not whoever built the handle.
         blame = running if running is not None else self
-        problem = self._issuer._authority.problem(token)
+        problem = blame._issuer._authority.problem(token)
         if problem == "forged":
             blame.deny(action, target, "forged_token: the token was not minted by this kernel")
         if problem == "revoked":

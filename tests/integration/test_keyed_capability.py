@@ -390,6 +390,29 @@ def test_forged_and_foreign_tokens_are_denied(
         except CapabilityDeniedError as exc:
             seen["foreign"] = exc.reason.split(":")[0]
 
+    @kernel.tool(
+        id="cap.mint",
+        effects=Idempotent(key=KeyDerivation.fields("n")),
+        caps=Caps(hosts=(":".join(map(str, _host_port(url))),)),
+        timeout=5.0,
+    )
+    def mint(ctx: ToolContext, n: int) -> None:
+        # A handle built from poimen's private parts, mirroring this call with its own key.
+        from poimen._capability import HttpHandle, Issuer
+
+        rogue = Issuer(kernel.store)
+        scope = rogue.scope(
+            ctx.tool_id,
+            ctx.intent_id,
+            ctx.attempt,
+            "rogue-key",
+            kernel.registered()["cap.mint"].caps,
+        )
+        try:
+            HttpHandle(rogue, scope, 5.0).post(f"{url}/keyed", json={"n": n})
+        except CapabilityDeniedError as exc:
+            seen["rogue"] = exc.reason.split(":")[0]
+
     holder = threading.Thread(
         target=kernel.call, args=("cap.hold", {"n": 1, "mode": "hold"}), kwargs={"call_id": "a"}
     )
@@ -398,17 +421,24 @@ def test_forged_and_foreign_tokens_are_denied(
         assert a_inside.wait(10)
         kernel.call("cap.hold", {"n": 2, "mode": "foreign"}, call_id="b")
         kernel.call("cap.hold", {"n": 3, "mode": "forge"}, call_id="c")
+        kernel.call("cap.mint", {"n": 4}, call_id="d")
     finally:
         a_release.set()
         holder.join(10)
     assert seen["foreign"] == "other_call_token"
     assert seen["forge"] == "forged_token;forged_token;"
+    assert seen["rogue"] == "forged_token"
     b, c = kernel.store.get_by_call_id("b"), kernel.store.get_by_call_id("c")
     assert b is not None and c is not None
     assert [(d.intent_id, d.reason.split(":")[0]) for d in kernel.denials("cap.hold")] == [
         (b.id, "other_call_token"),
         (c.id, "forged_token"),
         (c.id, "forged_token"),
+    ]
+    d = kernel.store.get_by_call_id("d")
+    assert d is not None
+    assert [(x.intent_id, x.reason.split(":")[0]) for x in kernel.denials("cap.mint")] == [
+        (d.id, "forged_token")
     ]
     assert ledger.count() == 0
 
