@@ -222,3 +222,16 @@ def poimen_json(*args: str, db: str | None = None, **kw: str) -> Any:
     r = poimen(*args, "--json", db=db, **kw)
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
     return json.loads(r.stdout)
+
+
+def shadow_denial(db_url: str, provider_url: str, call_id: str) -> None:
+    """An Unsafe call in shadow mode: denied before dispatch, with a denial row for the audit."""
+    out = run_call(
+        db_url,
+        provider_url,
+        "test.email",
+        {"to": "z@example.com", "subject": "x"},
+        call_id,
+        POIMEN_TEST_MODE="shadow",
+    )
+    assert "denied" in out, out

@@ -22,6 +22,7 @@ from tests.integration.operator_app import (
     poimen,
     poimen_json,
     run_call,
+    shadow_denial,
     spawn,
 )
 
@@ -72,15 +73,7 @@ def scene(
         )["type"]
         == "Completed"
     )
-    denied = run_call(
-        store_url,
-        provider.url,
-        EMAIL,
-        {"to": "a@example.com", "subject": "x"},
-        "c-shadow",
-        POIMEN_TEST_MODE="shadow",
-    )
-    assert "denied" in denied
+    shadow_denial(store_url, provider.url, "c-shadow")
     assert hook_effects(ledger) == 1 and hook_effects(ledger, "ops2") == 1
     return Scene(store_url, provider.url, hook_pid, hook2_pid)
 

@@ -21,7 +21,7 @@ import pytest
 from poimen import IntentState
 from poimen.store import open_store
 from poimen.testing import EMAIL, ProviderClient, ProviderProcess
-from tests.integration.operator_app import HOOK, POIMEN, ROOT, crash, poimen, run_call
+from tests.integration.operator_app import HOOK, POIMEN, ROOT, crash, poimen, shadow_denial
 
 TOKEN = "console-test-token-7f3a9c1e"
 SECRET = "sk-live-abcdef987654"
@@ -73,14 +73,7 @@ def console(
     crash(
         tmp_path, store_url, provider.url, EMAIL, {"to": "a@example.com", "subject": "x"}, "k-mail"
     )
-    run_call(
-        store_url,
-        provider.url,
-        EMAIL,
-        {"to": "z@example.com", "subject": "x"},
-        "k-shadow",
-        POIMEN_TEST_MODE="shadow",
-    )
+    shadow_denial(store_url, provider.url, "k-shadow")
     r = poimen("recover", "--app", APP, db=store_url, provider=provider.url)
     assert r.returncode == 0, r.stderr
     assert hook_effects(ledger) == 1
