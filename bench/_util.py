@@ -130,13 +130,18 @@ def reps_of(fn: Callable[[int], float], reps: int) -> list[float]:
     return [fn(i) for i in range(reps)]
 
 
-def child_json(module: str, *args: str) -> dict[str, Any]:
-    """Run `python -m <module> <args>` from the repository root; its last stdout line is JSON."""
+def child(module: str, *args: str) -> str:
+    """Run `python -m <module> <args>` from the repository root; returns its stdout."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", module, *args]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{module} child failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
+    return out.stdout
+
+
+def child_json(module: str, *args: str) -> dict[str, Any]:
+    """`child`, whose last stdout line is JSON."""
+    result: dict[str, Any] = json.loads(child(module, *args).splitlines()[-1])
     return result

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import concurrency, dbos_step, keys, recovery, single
-from bench._util import ROOT, Row, Skipped, machine
+from bench._util import ROOT, Row, Skipped, child, machine
 from poimen import KeyDerivation
 from poimen.store.sqlite import SqliteStore
 
+POSTGRES_URL = os.environ.get("POIMEN_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 GROUPS = ("single", "dbos", "concurrency", "recovery", "keys", "capability", "postgres")
 
 
@@ -287,10 +288,13 @@ class Suite:
             self.log(f"  skipped: bench/{module}.py is not present")
             return
         mod = importlib.import_module(f"bench.{module}")
-        fn = next((getattr(mod, n) for n in ("rows", "run", "bench") if hasattr(mod, n)), None)
-        if fn is None:
-            raise RuntimeError(f"bench/{module}.py has none of rows(), run(), bench()")
-        out = fn(reps=self.s.reps, quick=self.s is QUICK, workdir=self.dir)
+        rows_fn = getattr(mod, "rows", None)
+        if rows_fn is not None:
+            out = rows_fn(reps=self.s.reps, quick=self.s is QUICK, workdir=self.dir)
+        elif module == "bench_postgres":
+            out = self._postgres_cli()
+        else:
+            raise RuntimeError(f"bench/{module}.py has no rows(*, reps, quick, workdir)")
         for item in out:
             if isinstance(item, Skipped):
                 self.skipped.append(item)
@@ -298,6 +302,32 @@ class Suite:
                 self.add(item)
             else:
                 raise TypeError(f"bench/{module}.py returned {type(item).__name__}, not Row")
+
+    def _postgres_cli(self) -> list[Row | Skipped]:
+        """bench_postgres as a command (`--workers 1,8 --json`), once per repetition."""
+        import psycopg
+
+        try:
+            psycopg.connect(POSTGRES_URL, connect_timeout=3).close()
+        except psycopg.Error as exc:
+            return [Skipped("4 postgres", "PostgreSQL calls/s", f"no server: {exc}")]
+        seconds = "0.5" if self.s is QUICK else "3"
+        per: dict[int, list[float]] = {}
+        for rep in range(self.s.reps):
+            out = self.dir / f"postgres-{rep}.json"
+            child("bench.bench_postgres", "--seconds", seconds, "--json", str(out))
+            for r in json.loads(out.read_text())["runs"]:
+                per.setdefault(int(r["workers"]), []).append(float(r["calls_per_s"]))
+        return [
+            Row(
+                "4 postgres",
+                f"PostgreSQL store, {n} worker processes",
+                "calls/s",
+                v,
+                note="bench/bench_postgres.py (Unsafe no-op)",
+            )
+            for n, v in sorted(per.items())
+        ]
 
 
 def table(rows: list[Row], skipped: list[Skipped]) -> str:

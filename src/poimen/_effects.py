@@ -98,6 +98,8 @@ class KeyDerivation:
 
 
 def _pick(args: Mapping[str, JSONValue], path: str) -> JSONValue:
+    if "." not in path and path in args:  # a top-level field: no walk, no copy of the args
+        return args[path]
     node: JSONValue = dict(args)
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:

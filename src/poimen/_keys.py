@@ -29,6 +29,10 @@ def to_json_value(value: Any, path: str) -> JSONValue:
 
     `path` names the argument in the error (``order.items[2].price``).
     """
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:  # the common case, checked cheaply
+        scalar: JSONValue = value
+        return scalar
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, float):
@@ -38,7 +42,7 @@ def to_json_value(value: Any, path: str) -> JSONValue:
                 argument=path,
             )
         return value
-    if isinstance(value, Mapping):
+    if t is dict or isinstance(value, Mapping):
         out: dict[str, JSONValue] = {}
         for k, v in value.items():
             if not isinstance(k, str):
@@ -46,7 +50,12 @@ def to_json_value(value: Any, path: str) -> JSONValue:
                     f"argument {path!r} has a non-string key {k!r}: only string keys encode",
                     argument=path,
                 )
-            out[k] = to_json_value(v, f"{path}.{k}")
+            tv = type(v)
+            out[k] = (
+                v
+                if tv is str or tv is int or tv is bool or v is None
+                else to_json_value(v, f"{path}.{k}")
+            )
         return out
     if isinstance(value, list | tuple):
         return [to_json_value(v, f"{path}[{i}]") for i, v in enumerate(value)]
@@ -71,11 +80,15 @@ def to_json_value(value: Any, path: str) -> JSONValue:
     )
 
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical(value: JSONValue) -> str:
     """Sorted keys, no whitespace, UTF-8 text, NaN refused."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _CANONICAL.encode(value)
 
 
 def encode_args(args: Mapping[str, Any]) -> tuple[dict[str, JSONValue], str]:
@@ -89,7 +102,12 @@ def encode_args(args: Mapping[str, Any]) -> tuple[dict[str, JSONValue], str]:
     for name, value in args.items():
         if not isinstance(name, str):
             raise ArgumentEncodingError(f"argument name {name!r} is not a string", argument=name)
-        data[name] = to_json_value(value, name)
+        t = type(value)
+        data[name] = (
+            value
+            if t is str or t is int or t is bool or value is None
+            else to_json_value(value, name)
+        )
     text = canonical(data)
     if len(text) > MAX_ARGS_BYTES and len(text.encode()) > MAX_ARGS_BYTES:
         largest = max(data, key=lambda n: len(canonical(data[n])))
@@ -107,10 +125,26 @@ def args_digest(canonical_text: str) -> str:
     return hashlib.sha256(canonical_text.encode()).hexdigest()
 
 
+def _framed(h: Any, part: bytes) -> None:
+    h.update(len(part).to_bytes(8, "big"))
+    h.update(part)
+
+
+# The hash state after the domain tag, tool id and version, per (tool id, version): each key
+# then hashes only its selected values. Only ever copied, never updated, once stored.
+_PREFIXES: dict[tuple[str, int], Any] = {}
+
+
 def hash_key(tool_id: str, version: int, selected: JSONValue) -> str:
     """The key: sha256 over domain tag, tool id, derivation version and the selected values."""
-    h = hashlib.sha256(KEY_DOMAIN)
-    for part in (tool_id.encode(), str(version).encode(), canonical(selected).encode()):
-        h.update(len(part).to_bytes(8, "big"))
-        h.update(part)
+    cacheable = type(version) is int and type(tool_id) is str
+    prefix = _PREFIXES.get((tool_id, version)) if cacheable else None
+    if prefix is None:
+        prefix = hashlib.sha256(KEY_DOMAIN)
+        _framed(prefix, tool_id.encode())
+        _framed(prefix, str(version).encode())
+        if cacheable and len(_PREFIXES) < 4096:
+            _PREFIXES[tool_id, version] = prefix
+    h = prefix.copy()
+    _framed(h, canonical(selected).encode())
     return KEY_PREFIX + h.hexdigest()[:48]

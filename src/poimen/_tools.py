@@ -89,14 +89,16 @@ class Tool:
     ) -> tuple[dict[str, JSONValue], dict[str, Any]]:
         """Check recorded-form arguments; returns (recorded JSON, keyword arguments)."""
         try:
-            inst = self.model.model_validate(data)
+            # The model's validator and serializer directly: model_validate and model_dump
+            # only add argument handling that this call never uses.
+            inst = self.model.__pydantic_validator__.validate_python(data)
         except pydantic.ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err["loc"]) or "<arguments>"
             raise ArgumentError(
                 f"tool {self.id!r}: argument {loc!r}: {err['msg']}", argument=loc, tool_id=self.id
             ) from exc
-        recorded = inst.model_dump(mode="json")
+        recorded = self.model.__pydantic_serializer__.to_python(inst, mode="json")
         return recorded, {name: getattr(inst, name) for name in self.params}
 
 

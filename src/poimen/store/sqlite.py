@@ -50,48 +50,69 @@ SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 class _Op(Generic[T]):
-    __slots__ = ("done", "error", "fn", "value")
+    __slots__ = ("done", "error", "fn", "value", "wake")
 
     def __init__(self, fn: Callable[[sqlite3.Connection], T]) -> None:
         self.fn = fn
         self.done = False
         self.value: T | None = None
         self.error: BaseException | None = None
+        # A lock held on the waiter's behalf: released once its commit is durable, or to
+        # hand it the leader's role. None for a caller that led from the start.
+        self.wake: threading.Lock | None = None
 
 
 class _GroupCommit:
     """Many callers' writes in one transaction; each caller returns only after that commit.
 
     A caller that finds no leader becomes the leader and commits whatever is queued, its
-    own write included; callers arriving meanwhile wait for the next leader's commit. A
-    single caller therefore commits inline, with no thread hop.
+    own write included; callers arriving meanwhile queue, each waiting on its own lock. The
+    leader wakes exactly the callers of the batch it committed and hands the role to the
+    first caller still queued, so no caller is woken for nothing. A single caller therefore
+    commits inline, with no thread hop.
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        self._cv = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._queue: list[_Op[Any]] = []
         self._leading = False
 
     def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         op: _Op[T] = _Op(fn)
-        with self._cv:
+        with self._lock:
             self._queue.append(op)
-            while self._leading and not op.done:
-                self._cv.wait()
-            if not op.done:
+            lead = not self._leading
+            if lead:
                 self._leading = True
-                batch, self._queue = self._queue, []
+            else:
+                op.wake = wake = threading.Lock()
+                wake.acquire()
+        if not lead:
+            assert op.wake is not None
+            op.wake.acquire()  # our commit is durable, or we are the next leader
         if not op.done:
-            try:
-                self._commit(batch)
-            finally:
-                with self._cv:
-                    self._leading = False
-                    self._cv.notify_all()
+            self._lead(op)
         if op.error is not None:
             raise op.error
         return op.value  # type: ignore[return-value]
+
+    def _lead(self, me: _Op[Any]) -> None:
+        with self._lock:
+            batch, self._queue = self._queue, []
+        try:
+            self._commit(batch)  # marks every op of the batch done, success or not
+        finally:
+            with self._lock:
+                nxt = self._queue[0] if self._queue else None
+                if nxt is None:
+                    self._leading = False
+            for op in batch:
+                if op is not me and op.wake is not None:
+                    op.wake.release()
+            if nxt is not None:
+                assert nxt.wake is not None
+                nxt.wake.release()  # the role passes on; _leading stays set
 
     def _commit(self, batch: list[_Op[Any]]) -> None:
         conn = self._conn
@@ -307,7 +328,7 @@ class SqliteStore:
                 o.worker_id,
                 {"attempt": 1, "fence": 1, "key": d.key, "request_id": d.request_id},
             )
-            return _intent(conn, d.intent_id), True
+            return _dispatched(d), True
 
         return self._write(op)
 
@@ -739,6 +760,36 @@ class SqliteStore:
         return [denial_from_row(r) for r in rows]
 
 
+def _dispatched(d: NewDispatch) -> Intent:
+    """The row record_dispatch just inserted, as reading it back would decode it (the same
+    values, converted as the columns convert them), without the read."""
+    o = d.owner
+    return Intent(
+        id=d.intent_id,
+        call_id=d.call_id,
+        tool_id=d.tool_id,
+        effect=d.effect,
+        args=d.args,
+        args_hash=d.args_hash,
+        key=d.key,
+        request_id=d.request_id,
+        state=S.DISPATCHED,
+        fence=1,
+        owner=Owner(str(o.worker_id), str(o.host or ""), int(o.pid or 0), str(o.pid_start or "")),
+        lease_expires_at=float(d.lease_expires_at),
+        timeout_s=float(d.timeout_s),
+        deadline_at=float(d.deadline_at),
+        next_check_at=None,
+        unknown_count=0,
+        attempts=1,
+        result=None,
+        error=None,
+        reason=None,
+        created_at=float(d.now),
+        updated_at=float(d.now),
+    )
+
+
 def _intent(conn: sqlite3.Connection, intent_id: str) -> Intent:
     row = conn.execute(
         f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?", (intent_id,)
@@ -766,9 +817,13 @@ def _event(
             src,
             dst,
             actor,
-            json.dumps({k: v for k, v in detail.items() if v is not None}, sort_keys=True),
+            _DETAIL.encode({k: v for k, v in detail.items() if v is not None}),
         ),
     )
+
+
+# json.dumps(..., sort_keys=True) without building an encoder per event.
+_DETAIL = json.JSONEncoder(sort_keys=True)
 
 
 def _insert_note(

@@ -1,0 +1,80 @@
+"""The call path's fast paths give exactly what the plain forms give (benchmark-driven code)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext
+from poimen._keys import KEY_DOMAIN, KEY_PREFIX, canonical, hash_key, to_json_value
+from poimen.store.sqlite import SqliteStore
+
+
+def random_json(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(8 if depth < 3 else 5)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.randrange(-(10**20), 10**20)
+    if kind == 3:
+        return "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(6)))
+    if kind == 4:
+        return rng.uniform(-1e9, 1e9)
+    if kind == 5:
+        return [random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 6:
+        return (random_json(rng, depth + 1), random_json(rng, depth + 1))
+    return {f"k{rng.randrange(9)}": random_json(rng, depth + 1) for _ in range(4)}
+
+
+def plain_canonical(value: Any) -> str:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def plain_hash_key(tool_id: str, version: int, selected: Any) -> str:
+    h = hashlib.sha256(KEY_DOMAIN)
+    for part in (tool_id.encode(), str(version).encode(), plain_canonical(selected).encode()):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return KEY_PREFIX + h.hexdigest()[:48]
+
+
+def test_canonical_and_key_match_the_plain_definitions() -> None:
+    rng = random.Random(6)  # a fixed seed: the same 500 cases every run
+    for n in range(500):
+        args = {f"a{i}" if i % 2 else "": random_json(rng) for i in range(rng.randrange(5))}
+        tool_id, version = f"tool-{n % 7}", n % 3
+        data = to_json_value(args, "<args>")
+        assert canonical(data) == plain_canonical(data)
+        assert hash_key(tool_id, version, data) == plain_hash_key(tool_id, version, data)
+        top = [name for name in sorted(args) if name][:2]
+        if top:
+            kd = KeyDerivation.fields(*top)
+            assert kd.derive(tool_id, data) == plain_hash_key(
+                tool_id, 1, {name: data[name] for name in top}
+            )
+
+
+def test_record_dispatch_returns_the_row_it_wrote(tmp_path: Path) -> None:
+    kernel = Kernel(SqliteStore(tmp_path / "log.db"), notifiers=[])
+
+    @kernel.tool(id="t", effects=Idempotent(key=KeyDerivation.fields("a")), caps=Caps(), timeout=3)
+    def t(ctx: ToolContext, a: str, n: int = 0) -> None:
+        return None
+
+    try:
+        _, d, _ = kernel._prepare("t", {"a": "é", "n": 2}, "call-1")
+        returned, created = kernel.store.record_dispatch(d)
+        assert created
+        assert returned == kernel.store.get_intent(d.intent_id)
+        again, created = kernel.store.record_dispatch(d)
+        assert not created and again == returned
+    finally:
+        kernel.close()
