@@ -217,6 +217,12 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+def click_and_load(page: Any, selector: str) -> None:
+    # Assert on the page the click leads to, never on the one it leaves.
+    with page.expect_navigation(wait_until="load"):
+        page.click(selector)
+
+
 @pytest.mark.browser
 def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
     console: Console, browser: Any, request: pytest.FixtureRequest
@@ -242,7 +248,7 @@ def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
     assert page.locator("#count-indeterminate").inner_text() == "2"
     shot(page, "overview")
 
-    page.click(f"#queue a[href='/intents/{console.hook_id}']")
+    click_and_load(page, f"#queue a[href='/intents/{console.hook_id}']")
     assert page.url.endswith(f"/intents/{console.hook_id}")
     args = page.locator("#args").inner_text()
     assert "[redacted]" in args and SECRET not in page.content()
@@ -254,7 +260,7 @@ def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
     page.fill("#result-input", "{not json")
     page.fill("#operator", "ana")
     page.fill("#reason", "checked")
-    page.click("#review")
+    click_and_load(page, "#review")
     assert "not valid JSON" in page.locator("#error-result").inner_text()
     assert console.intent(console.hook_id)[0] == IntentState.INDETERMINATE
     shot(page, "invalid")
@@ -263,11 +269,11 @@ def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
     page.fill("#result-input", "")
     page.fill("#operator", "ana")
     page.fill("#reason", "provider log shows no request from this call")
-    page.click("#review")
+    click_and_load(page, "#review")
     assert page.locator("#becomes").inner_text() == "RESOLVED_NOT_LANDED"
     assert console.intent(console.hook_id)[0] == IntentState.INDETERMINATE  # not yet
     shot(page, "confirm")
-    page.click("#confirm")
+    click_and_load(page, "#confirm")
     assert page.locator("#resolved-banner").is_visible()
     assert "RESOLVED_NOT_LANDED" in page.locator("#state").inner_text()
     events = page.locator("#events").inner_text()
@@ -294,7 +300,7 @@ def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
     denials = page.locator("#denials").inner_text()
     assert EMAIL in denials and "shadow" in denials
     page.select_option("#tool", HOOK)
-    page.click("form.filters button")
+    click_and_load(page, "form.filters button")
     assert page.locator("#no-denials").is_visible()
     page.goto(console.url + "/audit")
     shot(page, "audit")
