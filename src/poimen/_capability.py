@@ -137,7 +137,9 @@ class Issuer:
 class CallScope:
     """One running attempt of an Idempotent call: what its handles may do, and its denials."""
 
-    __slots__ = ("_issuer", "_token", "attempt", "caps", "ended", "intent_id", "key", "tool_id")
+    __slots__ = (
+        "_issuer", "_token", "attempt", "caps", "ended", "intent_id", "key", "tool_id", "writes"
+    )
 
     def __init__(
         self, issuer: Issuer, tool_id: str, intent_id: str, attempt: int, key: str, caps: Caps
@@ -149,6 +151,8 @@ class CallScope:
         self.key = key
         self.caps = caps
         self.ended = False
+        # Writes let through: after one, a denied write no longer means "nothing happened".
+        self.writes = 0
         self._token: WriteToken | None = None
 
     def token(self) -> WriteToken:
@@ -324,7 +328,10 @@ class HttpHandle:
                 f"host_not_in_caps: {u.host}:{u.port or _DEFAULT_PORTS.get(u.scheme)} "
                 f"is not in the registration's caps.hosts {list(scope.caps.hosts)}",
             )
-        return key if method in WRITE_METHODS else None
+        if method not in WRITE_METHODS:
+            return None
+        scope.writes += 1
+        return key
 
     @property
     def transport(self) -> httpx.BaseTransport:
@@ -430,6 +437,7 @@ class SinkHandle:
         if scope is not None:
             assert self._token is not None
             key = scope.authorize(self._token, "sink", self._name, key)
+            scope.writes += 1
         guard = _guard.suspend()  # the sink is the application's code, trusted to write
         try:
             return self._sink.apply(payload, key=key)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 POINTS = (
@@ -37,7 +38,7 @@ def hit(point: str) -> None:
             from poimen import _guard
 
             _guard.suspend()  # the marker is the harness's write, not the tool's; we die here
-            tmp = marker + ".tmp"
+            tmp = f"{marker}.{os.getpid()}.{threading.get_ident()}.tmp"  # threads may pause at once
             with open(tmp, "w", encoding="ascii") as f:
                 f.write(f"{os.getpid()} {point}\n")
             os.replace(tmp, marker)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from poimen import _crashpoints, _guard
-from poimen._capability import Issuer, Sink, ToolContext
+from poimen._capability import CallScope, Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, Unsafe, effect_name
 from poimen._intents import (
     Completed,
@@ -31,7 +31,7 @@ from poimen._keys import args_digest, canonical, encode_args, to_json_value
 from poimen._liveness import current_owner, process_alive
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver
 from poimen._operator import resolve as operator_resolve
-from poimen._recovery import RecoveryReport, recover_pass, resolve_unknown
+from poimen._recovery import RecoveryReport, indeterminate, recover_pass, resolve_unknown
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen.errors import (
     CallIdMismatchError,
@@ -54,7 +54,7 @@ S = IntentState
 
 @dataclass(frozen=True, slots=True)
 class _Run:
-    kind: Literal["completed", "failed", "unknown"]
+    kind: Literal["completed", "failed", "unknown", "denied_after_write"]
     value: Any = None
     error: str | None = None
 
@@ -387,10 +387,9 @@ class Kernel:
                 # A sync tool cannot be preempted; its timeout sets the lease and deadline.
                 value = t.fn(ctx, **kwargs)
         except (DefiniteFailure, CapabilityDeniedError) as exc:
-            # A denied write never left; a retry would be denied the same way.
-            return _Run("failed", error=_failure(exc))
+            return _refused(exc, scope)
         except Exception as exc:  # any other exception: the outcome is unknown
-            return _unknown(exc)
+            return _unknown(exc, scope)
         finally:
             if scope is not None:
                 scope.end()
@@ -414,10 +413,9 @@ class Kernel:
                 coro = asyncio.to_thread(t.fn, ctx, **kwargs)
             value = await asyncio.wait_for(coro, t.registration.timeout)
         except (DefiniteFailure, CapabilityDeniedError) as exc:
-            # A denied write never left; a retry would be denied the same way.
-            return _Run("failed", error=_failure(exc))
+            return _refused(exc, scope)
         except Exception as exc:  # timeouts included: the outcome is unknown
-            return _unknown(exc)
+            return _unknown(exc, scope)
         finally:
             if scope is not None:
                 scope.end()
@@ -446,6 +444,8 @@ class Kernel:
                 return Failed(intent.id, run.error or "")
             return self._answer_current(intent.id)
         self.store.record_unknown(intent.id, intent.fence, run.error or "unknown", now)
+        if run.kind == "denied_after_write":
+            return indeterminate(self, intent, "capability_denied_after_write")
         return resolve_unknown(self, t, intent)
 
     def _claim_retry(self, intent: Intent) -> Outcome | Intent:
@@ -533,19 +533,28 @@ class Kernel:
             log.warning("notification delivery deferred: %s", exc)
 
 
+def _refused(exc: BaseException, scope: CallScope | None) -> _Run:
+    """A provider's refusal, or a write the kernel denied: FAILED, never retried (a retry would
+    be denied the same way), unless an earlier write of this attempt went out under the key:
+    then the effect may have landed, and an operator decides."""
+    if isinstance(exc, CapabilityDeniedError) and scope is not None and scope.writes:
+        return _Run("denied_after_write", error=_failure(exc))
+    return _Run("failed", error=_failure(exc))
+
+
 def _failure(exc: BaseException) -> str:
     if isinstance(exc, CapabilityDeniedError):
         return f"capability denied: {exc}"
     return str(exc) or type(exc).__name__
 
 
-def _unknown(exc: Exception) -> _Run:
+def _unknown(exc: Exception, scope: CallScope | None) -> _Run:
     # A library that wrapped a denial (raise ... from it) hides a write that never left.
     seen: BaseException | None = exc
     for _ in range(8):
         seen = seen.__cause__ or seen.__context__ if seen is not None else None
         if isinstance(seen, CapabilityDeniedError):
-            return _Run("failed", error=_failure(seen))
+            return _refused(seen, scope)
     return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
 
 

@@ -28,6 +28,7 @@ from poimen import (
     Completed,
     Failed,
     Idempotent,
+    Indeterminate,
     IntentState,
     Kernel,
     KeyDerivation,
@@ -138,6 +139,11 @@ def register_cap_tools(k: Kernel, url: str, tmp_path: Path, stash: dict[str, Any
                 return ctx.http.post("http://payments.invalid/keyed", json=body).json()
             case "other_sink":
                 return ctx.sink("other").write(body)
+            case "handle_then_own_key":  # one keyed write went out before the rogue one
+                ctx.http.post(f"{url}/keyed", json=body)
+                return ctx.http.post(
+                    f"{url}/keyed", json=body, headers={"Idempotency-Key": "my-own-key"}
+                ).json()
             case "stash":
                 stash["http"], stash["sink"] = ctx.http, ctx.sink("ledger")
                 return ctx.http.post(f"{url}/keyed", json=body).json()
@@ -701,3 +707,18 @@ def test_timestamp_argument_is_refused_or_ignored(
     assert intents[0] is not None and intents[1] is not None
     assert intents[0].args != intents[1].args and intents[0].key == intents[1].key
     assert ledger.count(kind="keyed", key=intents[0].key) == 1 and ledger.count() == 1
+
+
+def test_keyed_capability_denial_after_a_write_went_out_is_indeterminate(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    # FAILED would claim nothing happened; the first write landed, so an operator decides.
+    out = kernel.call(TOOL, {**ORDER, "how": "handle_then_own_key"}, call_id="c1")
+    assert out == Indeterminate(out.intent_id, "capability_denied_after_write")
+    intent = kernel.store.get_intent(out.intent_id)
+    assert intent is not None and intent.state == IntentState.INDETERMINATE
+    assert [e["key"] for e in ledger.entries()] == [intent.key]
+    assert len(kernel.store.attempts(intent.id)) == 1
+    assert len(kernel.store.notifications(intent.id)) == 1
+    [denial] = kernel.denials(tool_id=TOOL)
+    assert denial.reason.startswith("key_mismatch")
