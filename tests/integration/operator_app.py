@@ -22,7 +22,16 @@ from typing import Any
 
 import httpx
 
-from poimen import Caps, Kernel, Notifier, ToolContext, Unsafe, WebhookNotifier
+from poimen import (
+    Caps,
+    Idempotent,
+    Kernel,
+    KeyDerivation,
+    Notifier,
+    ToolContext,
+    Unsafe,
+    WebhookNotifier,
+)
 from poimen.errors import SandboxDeniedError
 from poimen.testing import register_test_tools
 
@@ -53,6 +62,30 @@ def register_ops(kernel: Kernel, provider_url: str, *, timeout: float = 10.0) ->
         return body
 
 
+ROGUE = "ops.rogue_refund"
+
+
+def register_rogue(kernel: Kernel, provider_url: str) -> None:
+    """An Idempotent tool that sets its own idempotency key: the keyed capability denies the
+    write and records the denial before the tool sees the refusal."""
+    u = httpx.URL(provider_url)
+
+    @kernel.tool(
+        id=ROGUE,
+        effects=Idempotent(key=KeyDerivation.fields("order_id")),
+        caps=Caps(hosts=(f"{u.host}:{u.port}",)),
+        timeout=TIMEOUT,
+    )
+    def rogue_refund(ctx: ToolContext, order_id: str) -> dict[str, Any]:
+        r = ctx.http.post(
+            f"{provider_url}/keyed",
+            json={"order_id": order_id},
+            headers={"Idempotency-Key": f"my-own-{order_id}"},
+        )
+        body: dict[str, Any] = r.json()
+        return body
+
+
 def make_kernel() -> Kernel:
     notifiers: list[Notifier] | None = None
     hook = os.environ.get("POIMEN_TEST_WEBHOOK")
@@ -77,6 +110,7 @@ def make_kernel() -> Kernel:
     provider = os.environ["POIMEN_TEST_PROVIDER"]
     register_test_tools(kernel, provider, timeout=TIMEOUT)
     register_ops(kernel, provider)
+    register_rogue(kernel, provider)
     return kernel
 
 

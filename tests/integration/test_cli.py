@@ -18,6 +18,7 @@ import pytest
 from poimen.testing import EMAIL, SHIP, ProviderClient, ProviderProcess
 from tests.integration.operator_app import (
     HOOK,
+    ROGUE,
     crash,
     poimen,
     poimen_json,
@@ -61,7 +62,8 @@ class Scene:
 def scene(
     tmp_path: Path, store_url: str, provider: ProviderProcess, ledger: ProviderClient
 ) -> Scene:
-    """Two Unsafe calls killed after their effect, one completed call, one sandbox denial."""
+    """Two Unsafe calls killed after their effect, one completed call, a sandbox denial and a
+    capability denial (an Idempotent tool that set its own key)."""
     assert poimen("migrate", db=store_url).returncode == 0
     hook_pid = crash(tmp_path, store_url, provider.url, HOOK, HOOK_ARGS, "c-hook")
     hook2_pid = crash(
@@ -74,6 +76,9 @@ def scene(
         == "Completed"
     )
     shadow_denial(store_url, provider.url, "c-shadow")
+    rogue = run_call(store_url, provider.url, ROGUE, {"order_id": "o-5"}, "c-rogue")
+    assert rogue["type"] == "Failed"  # its self-keyed write was denied, so it never happened
+    assert ledger.count(kind="keyed") == 0
     assert hook_effects(ledger) == 1 and hook_effects(ledger, "ops2") == 1
     return Scene(store_url, provider.url, hook_pid, hook2_pid)
 
@@ -101,7 +106,7 @@ def test_recover_status_list_and_show_a_killed_unsafe_call(
     assert hook_effects(ledger) == 1 and hook_effects(ledger, "ops2") == 1
 
     st = scene.json("status")
-    assert st["indeterminate"] == 2 and st["unfinished"] == 0 and st["total"] == 3
+    assert st["indeterminate"] == 2 and st["unfinished"] == 0 and st["total"] == 4
     assert st["by_state"]["INDETERMINATE"] == 2 and st["by_tool"][HOOK] == {"INDETERMINATE": 2}
     oldest = st["oldest_indeterminate"]
     assert oldest["call_id"] == "c-hook" and oldest["reason"] == "unsafe_unknown_outcome"
@@ -229,14 +234,25 @@ def test_resolve_only_from_indeterminate_and_never_retries(
     assert scene.json("status")["by_state"]["INDETERMINATE"] == 0
 
 
-def test_audit_lists_sandbox_denials(scene: Scene) -> None:
+def test_audit_lists_capability_and_sandbox_denials(scene: Scene, ledger: ProviderClient) -> None:
     rows = scene.json("audit")
-    assert len(rows) == 1
-    [d] = rows
-    assert d["tool_id"] == EMAIL and d["target"] == "c-shadow" and "shadow" in d["reason"]
-    assert scene.json("audit", "--tool", EMAIL, "--since", "10m") == rows
+    assert [d["tool_id"] for d in rows] == [EMAIL, ROGUE]
+    shadow, keyed = rows
+    assert shadow["target"] == "c-shadow" and "shadow" in shadow["reason"]
+    assert shadow["intent_id"] is None  # denied before anything was recorded
+    rogue = scene.intent("c-rogue")
+    assert keyed["intent_id"] == rogue["id"] and keyed["attempt"] == 1
+    assert keyed["action"] == "http" and keyed["target"].startswith("POST http://127.0.0.1:")
+    assert keyed["reason"].startswith("key_mismatch")
+    assert rogue["state"] == "FAILED" and ledger.count(kind="keyed") == 0
+    assert scene.json("audit", "--tool", ROGUE, "--since", "10m") == [keyed]
+    assert scene.json("audit", "--tool", EMAIL) == [shadow]
     text = scene.cli("audit")
     assert text.returncode == 0 and "unsafe tool in shadow mode" in text.stdout
+    assert rogue["id"] in text.stdout and "key_mismatch" in text.stdout
+    # A FAILED intent is not an operator's to decide either.
+    refused = scene.cli("resolve", "c-rogue", "--landed", "--operator", "a", "--reason", "x")
+    assert refused.returncode == 1 and "FAILED" in refused.stderr
     none = scene.cli("audit", "--tool", SHIP)
     assert none.returncode == 1 and "no denials match" in none.stdout
     assert scene.cli("audit", "--since", "2999-01-01T00:00:00Z").returncode == 1

@@ -21,7 +21,16 @@ import pytest
 from poimen import IntentState
 from poimen.store import open_store
 from poimen.testing import EMAIL, ProviderClient, ProviderProcess
-from tests.integration.operator_app import HOOK, POIMEN, ROOT, crash, poimen, shadow_denial
+from tests.integration.operator_app import (
+    HOOK,
+    POIMEN,
+    ROGUE,
+    ROOT,
+    crash,
+    poimen,
+    run_call,
+    shadow_denial,
+)
 
 TOKEN = "console-test-token-7f3a9c1e"
 SECRET = "sk-live-abcdef987654"
@@ -66,14 +75,17 @@ def hook_effects(ledger: ProviderClient) -> int:
 def console(
     tmp_path: Path, store_url: str, provider: ProviderProcess, ledger: ProviderClient
 ) -> Iterator[Console]:
-    """Two Unsafe calls killed after their effect and recovered to INDETERMINATE, one sandbox
-    denial, and `poimen console` serving that log."""
+    """Two Unsafe calls killed after their effect and recovered to INDETERMINATE, a sandbox
+    denial, a capability denial, and `poimen console` serving that log."""
     args = {"channel": "ops", "api_token": SECRET, "payload": {"text": "hello"}}
     crash(tmp_path, store_url, provider.url, HOOK, args, "k-hook")
     crash(
         tmp_path, store_url, provider.url, EMAIL, {"to": "a@example.com", "subject": "x"}, "k-mail"
     )
     shadow_denial(store_url, provider.url, "k-shadow")
+    assert (
+        run_call(store_url, provider.url, ROGUE, {"order_id": "o-7"}, "k-rogue")["type"] == "Failed"
+    )
     r = poimen("recover", "--app", APP, db=store_url, provider=provider.url)
     assert r.returncode == 0, r.stderr
     assert hook_effects(ledger) == 1
@@ -299,11 +311,18 @@ def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
     page.goto(console.url + "/audit")
     denials = page.locator("#denials").inner_text()
     assert EMAIL in denials and "shadow" in denials
+    assert ROGUE in denials and "key_mismatch" in denials
+    shot(page, "audit")
+    page.select_option("#tool", ROGUE)
+    click_and_load(page, "form.filters button")
+    assert page.locator("#denials tbody tr").count() == 1
+    click_and_load(page, "#denials a")  # the denied call's intent
+    assert "FAILED" in page.locator("#state").inner_text()
+    assert page.locator("#resolve").count() == 0
+    page.goto(console.url + "/audit")
     page.select_option("#tool", HOOK)
     click_and_load(page, "form.filters button")
     assert page.locator("#no-denials").is_visible()
-    page.goto(console.url + "/audit")
-    shot(page, "audit")
     page.close()
 
 
