@@ -126,13 +126,19 @@ class _GroupCommit:
                     op.error = exc
                     conn.execute("ROLLBACK")
                     return
-            else:
+            elif not _run_all(conn, batch):
+                # One op raised: undo the whole batch, then run it again with each op in its
+                # own savepoint, so one caller's failure does not sink the others. An op
+                # touches nothing but the connection, so running it twice is safe.
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")
                 for op in batch:
                     conn.execute("SAVEPOINT op")
                     try:
                         op.value = op.fn(conn)
                         conn.execute("RELEASE op")
-                    except BaseException as exc:  # one caller's failure must not sink the batch
+                    except BaseException as exc:
                         op.error = exc
                         conn.execute("ROLLBACK TO op")
                         conn.execute("RELEASE op")
@@ -149,6 +155,17 @@ class _GroupCommit:
         finally:
             for op in batch:
                 op.done = True
+
+
+def _run_all(conn: sqlite3.Connection, batch: list[_Op[Any]]) -> bool:
+    """Run every op of a batch without savepoints (two statements per op saved, and ops
+    seldom fail); False as soon as one raises."""
+    for op in batch:
+        try:
+            op.value = op.fn(conn)
+        except BaseException:
+            return False
+    return True
 
 
 class SqliteStore:
