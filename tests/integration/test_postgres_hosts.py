@@ -42,16 +42,17 @@ def test_other_host_recovers_a_killed_workers_calls_after_lease_expiry(
     postgres_url: str, store: Store, provider: Any, ledger: ProviderClient, tmp_path: Path
 ) -> None:
     count = 50
-    hold_and_kill(
+    landed = hold_and_kill(
         postgres_url,
         provider.url,
+        ledger,
         count,
         tmp_path,
         prefix="fifty",
         host="host-a",
         worker_id="worker-a",
         lease_ttl=6.0,
-        timeout=1.0,
+        timeout=3.0,
     )
     unfinished = store.list_unfinished(after_id="", limit=count + 1)
     assert len(unfinished) == count
@@ -69,7 +70,7 @@ def test_other_host_recovers_a_killed_workers_calls_after_lease_expiry(
     [late] = recoverers(postgres_url, provider.url, 1, host="host-b")
     assert late["busy"] == 0, late
     assert store.list_unfinished(after_id="", limit=10) == []
-    check_ledger(store, ledger, "fifty", count)
+    check_ledger(store, ledger, "fifty", count, landed)
     for it in store.list_intents(limit=count + 1):
         attempts = store.attempts(it.id)
         assert attempts[0].owner is not None and attempts[0].owner.host == "host-a"

@@ -43,8 +43,20 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def hold_and_kill(url: str, provider_url: str, count: int, tmp: Path, **options: Any) -> None:
-    """Dispatch `count` calls in a child, hold each at its crash point, SIGKILL the child."""
+def plain_effects(ledger: ProviderClient) -> dict[str, int]:
+    """Unsafe effects in the ledger, by recipient."""
+    counts: dict[str, int] = {}
+    for e in ledger.entries(kind="plain"):
+        counts[e["body"]["to"]] = counts.get(e["body"]["to"], 0) + 1
+    return counts
+
+
+def hold_and_kill(
+    url: str, provider_url: str, ledger: ProviderClient, count: int, tmp: Path, **options: Any
+) -> dict[str, int]:
+    """Dispatch `count` calls in a child, hold each at its crash point, SIGKILL the child.
+
+    Returns the Unsafe effects that landed before the kill: recovery must add none."""
     ready = tmp / "ready.json"
     proc = spawn_held_calls(url, provider_url, count, ready, **options)
     deadline = time.monotonic() + 60
@@ -57,6 +69,8 @@ def hold_and_kill(url: str, provider_url: str, count: int, tmp: Path, **options:
     assert json.loads(ready.read_text())["held"] == count
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
+    time.sleep(0.2)  # let the provider finish a write it had already received
+    return plain_effects(ledger)
 
 
 def recoverers(
@@ -100,11 +114,11 @@ def wait_past_deadlines(store: Store) -> None:
     time.sleep(max(0.0, latest - store.now() + 0.05))
 
 
-def check_ledger(store: Store, ledger: ProviderClient, prefix: str, count: int) -> None:
+def check_ledger(
+    store: Store, ledger: ProviderClient, prefix: str, count: int, landed: dict[str, int]
+) -> None:
     """Every call settled by its class, counted against the provider's own ledger."""
-    plain = {e["body"]["to"]: 0 for e in ledger.entries(kind="plain")}
-    for e in ledger.entries(kind="plain"):
-        plain[e["body"]["to"]] += 1
+    plain = plain_effects(ledger)
     keyed: dict[str, int] = {}
     for e in ledger.entries(kind="keyed"):
         keyed[e["key"]] = keyed.get(e["key"], 0) + 1
@@ -123,9 +137,12 @@ def check_ledger(store: Store, ledger: ProviderClient, prefix: str, count: int) 
             got = (it.state.value, requests.get(it.request_id or "", 0))
             want = ("COMPLETED", 1)
         else:
-            # Never re-issued: the ledger holds the effect only if it landed before the kill.
+            # Never re-issued: the ledger holds what landed before the kill, and nothing
+            # can have landed from a call held before its effect.
             got = (it.state.value, plain.get(args["to"], 0))
-            want = ("INDETERMINATE", 1 if point == "after_effect" else 0)
+            want = ("INDETERMINATE", landed.get(args["to"], 0))
+            if point != "after_effect" and landed.get(args["to"], 0):
+                problems.append(f"{call_id}: an effect landed from a call held at {point}")
             kinds = [e.kind for e in store.events(it.id)]
             notes = store.notifications(it.id)
             if kinds.count("indeterminate") != 1 or len(notes) != 1:
@@ -136,20 +153,23 @@ def check_ledger(store: Store, ledger: ProviderClient, prefix: str, count: int) 
         if got != want:
             problems.append(f"{call_id} ({tool} held at {point}): {got}, want {want}")
     assert not problems, "\n".join(problems[:30])
+    assert sum(landed.values()) > 0, "no Unsafe effect landed before the kill: nothing tested"
 
 
 def test_four_recoverers_race_over_a_thousand_orphans(
     postgres_url: str, store: Store, provider: Any, ledger: ProviderClient, tmp_path: Path
 ) -> None:
     count = 1000
-    hold_and_kill(postgres_url, provider.url, count, tmp_path, prefix="race", timeout=1.0)
+    landed = hold_and_kill(
+        postgres_url, provider.url, ledger, count, tmp_path, prefix="race", timeout=3.0
+    )
     assert len(store.list_unfinished(after_id="", limit=count + 1)) == count
     wait_past_deadlines(store)
     started = time.monotonic()
     recoverers(postgres_url, provider.url, 4)
     took = time.monotonic() - started
     assert store.list_unfinished(after_id="", limit=10) == []
-    check_ledger(store, ledger, "race", count)
+    check_ledger(store, ledger, "race", count, landed)
     # One resolution per intent in the history, and the work really was shared.
     retried_by: dict[str, int] = {}
     for i in range(count):
