@@ -183,7 +183,9 @@ def test_four_recoverers_race_over_a_thousand_orphans(
         if tool == SHIP and point == "after_effect":
             assert kinds.count("landed_by_lookup") == 1 and "retry" not in kinds, kinds
         else:
-            assert kinds.count("retry") == 1 and kinds.count("completed") == 1, kinds
+            # A second retry only ever follows an attempt whose outcome was unknown.
+            assert kinds.count("retry") == 1 + kinds.count("outcome_unknown"), kinds
+            assert kinds.count("completed") == 1, kinds
             actor = next(e.actor for e in events if e.kind == "retry")
             retried_by[actor] = retried_by.get(actor, 0) + 1
     assert len(retried_by) >= 2, f"one recoverer did everything: {retried_by} in {took:.1f}s"
