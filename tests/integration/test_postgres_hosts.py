@@ -27,6 +27,7 @@ from .test_postgres_recovery import (
     check_ledger,
     hold_and_kill,
     recoverers,
+    settle_stragglers,
     wait_past_deadlines,
 )
 
@@ -69,6 +70,7 @@ def test_other_host_recovers_a_killed_workers_calls_after_lease_expiry(
     wait_past_deadlines(store)
     [late] = recoverers(postgres_url, provider.url, 1, host="host-b")
     assert late["busy"] == 0, late
+    settle_stragglers(postgres_url, provider.url, store, host="host-b")
     assert store.list_unfinished(after_id="", limit=10) == []
     check_ledger(store, ledger, "fifty", count, landed)
     for it in store.list_intents(limit=count + 1):
