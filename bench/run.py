@@ -15,6 +15,7 @@ import gc
 import importlib
 import json
 import os
+import re
 import sqlite3
 import sys
 import time
@@ -303,14 +304,46 @@ class Suite:
             else:
                 raise TypeError(f"bench/{module}.py returned {type(item).__name__}, not Row")
 
-    def _postgres_cli(self) -> list[Row | Skipped]:
-        """bench_postgres as a command (`--workers 1,8 --json`), once per repetition."""
+    def postgres(self) -> None:
+        """bench_postgres (another engineer's) beside the raw two-commit floor on one server."""
         import psycopg
 
         try:
             psycopg.connect(POSTGRES_URL, connect_timeout=3).close()
         except psycopg.Error as exc:
-            return [Skipped("4 postgres", "PostgreSQL calls/s", f"no server: {exc}")]
+            self.skipped.append(Skipped("4 postgres", "PostgreSQL", f"no server: {exc}"))
+            return
+        before = len(self.rows)
+        self.external("4 postgres", "bench_postgres")
+        mine = {_workers(r.name): r for r in self.rows[before:] if r.unit == "calls/s"}
+        seconds = "0.5" if self.s is QUICK else "3"
+        floor: dict[int, list[float]] = {}
+        for _ in range(self.s.reps):
+            out = json.loads(child("bench.pg_floor", "--seconds", seconds).splitlines()[-1])
+            for w, cps in out.items():
+                floor.setdefault(int(w), []).append(cps)
+        for w, samples in sorted(floor.items()):
+            f = self.add(
+                Row(
+                    "4 postgres",
+                    f"PostgreSQL floor: raw psycopg, 2 commits/call, {w} worker processes",
+                    "calls/s",
+                    samples,
+                    note="bench/pg_floor.py",
+                )
+            )
+            r = mine.get(w)
+            if r is None:
+                continue
+            if w == 1:  # per call: the floor's calls/s over poimen's
+                r.ratio, r.ratio_of = f.median / r.median, "x floor per call"
+                r.target, r.met = "<= 1.2x floor per call", r.ratio <= 1.2
+            else:
+                r.ratio, r.ratio_of = r.median / f.median, "x floor calls/s"
+                r.target, r.met = ">= floor calls/s", r.ratio >= 1.0
+
+    def _postgres_cli(self) -> list[Row | Skipped]:
+        """bench_postgres as a command (`--workers 1,8 --json`), once per repetition."""
         seconds = "0.5" if self.s is QUICK else "3"
         per: dict[int, list[float]] = {}
         for rep in range(self.s.reps):
@@ -328,6 +361,11 @@ class Suite:
             )
             for n, v in sorted(per.items())
         ]
+
+
+def _workers(name: str) -> int | None:
+    m = re.search(r"(\d+) worker", name)
+    return int(m.group(1)) if m else None
 
 
 def table(rows: list[Row], skipped: list[Skipped]) -> str:
@@ -421,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         "recovery": suite.recovery,
         "keys": suite.keys,
         "capability": lambda: suite.external("6 capability", "bench_capability"),
-        "postgres": lambda: suite.external("4 postgres", "bench_postgres"),
+        "postgres": suite.postgres,
     }
     t0 = time.perf_counter()
     for g in groups:

@@ -21,6 +21,9 @@ def test_bench_quick_run_writes_every_group(tmp_path: Path) -> None:
             "-m",
             "bench",
             "--quick",
+            # The capability and PostgreSQL benchmarks belong to their own modules' tests.
+            "--only",
+            "single,dbos,concurrency,recovery,keys",
             "--workdir",
             str(tmp_path / "work"),
             "--json",

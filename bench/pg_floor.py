@@ -1,0 +1,106 @@
+"""Item 4's floor: raw psycopg, two commits per call (the record, then the outcome), on the
+same PostgreSQL server bench_postgres uses, with 1 and 8 worker processes.
+
+    python -m bench.pg_floor --seconds 3 --workers 1,8
+
+Prints one JSON line: {"<workers>": calls/s, ...}. Each worker holds one connection and
+loops INSERT+COMMIT, UPDATE+COMMIT for the same window; the table lives in a scratch
+database created from template0 and dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from urllib.parse import urlsplit
+
+from bench._util import ROOT
+
+ADMIN_URL = os.environ.get("POIMEN_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _worker(url: str, start_at: float, seconds: float, wid: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        args = '{"amount_cents":1200,"order_id":"o-1"}'
+        for i in range(20):  # warm the connection and the plans
+            conn.execute("INSERT INTO calls VALUES (%s, %s, 'D', NULL)", (f"{wid}-w{i}", args))
+            conn.commit()
+        time.sleep(max(0.0, start_at - time.time()))
+        end = time.perf_counter() + (start_at + seconds - time.time())
+        n = 0
+        while time.perf_counter() < end:
+            cid = f"{wid}-{n}"
+            conn.execute("INSERT INTO calls VALUES (%s, %s, 'D', NULL)", (cid, args))
+            conn.commit()
+            conn.execute("UPDATE calls SET state = 'C', result = 'null' WHERE call_id = %s", (cid,))
+            conn.commit()
+            n += 1
+    return n
+
+
+def run(workers: list[int], seconds: float) -> dict[str, float]:
+    import psycopg
+
+    name = f"poimen_floor_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+    url = urlsplit(ADMIN_URL)._replace(path=f"/{name}").geturl()
+    out: dict[str, float] = {}
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "CREATE TABLE calls (call_id TEXT PRIMARY KEY, args TEXT NOT NULL, "
+                "state TEXT NOT NULL, result TEXT)"
+            )
+        for w in workers:
+            start_at = time.time() + 1.5 + 0.3 * w
+            procs = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.pg_floor",
+                        "--worker",
+                        url,
+                        str(start_at),
+                        str(seconds),
+                        f"f{w}-{n}",
+                    ],
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for n in range(w)
+            ]
+            calls = 0
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=seconds + 60)
+                if p.returncode != 0:
+                    raise RuntimeError(f"floor worker failed:\n{stderr[-3000:]}")
+                calls += int(stdout)
+            out[str(w)] = calls / seconds
+    finally:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    return out
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--workers", default="1,8")
+    p.add_argument("--worker", nargs=4)
+    ns = p.parse_args()
+    if ns.worker:
+        url, start_at, seconds, wid = ns.worker
+        print(_worker(url, float(start_at), float(seconds), wid))
+    else:
+        print(json.dumps(run([int(w) for w in ns.workers.split(",")], ns.seconds)))
