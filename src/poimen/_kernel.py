@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import os
@@ -10,7 +11,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 from poimen import _crashpoints, _guard
@@ -48,6 +51,7 @@ from poimen.store._base import NewDispatch
 
 log = logging.getLogger("poimen")
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 Mode = Literal["live", "shadow", "replay"]
 S = IntentState
 
@@ -109,6 +113,7 @@ class Kernel:
         self._upkeep: threading.Thread | None = None
         self._deliver_lock = threading.Lock()
         self._on_close: list[Callable[[], object]] = []
+        self._store_pool: ThreadPoolExecutor | None = None  # acall's blocking steps
         # Layer 2: write tokens, registered sinks, the shared HTTP pool of ctx.http.
         self._issuer = Issuer(self.store)
         self._on_close.append(self._issuer.close)
@@ -240,16 +245,35 @@ class Kernel:
                 _guard.resume(token)
         t, d, kwargs = self._prepare(tool, args, call_id)
         _crashpoints.hit("before_dispatch_commit")
-        intent, created = await asyncio.to_thread(self.store.record_dispatch, d)
+        intent, created = await self._offload(self.store.record_dispatch, d)
         if not created:
-            return await asyncio.to_thread(self._existing, t, intent, d)
+            return await self._offload(self._existing, t, intent, d)
         _crashpoints.hit("after_dispatch_commit")
         while True:
             run = await self._invoke_async(t, intent, kwargs)
-            nxt = await asyncio.to_thread(self._settle, t, intent, run)
+            nxt = await self._offload(self._settle, t, intent, run)
             if not isinstance(nxt, Intent):
                 return nxt
             intent = nxt
+
+    def _offload(self, fn: Callable[..., R], *args: Any) -> asyncio.Future[R]:
+        """Run a blocking step of acall (a commit, mostly) on the kernel's store pool, in the
+        caller's context. The loop's default pool has cpu_count + 4 threads, which capped how
+        many async callers' commits could meet in one group commit."""
+        pool = self._store_pool
+        if pool is None:
+            with self._inflight_lock:
+                if self._store_pool is None:
+                    self._store_pool = ThreadPoolExecutor(64, thread_name_prefix="poimen-store")
+                    self._on_close.append(self._shutdown_pool)
+                pool = self._store_pool
+        ctx = contextvars.copy_context()
+        return asyncio.get_running_loop().run_in_executor(pool, partial(ctx.run, fn, *args))
+
+    def _shutdown_pool(self) -> None:
+        pool, self._store_pool = self._store_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     def _prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str
