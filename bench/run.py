@@ -69,11 +69,12 @@ class Suite:
     # 1. Floor against poimen, one caller.
     def single(self) -> None:
         s = self.s
-        floor, call, acall = [], [], []
+        floor, store, call, acall = [], [], [], []
         for rep in range(s.reps):
             # Interleaved so that disk weather hits both sides alike.
             runs = [
                 (floor, lambda: single.floor_sqlite(self.dir / "floor.db", s.calls, s.warmup)),
+                (store, lambda: single.poimen_store_only(self.dir / "store.db", s.calls, s.warmup)),
                 (call, lambda: single.poimen_call(self.dir / "single.db", s.calls, s.warmup)),
                 (acall, lambda: single.poimen_acall(self.dir / "asingle.db", s.calls, s.warmup)),
             ]
@@ -89,6 +90,15 @@ class Suite:
                 note="WAL, synchronous=FULL, one connection",
             )
         )
+        so = self.add(
+            Row(
+                "1 floor",
+                "poimen store alone: record_dispatch + record_outcome",
+                "µs/call",
+                store,
+                note="the log's SQL (3 tables, 9 b-trees, events) without the kernel",
+            )
+        )
         c = self.add(
             Row(
                 "1 floor",
@@ -99,7 +109,7 @@ class Suite:
             )
         )
         a = self.add(Row("1 floor", "poimen Kernel.acall, no-op async tool", "µs/call", acall))
-        for r in (c, a):
+        for r in (so, c, a):
             r.ratio, r.ratio_of = r.median / f.median, "x floor"
         c.target, c.met = "≤ 1.15x floor", c.median / f.median <= 1.15
 

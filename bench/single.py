@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._util import fresh, per_call_us
-from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext
+from poimen import Caps, Idempotent, IntentState, Kernel, KeyDerivation, ToolContext
 from poimen.store.sqlite import SqliteStore
 
 TOOL = "bench.noop"
@@ -93,6 +93,35 @@ def poimen_call(path: Path, calls: int, warmup: int) -> float:
         elapsed = time.perf_counter() - t0
         assert type(out).__name__ == "Completed", out
         return per_call_us(elapsed, calls)
+    finally:
+        kernel.close()
+
+
+def poimen_store_only(path: Path, calls: int, warmup: int) -> float:
+    """The store's two commits alone (record_dispatch, record_outcome) with dispatch records
+    prepared beforehand: the kernel's Python is left out, the log's own SQL is not."""
+    kernel = noop_kernel(path)
+    store = kernel.store
+    try:
+        ds = [kernel._prepare(TOOL, args(i), f"c{i}")[1] for i in range(warmup + calls)]
+
+        def one(d: Any) -> None:
+            intent, _ = store.record_dispatch(d)
+            store.record_outcome(
+                intent.id,
+                intent.fence,
+                IntentState.COMPLETED,
+                result="null",
+                error=None,
+                now=store.now(),
+            )
+
+        for d in ds[:warmup]:
+            one(d)
+        t0 = time.perf_counter()
+        for d in ds[warmup:]:
+            one(d)
+        return per_call_us(time.perf_counter() - t0, calls)
     finally:
         kernel.close()
 
