@@ -346,7 +346,7 @@ def test_two_recovery_passes_racing_retry_each_intent_once(
             assert intent is not None and intent.state == S.COMPLETED
             assert ledger.count(kind="request", request_id=f"rq_{i}") == 1
             # One retry per intent; a further one only ever follows an unknown outcome.
-            first, *retries = kernels[0].store.attempts(intent_id)
+            _first, *retries = kernels[0].store.attempts(intent_id)
             assert retries[-1].outcome == "completed"
             assert all(a.outcome == "unknown" for a in retries[:-1])
     finally:

@@ -157,6 +157,20 @@ class _GroupCommit:
                 op.done = True
 
 
+def _set_wal(conn: sqlite3.Connection, *, within: float = 30.0) -> None:
+    # Switching a new file to WAL takes an exclusive lock without calling the busy handler,
+    # so processes opening one file at once get "database is locked": wait for each other.
+    end = time.monotonic() + within
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > end:
+                raise
+            time.sleep(0.01)
+
+
 def _run_all(conn: sqlite3.Connection, batch: list[_Op[Any]]) -> bool:
     """Run every op of a batch without savepoints (two statements per op saved, and ops
     seldom fail); False as soon as one raises."""
@@ -185,7 +199,7 @@ class SqliteStore:
         self._closed = False
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
-        self._writer = _GroupCommit(self._connect())
+        self._writer = _GroupCommit(self._connect(writer=True))
         if migrate:
             self.migrate()
         else:
@@ -193,12 +207,13 @@ class SqliteStore:
 
     # Connections.
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, writer: bool = False) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=30.0
             )
-            conn.execute("PRAGMA journal_mode=WAL")
+            if writer:  # WAL is a property of the file: the writer sets it, readers find it
+                _set_wal(conn)
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
             conn.execute("PRAGMA busy_timeout=30000")
             conn.execute("PRAGMA foreign_keys=ON")
