@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -98,6 +99,9 @@ def _text(value: Any, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_PYC = re.compile(r"[^/]+\.pyc(\.\d+)?")
+
+
 def _bytecode_cache(path: Any) -> bool:
     # Importing a module inside a tool may write its .pyc; that is the interpreter, not the tool.
     try:
@@ -105,7 +109,10 @@ def _bytecode_cache(path: Any) -> bool:
     except (TypeError, ValueError):
         return False
     head, name = os.path.split(p)
-    return (os.path.basename(head) == "__pycache__" and ".pyc" in name) or name == "__pycache__"
+    # The interpreter writes NAME.pyc through a temporary NAME.pyc.<digits> it then renames.
+    return (os.path.basename(head) == "__pycache__" and _PYC.fullmatch(name) is not None) or (
+        name == "__pycache__"
+    )
 
 
 def _open(args: tuple[Any, ...]) -> tuple[str, str] | None:

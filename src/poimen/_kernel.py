@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -37,6 +38,7 @@ from poimen._operator import resolve as operator_resolve
 from poimen._recovery import RecoveryReport, indeterminate, recover_pass, resolve_unknown
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen.errors import (
+    ArgumentError,
     CallIdMismatchError,
     CapabilityDeniedError,
     DefiniteFailure,
@@ -89,7 +91,13 @@ class Kernel:
         renotify_after: float | None = None,
     ) -> None:
         if mode not in ("live", "shadow", "replay"):
-            raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}")
+            raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}", field="mode")
+        _check_settings(
+            positive={"lease_ttl": lease_ttl, "lookup_backoff": lookup_backoff,
+                      "max_backoff": max_backoff, "recover_interval": recover_interval},
+            non_negative={"deadline_margin": deadline_margin, "wait_bound": wait_bound},
+            counts={"max_attempts": max_attempts, "lookup_limit": lookup_limit},
+        )
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.owner = current_owner(worker_id, host)
         self.mode: Mode = mode
@@ -111,6 +119,8 @@ class Kernel:
         self._inflight_lock = threading.Lock()
         self._stop = threading.Event()
         self._upkeep: threading.Thread | None = None
+        self._background = False
+        self._wake = threading.Event()  # a notification is waiting in the outbox
         self._deliver_lock = threading.Lock()
         self._on_close: list[Callable[[], object]] = []
         self._store_pool: ThreadPoolExecutor | None = None  # acall's blocking steps
@@ -168,15 +178,24 @@ class Kernel:
     # Life cycle.
 
     def launch(self, *, background: bool = True) -> RecoveryReport:
-        """Run the restart scan and recovery pass; optionally keep leases, recovery and
-        notification delivery going in a background thread."""
+        """Run the restart scan and recovery pass; with `background`, keep recovery and
+        notification delivery going every `recover_interval` seconds."""
         report = self.recover()
-        if background and self._upkeep is None:
+        if background:
+            self._background = True
+            self._start_upkeep()
+        return report
+
+    def _start_upkeep(self) -> None:
+        # Leases of held intents are renewed and notifications delivered off the caller's
+        # thread even without launch(); launch(background=True) adds periodic recovery.
+        with self._inflight_lock:
+            if self._upkeep is not None or self._stop.is_set():
+                return
             self._upkeep = threading.Thread(
                 target=self._upkeep_loop, name="poimen-upkeep", daemon=True
             )
-            self._upkeep.start()
-        return report
+        self._upkeep.start()
 
     def on_close(self, fn: Callable[[], object]) -> None:
         """Run `fn` when the kernel closes (e.g. to close a tool's HTTP client)."""
@@ -184,6 +203,7 @@ class Kernel:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._upkeep is not None:
             self._upkeep.join(timeout=10)
             self._upkeep = None
@@ -198,17 +218,47 @@ class Kernel:
         self.close()
 
     def _upkeep_loop(self) -> None:
+        period = min(self.lease_ttl / 3, self.recover_interval, 1.0)
         next_recover = time.monotonic() + self.recover_interval
-        while not self._stop.wait(min(self.lease_ttl / 3, self.recover_interval, 1.0)):
+        while not self._stop.is_set():
+            woken = self._wake.wait(period)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._renew()
-                if time.monotonic() >= next_recover:
+                if self._background and time.monotonic() >= next_recover:
                     self.recover()
                     next_recover = time.monotonic() + self.recover_interval
-                else:
+                elif woken or self._background:
                     self.deliver_notifications()
             except PoimenError as exc:  # upkeep keeps going; the next round retries
                 log.warning("poimen upkeep: %s", exc)
+
+    def _hold(self, intent_id: str) -> bool:
+        """Mark an intent as driven by this kernel, from before its dispatch commit until it is
+        settled; False if it already is. Held intents are never claimable by this kernel's own
+        recovery, and their leases are renewed."""
+        with self._inflight_lock:
+            if intent_id in self._inflight:
+                return False
+            self._inflight.add(intent_id)
+        if self._upkeep is None:
+            self._start_upkeep()
+        return True
+
+    def _release(self, intent_id: str) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(intent_id)
+
+    def drive_orphan(self, t: Tool, intent: Intent) -> Outcome | None:
+        """Settle an unfinished intent found claimable; None if this kernel already drives it."""
+        if not self._hold(intent.id):
+            return None
+        try:
+            return self._drive(t, intent)
+        finally:
+            self._release(intent.id)
 
     def _renew(self) -> None:
         with self._inflight_lock:
@@ -229,12 +279,16 @@ class Kernel:
             finally:
                 _guard.resume(token)
         t, d, kwargs = self._prepare(tool, args, call_id)
-        _crashpoints.hit("before_dispatch_commit")
-        intent, created = self.store.record_dispatch(d)
-        if not created:
-            return self._existing(t, intent, d)
-        _crashpoints.hit("after_dispatch_commit")
-        return self._drive(t, intent, kwargs)
+        self._hold(d.intent_id)
+        try:
+            _crashpoints.hit("before_dispatch_commit")
+            intent, created = self.store.record_dispatch(d)
+            if not created:
+                return self._existing(t, intent, d)
+            _crashpoints.hit("after_dispatch_commit")
+            return self._drive(t, intent, kwargs)
+        finally:
+            self._release(d.intent_id)
 
     async def acall(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
         if _guard.current() is not None:  # see call()
@@ -244,17 +298,21 @@ class Kernel:
             finally:
                 _guard.resume(token)
         t, d, kwargs = self._prepare(tool, args, call_id)
-        _crashpoints.hit("before_dispatch_commit")
-        intent, created = await self._offload(self.store.record_dispatch, d)
-        if not created:
-            return await self._offload(self._existing, t, intent, d)
-        _crashpoints.hit("after_dispatch_commit")
-        while True:
-            run = await self._invoke_async(t, intent, kwargs)
-            nxt = await self._offload(self._settle, t, intent, run)
-            if not isinstance(nxt, Intent):
-                return nxt
-            intent = nxt
+        self._hold(d.intent_id)
+        try:
+            _crashpoints.hit("before_dispatch_commit")
+            intent, created = await self._offload(self.store.record_dispatch, d)
+            if not created:
+                return await self._offload(self._existing, t, intent, d)
+            _crashpoints.hit("after_dispatch_commit")
+            while True:
+                run = await self._invoke_async(t, intent, kwargs)
+                nxt = await self._offload(self._settle, t, intent, run)
+                if not isinstance(nxt, Intent):
+                    return nxt
+                intent = nxt
+        finally:
+            self._release(d.intent_id)
 
     def _offload(self, fn: Callable[..., R], *args: Any) -> asyncio.Future[R]:
         """Run a blocking step of acall (a commit, mostly) on the kernel's store pool, in the
@@ -282,7 +340,9 @@ class Kernel:
         if t is None:
             raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
         if not isinstance(call_id, str) or not call_id:
-            raise PoimenError(f"call_id must be a non-empty string, got {call_id!r}")
+            raise PoimenError(
+                f"call_id must be a non-empty string, got {call_id!r}", field="call_id"
+            )
         effects = t.registration.effects
         if self.mode != "live" and isinstance(effects, Unsafe):
             self.store.record_denial(
@@ -346,7 +406,9 @@ class Kernel:
             now = self.store.now()
             due = intent.next_check_at is None or intent.next_check_at <= now
             if due and self._claimable(intent, now):
-                return self._drive(t, intent)
+                out = self.drive_orphan(t, intent)
+                if out is not None:
+                    return out
             if time.monotonic() >= deadline:
                 return Pending(intent.id, "in_flight")
             time.sleep(0.05)
@@ -364,9 +426,12 @@ class Kernel:
             if not isinstance(nxt, Intent):
                 return nxt
             intent = nxt
-        while True:
-            if kwargs is None:
+            try:
                 _, kwargs = t.validate(json.loads(intent.args))
+            except ArgumentError as exc:  # the tool's signature changed since the dispatch
+                log.error("intent %s: recorded arguments no longer validate: %s", intent.id, exc)
+                return indeterminate(self, intent, "arguments_no_longer_valid")
+        while True:
             run = self._invoke_sync(t, intent, kwargs)
             nxt = self._settle(t, intent, run)
             if not isinstance(nxt, Intent):
@@ -396,8 +461,6 @@ class Kernel:
 
     def _invoke_sync(self, t: Tool, intent: Intent, kwargs: dict[str, Any]) -> _Run:
         ctx = self._context(t, intent)
-        with self._inflight_lock:
-            self._inflight.add(intent.id)
         scope = ctx._scope
         try:
             if t.is_async:
@@ -410,41 +473,33 @@ class Kernel:
             else:
                 # A sync tool cannot be preempted; its timeout sets the lease and deadline.
                 value = t.fn(ctx, **kwargs)
-        except (DefiniteFailure, CapabilityDeniedError) as exc:
-            return _refused(exc, scope)
-        except Exception as exc:  # any other exception: the outcome is unknown
-            return _unknown(exc, scope)
+        except Exception as exc:
+            return _classify(exc, scope)
         finally:
             if scope is not None:
                 scope.end()
-            with self._inflight_lock:
-                self._inflight.discard(intent.id)
         return _Run("completed", value=value)
 
     async def _invoke_async(self, t: Tool, intent: Intent, kwargs: dict[str, Any]) -> _Run:
         ctx = self._context(t, intent)
-        with self._inflight_lock:
-            self._inflight.add(intent.id)
         scope = ctx._scope
         try:
             if t.is_async:
                 coro = t.fn(ctx, **kwargs)
                 if scope is not None:
                     coro = _guard.arun(scope, coro)
+                value = await asyncio.wait_for(coro, t.registration.timeout)
             elif scope is not None:
-                coro = asyncio.to_thread(_guard.run, scope, t.fn, ctx, kwargs)
+                value = await asyncio.to_thread(_guard.run, scope, t.fn, ctx, kwargs)
             else:
-                coro = asyncio.to_thread(t.fn, ctx, **kwargs)
-            value = await asyncio.wait_for(coro, t.registration.timeout)
-        except (DefiniteFailure, CapabilityDeniedError) as exc:
-            return _refused(exc, scope)
+                # As in call(): a thread cannot be preempted, and giving up on it while its
+                # request may still land would let recovery re-issue it.
+                value = await asyncio.to_thread(t.fn, ctx, **kwargs)
         except Exception as exc:  # timeouts included: the outcome is unknown
-            return _unknown(exc, scope)
+            return _classify(exc, scope)
         finally:
             if scope is not None:
                 scope.end()
-            with self._inflight_lock:
-                self._inflight.discard(intent.id)
         return _Run("completed", value=value)
 
     def _settle(self, t: Tool, intent: Intent, run: _Run) -> Outcome | Intent:
@@ -550,11 +605,26 @@ class Kernel:
             return deliver(self.store, self.notifiers)
 
     def _notify_soon(self) -> None:
+        """The outbox row is committed: have the upkeep thread deliver it, so a slow webhook
+        never holds up the caller (nor other callers behind the delivery lock)."""
         _crashpoints.hit("before_notify")
-        try:
-            self.deliver_notifications()
-        except PoimenError as exc:  # stays in the outbox; upkeep delivers it later
-            log.warning("notification delivery deferred: %s", exc)
+        self._start_upkeep()
+        self._wake.set()
+
+
+def _check_settings(
+    *, positive: dict[str, float], non_negative: dict[str, float], counts: dict[str, int]
+) -> None:
+    for name, v in {**positive, **non_negative}.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
+            v <= 0 if name in positive else v < 0
+        ):
+            kind = "positive" if name in positive else "non-negative"
+            raise PoimenError(f"{name} must be a {kind} number of seconds, not {v!r}", field=name)
+    for name, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise PoimenError(f"{name} must be a whole number of at least 1, not {n!r}",
+                              field=name)
 
 
 def _refused(exc: BaseException, scope: CallScope | None) -> _Run:
@@ -570,6 +640,12 @@ def _failure(exc: BaseException) -> str:
     if isinstance(exc, CapabilityDeniedError):
         return f"capability denied: {exc}"
     return str(exc) or type(exc).__name__
+
+
+def _classify(exc: Exception, scope: CallScope | None) -> _Run:
+    if isinstance(exc, DefiniteFailure | CapabilityDeniedError):
+        return _refused(exc, scope)
+    return _unknown(exc, scope)
 
 
 def _unknown(exc: Exception, scope: CallScope | None) -> _Run:

@@ -254,8 +254,19 @@ class IntentDetail:
         return self.intent.state == S.INDETERMINATE
 
     @property
-    def late_evidence(self) -> list[Attempt]:
-        return [a for a in self.attempts if a.late_outcome is not None]
+    def late_evidence(self) -> list[dict[str, Any]]:
+        """What stale owners saw after losing their attempt, redacted like everything shown."""
+        return [
+            {
+                "number": a.number,
+                "late_outcome": a.late_outcome,
+                "late_result": None
+                if a.late_result is None
+                else json.dumps(_redacted_json(a.late_result), sort_keys=True),
+            }
+            for a in self.attempts
+            if a.late_outcome is not None
+        ]
 
     def event_detail(self, event: Event) -> Any:
         return _event_detail(event)

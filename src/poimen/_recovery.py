@@ -19,9 +19,10 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
+from poimen._keys import canonical, to_json_value
 from poimen._notify import indeterminate_note
 from poimen._tools import Tool
-from poimen.errors import ArgumentError, CorruptRowError, PoimenError
+from poimen.errors import CorruptRowError, PoimenError
 
 if TYPE_CHECKING:
     from poimen._kernel import Kernel
@@ -94,11 +95,15 @@ def resolve_unknown(k: Kernel, tool: Tool, intent: Intent) -> Outcome | Intent:
                 answer = Unknown(f"{type(exc).__name__}: {exc}")
             match answer:
                 case Landed(result=result):
-                    from poimen._keys import canonical, to_json_value
-
-                    text = canonical(to_json_value(result, "<lookup result>"))
+                    # The provider says it landed: that decides, even if its answer does
+                    # not encode (then, as in the call path, no result is recorded).
+                    try:
+                        text: str | None = canonical(to_json_value(result, "<lookup result>"))
+                    except PoimenError as exc:
+                        log.warning("intent %s: landed result not recorded: %s", intent.id, exc)
+                        text = None
                     if k.store.complete_landed(intent.id, intent.fence, text, now):
-                        return Completed(intent.id, json.loads(text))
+                        return Completed(intent.id, None if text is None else json.loads(text))
                     return k._answer_current(intent.id)
                 case NotLanded():
                     # Not trusted before the deadline: a request in flight could still land.
@@ -137,11 +142,9 @@ def _defer(k: Kernel, intent: Intent, at: float, unknown_count: int, reason: str
 
 
 def _drive_one(k: Kernel, tool: Tool, it: Intent) -> Outcome:
-    try:
-        return k._drive(tool, it)
-    except ArgumentError as exc:
-        log.error("intent %s: recorded arguments no longer validate: %s", it.id, exc)
-        return indeterminate(k, it, "arguments_no_longer_valid")
+    out = k.drive_orphan(tool, it)
+    # None: a thread of this kernel is driving it already (a caller or another pass).
+    return Pending(it.id, "busy") if out is None else out
 
 
 def _drive_all(k: Kernel, todo: list[tuple[Tool, Intent]], workers: int) -> list[Outcome]:
@@ -208,6 +211,8 @@ def recover_pass(
         for outcome in _drive_all(k, todo, workers):
             if isinstance(outcome, Pending) and outcome.reason == "lost_race":
                 report.lost_race += 1
+            elif isinstance(outcome, Pending) and outcome.reason == "busy":
+                report.busy += 1
             else:
                 report.count(outcome)
         if progress is not None:

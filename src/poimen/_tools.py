@@ -130,6 +130,15 @@ def build_tool(registration: ToolRegistration, fn: Callable[..., Any]) -> Tool:
                 "arguments must be named so they can be recorded",
                 tool_id=registration.id,
             )
+        if p.name.startswith(("_", "model_")) or hasattr(pydantic.BaseModel, p.name):
+            # The argument schema is a pydantic model: such a name could never be passed.
+            raise RegistrationError(
+                f"tool {registration.id!r}: parameter {p.name!r} cannot be an argument name "
+                "(names starting with '_' or 'model_', and names like 'json' or 'schema', "
+                "are reserved by the argument schema); rename it",
+                tool_id=registration.id,
+                field=p.name,
+            )
         ann = hints.get(p.name, Any)
         default = ... if p.default is inspect.Parameter.empty else p.default
         fields[p.name] = (ann, default)

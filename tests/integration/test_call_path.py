@@ -508,3 +508,16 @@ def test_a_call_id_held_by_a_live_owner_waits_then_is_recovered_once_the_owner_d
     finally:
         proc.kill()
         proc.communicate()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("lease_ttl", 0), ("recover_interval", -1.0), ("deadline_margin", float("nan")),
+     ("max_attempts", 0), ("lookup_limit", 1.5), ("wait_bound", True)],
+)
+def test_kernel_settings_are_checked_naming_the_setting(
+    sqlite_url: str, setting: str, value: Any
+) -> None:
+    with pytest.raises(PoimenError, match=setting) as err:
+        Kernel(sqlite_url, **{setting: value})
+    assert err.value.field == setting

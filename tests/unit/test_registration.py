@@ -139,3 +139,12 @@ def test_queryable_lookup_must_be_callable() -> None:
                          timeout=1)
     ToolRegistration(id="q", effects=Queryable(lookup=lambda rid: NotLanded()), caps=Caps(),
                      timeout=1)
+
+
+@pytest.mark.parametrize("name", ["_private", "model_config", "json", "schema"])
+def test_parameter_names_the_schema_reserves_are_refused(kernel: Kernel, name: str) -> None:
+    ns: dict[str, Any] = {"ToolContext": ToolContext}
+    exec(f"def tool(ctx: ToolContext, {name}: int) -> None: ...", ns)
+    with pytest.raises(RegistrationError, match=f"parameter {name!r} cannot be an argument"):
+        kernel.tool(id="t", effects=Unsafe(), caps=Caps(), timeout=1)(ns["tool"])
+    assert kernel.registered() == {}

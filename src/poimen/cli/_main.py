@@ -95,7 +95,7 @@ def _emit(ns: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
     if ns.json:
         print(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
     else:
-        print(text())
+        print(render.printable(text()))
 
 
 # Commands.
@@ -334,7 +334,7 @@ _STORE_COMMANDS: dict[str, Callable[[argparse.Namespace, Store], int]] = {
 
 
 def _fail(ns: argparse.Namespace | None, code: int, exc: BaseException, prefix: str) -> int:
-    print(f"poimen: {prefix}{exc}", file=sys.stderr)
+    print(render.printable(f"poimen: {prefix}{exc}"), file=sys.stderr)
     if ns is not None and getattr(ns, "json", False):
         data = getattr(exc, "data", {})
         print(

@@ -24,6 +24,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def printable(text: str) -> str:
+    """Recorded text (a provider's error, a call id) may hold escape sequences: show them as
+    escapes, never let them drive the operator's terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" if ord(c) < 256
+        else f"\\u{ord(c):04x}"
+        for c in text
+    )
+
+
 def _cell(v: Any) -> str:
     if v is None:
         return "-"
