@@ -18,7 +18,6 @@ fence, events in the same transaction). What PostgreSQL adds:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import random
 import threading
@@ -31,42 +30,14 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from poimen._intents import (
-    Attempt,
-    Denial,
-    Event,
-    Intent,
-    IntentState,
-    Notification,
-    Owner,
-    check_transition,
-)
-from poimen.errors import (
-    IntentNotFoundError,
-    NotIndeterminateError,
-    PoimenError,
-    SchemaTooNewError,
-    StoreError,
-    StoreUnavailableError,
-)
-from poimen.store._base import (
-    ATTEMPT_COLUMNS,
-    DENIAL_COLUMNS,
-    EVENT_COLUMNS,
-    INTENT_COLUMNS,
-    NOTIFICATION_COLUMNS,
-    NewDispatch,
-    NewNotification,
-    attempt_from_row,
-    denial_from_row,
-    event_from_row,
-    intent_from_row,
-    migrations,
-    notification_from_row,
-)
+from poimen._intents import Denial, Intent, IntentState, Owner
+from poimen.errors import PoimenError, StoreError, StoreUnavailableError
+from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
+from poimen.store._sql import Executor, Sql, SqlStore, claim_params, dispatch_params, too_new
 
 T = TypeVar("T")
 S = IntentState
+SQL = Sql("%s")
 Cursor = psycopg.Cursor[Any]
 log = logging.getLogger("poimen.store.postgres")
 
@@ -86,7 +57,7 @@ def describe(url: str) -> str:
     return f"{host}:{port}/{info.get('dbname') or info.get('user') or ''}"
 
 
-class PostgresStore:
+class PostgresStore(SqlStore):
     """An intent log in a PostgreSQL database, shared by any number of processes and hosts.
 
     `url` is a libpq URL (``postgresql://user@host:5432/db``); query parameters such as
@@ -94,6 +65,7 @@ class PostgresStore:
     """
 
     dialect = "postgres"
+    _sql = SQL
 
     def __init__(
         self,
@@ -244,6 +216,9 @@ class PostgresStore:
 
         return self._run("read", op, write=False)
 
+    def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
+        return self._run(what, fn)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -273,19 +248,11 @@ class PostgresStore:
 
         return self._run("schema_version", op, write=False)
 
-    def _too_new(self, found: int, known: int) -> SchemaTooNewError:
-        return SchemaTooNewError(
-            f"the intent log at {self._where} has schema version {found}, newer than "
-            f"version {known} that this poimen knows; upgrade poimen",
-            found=found,
-            known=known,
-        )
-
     def _check_version(self) -> None:
         known = migrations("postgres")[-1][0]
         found = self.schema_version()
         if found > known:
-            raise self._too_new(found, known)
+            raise too_new(self._where, found, known)
 
     def migrate(self) -> int:
         steps = migrations("postgres")
@@ -304,7 +271,7 @@ class PostgresStore:
             row = cur.execute("SELECT COALESCE(MAX(version), 0) FROM poimen_schema").fetchone()
             found = int(row[0]) if row else 0
             if found > known:
-                raise self._too_new(found, known)
+                raise too_new(self._where, found, known)
             for version, sql in steps:
                 if version > found:
                     cur.execute(sql.encode("utf-8"))
@@ -320,153 +287,22 @@ class PostgresStore:
 
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
         def op(cur: Cursor, retrying: bool) -> tuple[Intent, bool]:
-            o = d.owner
-            cur.execute(
-                "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
-                "request_id, state, fence, owner_id, owner_host, owner_pid, owner_start, "
-                "lease_expires_at, timeout_s, deadline_at, next_check_at, unknown_count, "
-                "attempts, created_at, updated_at) VALUES "
-                "(%s,%s,%s,%s,%s,%s,%s,%s,'DISPATCHED',1,%s,%s,%s,%s,%s,%s,%s,NULL,0,1,%s,%s) "
-                f"ON CONFLICT (call_id) DO NOTHING RETURNING {INTENT_COLUMNS}",
-                (
-                    d.intent_id,
-                    d.call_id,
-                    d.tool_id,
-                    d.effect,
-                    d.args,
-                    d.args_hash,
-                    d.key,
-                    d.request_id,
-                    o.worker_id,
-                    o.host,
-                    o.pid,
-                    o.pid_start,
-                    d.lease_expires_at,
-                    d.timeout_s,
-                    d.deadline_at,
-                    d.now,
-                    d.now,
-                ),
-            )
-            row = cur.fetchone()
+            row = cur.execute(_INSERT_INTENT, dispatch_params(d)).fetchone()
             if row is None:
-                existing = _intent_where(cur, "call_id", d.call_id)
+                existing = _intent_where(cur, SQL.intent_by_call_id, "call_id", d.call_id)
                 # Our own earlier try, committed before the connection dropped: still ours.
                 return existing, retrying and existing.id == d.intent_id
+            o = d.owner
             cur.execute(
-                "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
-                "owner_pid, owner_start, started_at) VALUES (%s,1,1,%s,%s,%s,%s,%s)",
+                SQL.insert_first_attempt,
                 (d.intent_id, o.worker_id, o.host, o.pid, o.pid_start, d.now),
             )
-            _event(
-                cur,
-                d.intent_id,
-                d.now,
-                "dispatched",
-                None,
-                S.DISPATCHED,
-                o.worker_id,
-                {"attempt": 1, "fence": 1, "key": d.key, "request_id": d.request_id},
-            )
+            self._dispatched_event(cur, d)
             return intent_from_row(row), True
 
         return self._run("record_dispatch", op)
 
-    def record_outcome(
-        self,
-        intent_id: str,
-        fence: int,
-        state: IntentState,
-        *,
-        result: str | None,
-        error: str | None,
-        now: float,
-    ) -> bool:
-        check_transition(S.DISPATCHED, state)
-        outcome = {S.COMPLETED: "completed", S.FAILED: "failed"}[state]
-
-        def op(cur: Cursor, retrying: bool) -> bool:
-            cur.execute(
-                "UPDATE intents SET state = %s, result = %s, error = %s, "
-                "lease_expires_at = NULL, next_check_at = NULL, updated_at = %s "
-                "WHERE id = %s AND fence = %s AND state = 'DISPATCHED'",
-                (state.value, result, error, now, intent_id, fence),
-            )
-            if cur.rowcount == 1:
-                cur.execute(
-                    "UPDATE attempts SET ended_at = %s, outcome = %s, result = %s, error = %s "
-                    "WHERE intent_id = %s AND fence = %s",
-                    (now, outcome, result, error, intent_id, fence),
-                )
-                _event(
-                    cur,
-                    intent_id,
-                    now,
-                    outcome,
-                    S.DISPATCHED,
-                    state,
-                    "kernel",
-                    {"fence": fence, "error": error},
-                )
-                return True
-            if retrying:
-                row = cur.execute(
-                    "SELECT outcome FROM attempts WHERE intent_id = %s AND fence = %s",
-                    (intent_id, fence),
-                ).fetchone()
-                if row is not None and row[0] == outcome:
-                    return True  # our earlier try landed; its answer was lost with the connection
-            # A stale owner: keep what it saw as evidence, change nothing else.
-            cur.execute(
-                "UPDATE attempts SET late_outcome = %s, late_result = %s "
-                "WHERE intent_id = %s AND fence = %s",
-                (outcome, result if error is None else error, intent_id, fence),
-            )
-            _event(
-                cur,
-                intent_id,
-                now,
-                "late_outcome",
-                None,
-                None,
-                "kernel",
-                {"fence": fence, "outcome": outcome},
-            )
-            return False
-
-        return self._run("record_outcome", op)
-
-    def record_unknown(self, intent_id: str, fence: int, error: str, now: float) -> bool:
-        def op(cur: Cursor, _retrying: bool) -> bool:
-            cur.execute(
-                "UPDATE attempts SET ended_at = %s, outcome = 'unknown', error = %s "
-                "WHERE intent_id = %s AND fence = %s AND outcome IS NULL",
-                (now, error, intent_id, fence),
-            )
-            if cur.rowcount:
-                _event(
-                    cur,
-                    intent_id,
-                    now,
-                    "outcome_unknown",
-                    S.DISPATCHED,
-                    S.DISPATCHED,
-                    "kernel",
-                    {"fence": fence, "error": error},
-                )
-            return cur.rowcount == 1
-
-        return self._run("record_unknown", op)
-
     # Recovery.
-
-    def list_unfinished(self, *, after_id: str, limit: int) -> list[Intent]:
-        rows = self._read(
-            f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = 'DISPATCHED' AND id > %s "
-            "ORDER BY id LIMIT %s",
-            (after_id, limit),
-        )
-        return [intent_from_row(r) for r in rows]
 
     def claim(
         self,
@@ -497,7 +333,7 @@ class PostgresStore:
                         "('retry', 'claimed') AND detail LIKE %s",
                         (intent_id, f'%"{nonce}"%'),
                     ).fetchone()
-                    it = _intent_or_none(cur, intent_id)
+                    it = self._intent_or_none(cur, intent_id)
                     if mine and it and it.state == S.DISPATCHED and it.fence == fence + 1:
                         return it
                 return None
@@ -506,137 +342,15 @@ class PostgresStore:
                 "owner_pid = %s, owner_start = %s, lease_expires_at = %s, next_check_at = NULL, "
                 "deadline_at = COALESCE(%s, deadline_at), attempts = attempts + %s, "
                 f"updated_at = %s WHERE id = %s RETURNING {INTENT_COLUMNS}",
-                (
-                    owner.worker_id,
-                    owner.host,
-                    owner.pid,
-                    owner.pid_start,
-                    lease_expires_at,
-                    deadline_at,
-                    1 if new_attempt else 0,
-                    now,
-                    intent_id,
-                ),
+                claim_params(owner, lease_expires_at, deadline_at, new_attempt, now, intent_id),
             )
             row = cur.fetchone()
             assert row is not None  # the row is locked by us
             it = intent_from_row(row)
-            if new_attempt:
-                cur.execute(
-                    "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
-                    "owner_pid, owner_start, started_at) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
-                    (
-                        intent_id,
-                        it.attempts,
-                        it.fence,
-                        owner.worker_id,
-                        owner.host,
-                        owner.pid,
-                        owner.pid_start,
-                        now,
-                    ),
-                )
-            _event(
-                cur,
-                intent_id,
-                now,
-                "retry" if new_attempt else "claimed",
-                S.DISPATCHED,
-                S.DISPATCHED,
-                owner.worker_id,
-                {
-                    "fence": it.fence,
-                    "attempt": it.attempts if new_attempt else None,
-                    "claim": nonce,
-                },
-            )
+            self._claimed(cur, it, owner, new_attempt, now, nonce)
             return it
 
         return self._run("claim", op)
-
-    def complete_landed(self, intent_id: str, fence: int, result: str | None, now: float) -> bool:
-        def op(cur: Cursor, retrying: bool) -> bool:
-            cur.execute(
-                "UPDATE intents SET state = 'COMPLETED', result = %s, "
-                "reason = 'landed_by_lookup', lease_expires_at = NULL, next_check_at = NULL, "
-                "updated_at = %s WHERE id = %s AND fence = %s AND state = 'DISPATCHED'",
-                (result, now, intent_id, fence),
-            )
-            if cur.rowcount == 0:
-                return retrying and _settled_as(cur, intent_id, fence, S.COMPLETED)
-            _event(
-                cur,
-                intent_id,
-                now,
-                "landed_by_lookup",
-                S.DISPATCHED,
-                S.COMPLETED,
-                "kernel",
-                {"fence": fence},
-            )
-            return True
-
-        return self._run("complete_landed", op)
-
-    def mark_indeterminate(
-        self, intent_id: str, fence: int, reason: str, note: NewNotification, now: float
-    ) -> bool:
-        def op(cur: Cursor, retrying: bool) -> bool:
-            cur.execute(
-                "UPDATE intents SET state = 'INDETERMINATE', reason = %s, "
-                "lease_expires_at = NULL, next_check_at = NULL, updated_at = %s "
-                "WHERE id = %s AND fence = %s AND state = 'DISPATCHED'",
-                (reason, now, intent_id, fence),
-            )
-            if cur.rowcount == 0:
-                return retrying and _settled_as(cur, intent_id, fence, S.INDETERMINATE)
-            _event(
-                cur,
-                intent_id,
-                now,
-                "indeterminate",
-                S.DISPATCHED,
-                S.INDETERMINATE,
-                "kernel",
-                {"fence": fence, "reason": reason},
-            )
-            _insert_note(cur, intent_id, note, now)
-            return True
-
-        return self._run("mark_indeterminate", op)
-
-    def defer(
-        self,
-        intent_id: str,
-        fence: int,
-        *,
-        next_check_at: float,
-        unknown_count: int,
-        reason: str,
-        now: float,
-    ) -> bool:
-        def op(cur: Cursor, _retrying: bool) -> bool:
-            # The lease ends when the next check is due, so any live recoverer may take it then.
-            cur.execute(
-                "UPDATE intents SET next_check_at = %s, lease_expires_at = %s, "
-                "unknown_count = %s, reason = %s, updated_at = %s "
-                "WHERE id = %s AND fence = %s AND state = 'DISPATCHED'",
-                (next_check_at, next_check_at, unknown_count, reason, now, intent_id, fence),
-            )
-            if cur.rowcount:
-                _event(
-                    cur,
-                    intent_id,
-                    now,
-                    "deferred",
-                    S.DISPATCHED,
-                    S.DISPATCHED,
-                    "kernel",
-                    {"fence": fence, "reason": reason, "next_check_at": next_check_at},
-                )
-            return cur.rowcount == 1
-
-        return self._run("defer", op)
 
     def renew_leases(
         self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float
@@ -673,145 +387,18 @@ class PostgresStore:
             row = cur.execute(
                 "SELECT state, result FROM intents WHERE id = %s FOR UPDATE", (intent_id,)
             ).fetchone()
-            if row is None:
-                raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
-            if retrying and row[0] == target and row[1] == result:
-                return _intent_where(cur, "id", intent_id)  # our decision already landed
-            if row[0] != S.INDETERMINATE:
-                raise NotIndeterminateError(
-                    f"intent {intent_id!r} is {row[0]}; only an INDETERMINATE intent can be "
-                    "resolved",
-                    intent_id=intent_id,
-                    state=row[0],
-                )
-            check_transition(S.INDETERMINATE, target)
-            cur.execute(
-                "UPDATE intents SET state = %s, result = %s, updated_at = %s "
-                f"WHERE id = %s AND state = 'INDETERMINATE' RETURNING {INTENT_COLUMNS}",
-                (target.value, result, now, intent_id),
-            )
-            updated = cur.fetchone()
+            if row is not None and retrying and row[0] == target and row[1] == result:
+                # Our decision already landed.
+                return _intent_where(cur, SQL.intent_by_id, "id", intent_id)
+            self._resolvable(intent_id, row, target)
+            updated = cur.execute(_RESOLVE, (target.value, result, now, intent_id)).fetchone()
             assert updated is not None  # the row is locked by us
-            _event(
-                cur,
-                intent_id,
-                now,
-                "resolved",
-                S.INDETERMINATE,
-                target,
-                operator,
-                {"operator": operator, "reason": reason, "landed": landed, "result": result},
-            )
+            self._resolved_event(cur, intent_id, target, landed, result, operator, reason, now)
             return intent_from_row(updated)
 
         return self._run("resolve", op)
 
-    def get_intent(self, intent_id: str) -> Intent | None:
-        rows = self._read(f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = %s", (intent_id,))
-        return intent_from_row(rows[0]) if rows else None
-
-    def get_by_call_id(self, call_id: str) -> Intent | None:
-        rows = self._read(f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = %s", (call_id,))
-        return intent_from_row(rows[0]) if rows else None
-
-    def list_intents(
-        self,
-        *,
-        state: IntentState | None = None,
-        tool_id: str | None = None,
-        since: float | None = None,
-        limit: int = 100,
-    ) -> list[Intent]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if state is not None:
-            clauses.append("state = %s")
-            params.append(state.value)
-        if tool_id is not None:
-            clauses.append("tool_id = %s")
-            params.append(tool_id)
-        if since is not None:
-            clauses.append("created_at >= %s")
-            params.append(since)
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        rows = self._read(
-            f"SELECT {INTENT_COLUMNS} FROM intents {where} ORDER BY created_at, id LIMIT %s",
-            (*params, limit),
-        )
-        return [intent_from_row(r) for r in rows]
-
-    def attempts(self, intent_id: str) -> list[Attempt]:
-        rows = self._read(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE intent_id = %s ORDER BY number",
-            (intent_id,),
-        )
-        return [attempt_from_row(r) for r in rows]
-
-    def events(self, intent_id: str) -> list[Event]:
-        rows = self._read(
-            f"SELECT {EVENT_COLUMNS} FROM events WHERE intent_id = %s ORDER BY id", (intent_id,)
-        )
-        return [event_from_row(r) for r in rows]
-
-    def counts(self) -> dict[tuple[str, str], int]:
-        rows = self._read("SELECT tool_id, state, COUNT(*) FROM intents GROUP BY tool_id, state")
-        return {(r[0], r[1]): int(r[2]) for r in rows}
-
-    # Outbox and audit.
-
-    def add_notification(self, intent_id: str, note: NewNotification, now: float) -> bool:
-        def op(cur: Cursor, retrying: bool) -> bool:
-            if _insert_note(cur, intent_id, note, now):
-                return True
-            if not retrying:
-                return False
-            row = cur.execute(
-                "SELECT intent_id, created_at FROM outbox WHERE delivery_id = %s",
-                (note.delivery_id,),
-            ).fetchone()
-            return row is not None and row[0] == intent_id and row[1] == now
-
-        return self._run("add_notification", op)
-
-    def due_notifications(self, now: float, limit: int) -> list[Notification]:
-        rows = self._read(
-            f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE delivered_at IS NULL "
-            "AND next_attempt_at <= %s ORDER BY next_attempt_at, id LIMIT %s",
-            (now, limit),
-        )
-        return [notification_from_row(r) for r in rows]
-
-    def notifications(self, intent_id: str | None = None) -> list[Notification]:
-        if intent_id is None:
-            rows = self._read(f"SELECT {NOTIFICATION_COLUMNS} FROM outbox ORDER BY id")
-        else:
-            rows = self._read(
-                f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE intent_id = %s ORDER BY id",
-                (intent_id,),
-            )
-        return [notification_from_row(r) for r in rows]
-
-    def mark_delivered(self, notification_id: int, now: float) -> None:
-        def op(cur: Cursor, _retrying: bool) -> None:
-            cur.execute(
-                "UPDATE outbox SET delivered_at = %s, attempts = attempts + 1 "
-                "WHERE id = %s AND delivered_at IS NULL",
-                (now, notification_id),
-            )
-
-        self._run("mark_delivered", op)
-
-    def mark_delivery_failed(
-        self, notification_id: int, error: str, next_attempt_at: float
-    ) -> None:
-        def op(cur: Cursor, _retrying: bool) -> None:
-            cur.execute(
-                "UPDATE outbox SET attempts = attempts + 1, last_error = %s, "
-                "next_attempt_at = %s WHERE id = %s AND delivered_at IS NULL",
-                (error, next_attempt_at, notification_id),
-            )
-
-        self._run("mark_delivery_failed", op)
+    # Audit.
 
     def record_denial(
         self,
@@ -837,33 +424,11 @@ class PostgresStore:
                 ).fetchone()
                 if row is not None:
                     return Denial(int(row[0]), *values)
-            row = cur.execute(
-                "INSERT INTO denials (at, tool_id, intent_id, attempt, action, target, reason) "
-                "VALUES (%s,%s,%s,%s,%s,%s,%s) RETURNING id",
-                values,
-            ).fetchone()
+            row = cur.execute(_INSERT_DENIAL, values).fetchone()
             assert row is not None
             return Denial(int(row[0]), *values)
 
         return self._run("record_denial", op)
-
-    def denials(
-        self, *, tool_id: str | None = None, since: float | None = None, limit: int = 1000
-    ) -> list[Denial]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if tool_id is not None:
-            clauses.append("tool_id = %s")
-            params.append(tool_id)
-        if since is not None:
-            clauses.append("at >= %s")
-            params.append(since)
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        rows = self._read(
-            f"SELECT {DENIAL_COLUMNS} FROM denials {where} ORDER BY id LIMIT %s",
-            (*params, limit),
-        )
-        return [denial_from_row(r) for r in rows]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -896,57 +461,13 @@ def _found_version(cur: Cursor) -> int:
     return int(row[0]) if row else 0
 
 
-def _intent_or_none(cur: Cursor, intent_id: str) -> Intent | None:
-    row = cur.execute(
-        f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = %s", (intent_id,)
-    ).fetchone()
-    return None if row is None else intent_from_row(row)
-
-
-def _intent_where(cur: Cursor, column: str, value: str) -> Intent:
-    # `column` is one of two literals from this module, never user input.
-    row = cur.execute(
-        f"SELECT {INTENT_COLUMNS} FROM intents WHERE {column} = %s", (value,)
-    ).fetchone()
+def _intent_where(cur: Cursor, sql: str, column: str, value: str) -> Intent:
+    row = cur.execute(sql, (value,)).fetchone()
     if row is None:
         raise StoreError(f"intent with {column} {value!r} vanished mid-transaction")
     return intent_from_row(row)
 
 
-def _settled_as(cur: Cursor, intent_id: str, fence: int, state: IntentState) -> bool:
-    it = _intent_or_none(cur, intent_id)
-    return it is not None and it.fence == fence and it.state == state
-
-
-def _event(
-    cur: Cursor,
-    intent_id: str,
-    at: float,
-    kind: str,
-    src: IntentState | None,
-    dst: IntentState | None,
-    actor: str,
-    detail: dict[str, Any],
-) -> None:
-    cur.execute(
-        "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
-        "VALUES (%s,%s,%s,%s,%s,%s,%s)",
-        (
-            intent_id,
-            at,
-            kind,
-            None if src is None else src.value,
-            None if dst is None else dst.value,
-            actor,
-            json.dumps({k: v for k, v in detail.items() if v is not None}, sort_keys=True),
-        ),
-    )
-
-
-def _insert_note(cur: Cursor, intent_id: str, note: NewNotification, now: float) -> bool:
-    cur.execute(
-        "INSERT INTO outbox (delivery_id, intent_id, kind, payload, created_at, "
-        "next_attempt_at) VALUES (%s,%s,%s,%s,%s,%s) ON CONFLICT (delivery_id) DO NOTHING",
-        (note.delivery_id, intent_id, note.kind, note.payload, now, now),
-    )
-    return cur.rowcount == 1
+_INSERT_INTENT = f"{SQL.insert_intent} RETURNING {INTENT_COLUMNS}"
+_RESOLVE = f"{SQL.resolve} RETURNING {INTENT_COLUMNS}"
+_INSERT_DENIAL = f"{SQL.insert_denial} RETURNING id"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 import threading
 import time
@@ -11,41 +10,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from poimen._intents import (
-    Attempt,
-    Denial,
-    Event,
-    Intent,
-    IntentState,
-    Notification,
-    Owner,
-    check_transition,
-)
-from poimen.errors import (
-    IntentNotFoundError,
-    NotIndeterminateError,
-    SchemaTooNewError,
-    StoreError,
-    StoreUnavailableError,
-)
-from poimen.store._base import (
-    ATTEMPT_COLUMNS,
-    DENIAL_COLUMNS,
-    EVENT_COLUMNS,
-    INTENT_COLUMNS,
-    NOTIFICATION_COLUMNS,
-    NewDispatch,
-    NewNotification,
-    attempt_from_row,
-    denial_from_row,
-    event_from_row,
-    intent_from_row,
-    migrations,
-    notification_from_row,
-)
+from poimen._intents import Denial, Intent, IntentState, Owner
+from poimen.errors import StoreError, StoreUnavailableError
+from poimen.store._base import NewDispatch, intent_from_row, migrations
+from poimen.store._sql import Executor, Sql, SqlStore, claim_params, dispatch_params, too_new
 
 T = TypeVar("T")
 S = IntentState
+SQL = Sql("?")
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
@@ -182,10 +154,11 @@ def _run_all(conn: sqlite3.Connection, batch: list[_Op[Any]]) -> bool:
     return True
 
 
-class SqliteStore:
+class SqliteStore(SqlStore):
     """A SQLite intent log at `path`. Thread-safe; several processes may share the file."""
 
     dialect = "sqlite"
+    _sql = SQL
 
     def __init__(
         self, path: str | Path, *, synchronous: str = "FULL", migrate: bool = True
@@ -239,6 +212,10 @@ class SqliteStore:
             raise StoreUnavailableError("the store is closed")
         return self._writer.run(fn)
 
+    def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
+        # One try only: SQLite has no lost connection, so `retrying` is always False.
+        return self._write(lambda conn: fn(conn, False))
+
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         try:
             return self._reader().execute(sql, params).fetchall()
@@ -270,12 +247,7 @@ class SqliteStore:
         known = migrations("sqlite")[-1][0]
         found = self.schema_version()
         if found > known:
-            raise SchemaTooNewError(
-                f"the intent log at {self.path!r} has schema version {found}, newer than "
-                f"version {known} that this poimen knows; upgrade poimen",
-                found=found,
-                known=known,
-            )
+            raise too_new(repr(self.path), found, known)
 
     def migrate(self) -> int:
         steps = migrations("sqlite")
@@ -290,12 +262,7 @@ class SqliteStore:
                 conn.execute("SELECT COALESCE(MAX(version), 0) FROM poimen_schema").fetchone()[0]
             )
             if found > known:
-                raise SchemaTooNewError(
-                    f"the intent log at {self.path!r} has schema version {found}, newer than "
-                    f"version {known} that this poimen knows; upgrade poimen",
-                    found=found,
-                    known=known,
-                )
+                raise too_new(repr(self.path), found, known)
             for version, sql in steps:
                 if version > found:
                     for stmt in _statements(sql):
@@ -312,146 +279,21 @@ class SqliteStore:
 
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
         def op(conn: sqlite3.Connection) -> tuple[Intent, bool]:
-            o = d.owner
-            cur = conn.execute(
-                "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
-                "request_id, state, fence, owner_id, owner_host, owner_pid, owner_start, "
-                "lease_expires_at, timeout_s, deadline_at, next_check_at, unknown_count, "
-                "attempts, created_at, updated_at) VALUES "
-                "(?,?,?,?,?,?,?,?,'DISPATCHED',1,?,?,?,?,?,?,?,NULL,0,1,?,?) "
-                "ON CONFLICT (call_id) DO NOTHING",
-                (
-                    d.intent_id,
-                    d.call_id,
-                    d.tool_id,
-                    d.effect,
-                    d.args,
-                    d.args_hash,
-                    d.key,
-                    d.request_id,
-                    o.worker_id,
-                    o.host,
-                    o.pid,
-                    o.pid_start,
-                    d.lease_expires_at,
-                    d.timeout_s,
-                    d.deadline_at,
-                    d.now,
-                    d.now,
-                ),
-            )
+            cur = conn.execute(SQL.insert_intent, dispatch_params(d))
             if cur.rowcount == 0:
-                row = conn.execute(
-                    f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = ?", (d.call_id,)
-                ).fetchone()
+                row = conn.execute(SQL.intent_by_call_id, (d.call_id,)).fetchone()
                 return intent_from_row(row), False
+            o = d.owner
             conn.execute(
-                "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
-                "owner_pid, owner_start, started_at) VALUES (?,1,1,?,?,?,?,?)",
+                SQL.insert_first_attempt,
                 (d.intent_id, o.worker_id, o.host, o.pid, o.pid_start, d.now),
             )
-            _event(
-                conn,
-                d.intent_id,
-                d.now,
-                "dispatched",
-                None,
-                S.DISPATCHED,
-                o.worker_id,
-                {"attempt": 1, "fence": 1, "key": d.key, "request_id": d.request_id},
-            )
+            self._dispatched_event(conn, d)
             return _dispatched(d), True
 
         return self._write(op)
 
-    def record_outcome(
-        self,
-        intent_id: str,
-        fence: int,
-        state: IntentState,
-        *,
-        result: str | None,
-        error: str | None,
-        now: float,
-    ) -> bool:
-        check_transition(S.DISPATCHED, state)
-        outcome = {S.COMPLETED: "completed", S.FAILED: "failed"}[state]
-
-        def op(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE intents SET state = ?, result = ?, error = ?, lease_expires_at = NULL, "
-                "next_check_at = NULL, updated_at = ? "
-                "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
-                (state.value, result, error, now, intent_id, fence),
-            )
-            if cur.rowcount == 1:
-                conn.execute(
-                    "UPDATE attempts SET ended_at = ?, outcome = ?, result = ?, error = ? "
-                    "WHERE intent_id = ? AND fence = ?",
-                    (now, outcome, result, error, intent_id, fence),
-                )
-                _event(
-                    conn,
-                    intent_id,
-                    now,
-                    outcome,
-                    S.DISPATCHED,
-                    state,
-                    "kernel",
-                    {"fence": fence, "error": error},
-                )
-                return True
-            # A stale owner: keep what it saw as evidence, change nothing else.
-            conn.execute(
-                "UPDATE attempts SET late_outcome = ?, late_result = ? "
-                "WHERE intent_id = ? AND fence = ?",
-                (outcome, result if error is None else error, intent_id, fence),
-            )
-            _event(
-                conn,
-                intent_id,
-                now,
-                "late_outcome",
-                None,
-                None,
-                "kernel",
-                {"fence": fence, "outcome": outcome},
-            )
-            return False
-
-        return self._write(op)
-
-    def record_unknown(self, intent_id: str, fence: int, error: str, now: float) -> bool:
-        def op(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE attempts SET ended_at = ?, outcome = 'unknown', error = ? "
-                "WHERE intent_id = ? AND fence = ? AND outcome IS NULL",
-                (now, error, intent_id, fence),
-            )
-            if cur.rowcount:
-                _event(
-                    conn,
-                    intent_id,
-                    now,
-                    "outcome_unknown",
-                    S.DISPATCHED,
-                    S.DISPATCHED,
-                    "kernel",
-                    {"fence": fence, "error": error},
-                )
-            return cur.rowcount == 1
-
-        return self._write(op)
-
     # Recovery.
-
-    def list_unfinished(self, *, after_id: str, limit: int) -> list[Intent]:
-        rows = self._read(
-            f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = 'DISPATCHED' AND id > ? "
-            "ORDER BY id LIMIT ?",
-            (after_id, limit),
-        )
-        return [intent_from_row(r) for r in rows]
 
     def claim(
         self,
@@ -466,134 +308,19 @@ class SqliteStore:
     ) -> Intent | None:
         def op(conn: sqlite3.Connection) -> Intent | None:
             cur = conn.execute(
-                "UPDATE intents SET fence = fence + 1, owner_id = ?, owner_host = ?, "
-                "owner_pid = ?, owner_start = ?, lease_expires_at = ?, next_check_at = NULL, "
-                "deadline_at = COALESCE(?, deadline_at), attempts = attempts + ?, "
-                "updated_at = ? WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
+                _CLAIM,
                 (
-                    owner.worker_id,
-                    owner.host,
-                    owner.pid,
-                    owner.pid_start,
-                    lease_expires_at,
-                    deadline_at,
-                    1 if new_attempt else 0,
-                    now,
-                    intent_id,
+                    *claim_params(
+                        owner, lease_expires_at, deadline_at, new_attempt, now, intent_id
+                    ),
                     fence,
                 ),
             )
             if cur.rowcount == 0:
                 return None
-            it = _intent(conn, intent_id)
-            if new_attempt:
-                conn.execute(
-                    "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
-                    "owner_pid, owner_start, started_at) VALUES (?,?,?,?,?,?,?,?)",
-                    (
-                        intent_id,
-                        it.attempts,
-                        it.fence,
-                        owner.worker_id,
-                        owner.host,
-                        owner.pid,
-                        owner.pid_start,
-                        now,
-                    ),
-                )
-            _event(
-                conn,
-                intent_id,
-                now,
-                "retry" if new_attempt else "claimed",
-                S.DISPATCHED,
-                S.DISPATCHED,
-                owner.worker_id,
-                {"fence": it.fence, "attempt": it.attempts if new_attempt else None},
-            )
+            it = intent_from_row(conn.execute(SQL.intent_by_id, (intent_id,)).fetchone())
+            self._claimed(conn, it, owner, new_attempt, now, None)
             return it
-
-        return self._write(op)
-
-    def complete_landed(self, intent_id: str, fence: int, result: str | None, now: float) -> bool:
-        def op(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE intents SET state = 'COMPLETED', result = ?, reason = 'landed_by_lookup', "
-                "lease_expires_at = NULL, next_check_at = NULL, updated_at = ? "
-                "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
-                (result, now, intent_id, fence),
-            )
-            if cur.rowcount:
-                _event(
-                    conn,
-                    intent_id,
-                    now,
-                    "landed_by_lookup",
-                    S.DISPATCHED,
-                    S.COMPLETED,
-                    "kernel",
-                    {"fence": fence},
-                )
-            return cur.rowcount == 1
-
-        return self._write(op)
-
-    def mark_indeterminate(
-        self, intent_id: str, fence: int, reason: str, note: NewNotification, now: float
-    ) -> bool:
-        def op(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                "UPDATE intents SET state = 'INDETERMINATE', reason = ?, lease_expires_at = NULL, "
-                "next_check_at = NULL, updated_at = ? "
-                "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
-                (reason, now, intent_id, fence),
-            )
-            if cur.rowcount == 0:
-                return False
-            _event(
-                conn,
-                intent_id,
-                now,
-                "indeterminate",
-                S.DISPATCHED,
-                S.INDETERMINATE,
-                "kernel",
-                {"fence": fence, "reason": reason},
-            )
-            _insert_note(conn, intent_id, note, now)
-            return True
-
-        return self._write(op)
-
-    def defer(
-        self,
-        intent_id: str,
-        fence: int,
-        *,
-        next_check_at: float,
-        unknown_count: int,
-        reason: str,
-        now: float,
-    ) -> bool:
-        def op(conn: sqlite3.Connection) -> bool:
-            # The lease ends when the next check is due, so any live recoverer may take it then.
-            cur = conn.execute(
-                "UPDATE intents SET next_check_at = ?, lease_expires_at = ?, unknown_count = ?, "
-                "reason = ?, updated_at = ? WHERE id = ? AND fence = ? AND state = 'DISPATCHED'",
-                (next_check_at, next_check_at, unknown_count, reason, now, intent_id, fence),
-            )
-            if cur.rowcount:
-                _event(
-                    conn,
-                    intent_id,
-                    now,
-                    "deferred",
-                    S.DISPATCHED,
-                    S.DISPATCHED,
-                    "kernel",
-                    {"fence": fence, "reason": reason, "next_check_at": next_check_at},
-                )
-            return cur.rowcount == 1
 
         return self._write(op)
 
@@ -635,121 +362,14 @@ class SqliteStore:
 
         def op(conn: sqlite3.Connection) -> Intent:
             row = conn.execute("SELECT state FROM intents WHERE id = ?", (intent_id,)).fetchone()
-            if row is None:
-                raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
-            if row[0] != S.INDETERMINATE:
-                raise NotIndeterminateError(
-                    f"intent {intent_id!r} is {row[0]}; only an INDETERMINATE intent can be "
-                    "resolved",
-                    intent_id=intent_id,
-                    state=row[0],
-                )
-            check_transition(S.INDETERMINATE, target)
-            conn.execute(
-                "UPDATE intents SET state = ?, result = ?, updated_at = ? "
-                "WHERE id = ? AND state = 'INDETERMINATE'",
-                (target.value, result, now, intent_id),
-            )
-            _event(
-                conn,
-                intent_id,
-                now,
-                "resolved",
-                S.INDETERMINATE,
-                target,
-                operator,
-                {"operator": operator, "reason": reason, "landed": landed, "result": result},
-            )
-            return _intent(conn, intent_id)
+            self._resolvable(intent_id, row, target)
+            conn.execute(SQL.resolve, (target.value, result, now, intent_id))
+            self._resolved_event(conn, intent_id, target, landed, result, operator, reason, now)
+            return intent_from_row(conn.execute(SQL.intent_by_id, (intent_id,)).fetchone())
 
         return self._write(op)
 
-    def get_intent(self, intent_id: str) -> Intent | None:
-        rows = self._read(f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?", (intent_id,))
-        return intent_from_row(rows[0]) if rows else None
-
-    def get_by_call_id(self, call_id: str) -> Intent | None:
-        rows = self._read(f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = ?", (call_id,))
-        return intent_from_row(rows[0]) if rows else None
-
-    def list_intents(
-        self,
-        *,
-        state: IntentState | None = None,
-        tool_id: str | None = None,
-        since: float | None = None,
-        limit: int = 100,
-    ) -> list[Intent]:
-        where, params = _filters(state=state, tool_id=tool_id, since=since)
-        rows = self._read(
-            f"SELECT {INTENT_COLUMNS} FROM intents {where} ORDER BY created_at, id LIMIT ?",
-            (*params, limit),
-        )
-        return [intent_from_row(r) for r in rows]
-
-    def attempts(self, intent_id: str) -> list[Attempt]:
-        rows = self._read(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE intent_id = ? ORDER BY number",
-            (intent_id,),
-        )
-        return [attempt_from_row(r) for r in rows]
-
-    def events(self, intent_id: str) -> list[Event]:
-        rows = self._read(
-            f"SELECT {EVENT_COLUMNS} FROM events WHERE intent_id = ? ORDER BY id", (intent_id,)
-        )
-        return [event_from_row(r) for r in rows]
-
-    def counts(self) -> dict[tuple[str, str], int]:
-        rows = self._read("SELECT tool_id, state, COUNT(*) FROM intents GROUP BY tool_id, state")
-        return {(r[0], r[1]): int(r[2]) for r in rows}
-
-    # Outbox and audit.
-
-    def add_notification(self, intent_id: str, note: NewNotification, now: float) -> bool:
-        return self._write(lambda conn: _insert_note(conn, intent_id, note, now))
-
-    def due_notifications(self, now: float, limit: int) -> list[Notification]:
-        rows = self._read(
-            f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE delivered_at IS NULL "
-            "AND next_attempt_at <= ? ORDER BY next_attempt_at, id LIMIT ?",
-            (now, limit),
-        )
-        return [notification_from_row(r) for r in rows]
-
-    def notifications(self, intent_id: str | None = None) -> list[Notification]:
-        if intent_id is None:
-            rows = self._read(f"SELECT {NOTIFICATION_COLUMNS} FROM outbox ORDER BY id")
-        else:
-            rows = self._read(
-                f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE intent_id = ? ORDER BY id",
-                (intent_id,),
-            )
-        return [notification_from_row(r) for r in rows]
-
-    def mark_delivered(self, notification_id: int, now: float) -> None:
-        self._write(
-            lambda conn: (
-                conn.execute(
-                    "UPDATE outbox SET delivered_at = ?, attempts = attempts + 1 "
-                    "WHERE id = ? AND delivered_at IS NULL",
-                    (now, notification_id),
-                ).rowcount
-            )
-        )
-
-    def mark_delivery_failed(
-        self, notification_id: int, error: str, next_attempt_at: float
-    ) -> None:
-        self._write(
-            lambda conn: (
-                conn.execute(
-                    "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
-                    "WHERE id = ? AND delivered_at IS NULL",
-                    (error, next_attempt_at, notification_id),
-                ).rowcount
-            )
-        )
+    # Audit.
 
     def record_denial(
         self,
@@ -764,9 +384,7 @@ class SqliteStore:
     ) -> Denial:
         def op(conn: sqlite3.Connection) -> Denial:
             cur = conn.execute(
-                "INSERT INTO denials (at, tool_id, intent_id, attempt, action, target, reason) "
-                "VALUES (?,?,?,?,?,?,?)",
-                (now, tool_id, intent_id, attempt, action, target, reason),
+                SQL.insert_denial, (now, tool_id, intent_id, attempt, action, target, reason)
             )
             return Denial(
                 int(cur.lastrowid or 0), now, tool_id, intent_id, attempt, action, target, reason
@@ -774,22 +392,13 @@ class SqliteStore:
 
         return self._write(op)
 
-    def denials(
-        self, *, tool_id: str | None = None, since: float | None = None, limit: int = 1000
-    ) -> list[Denial]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if tool_id is not None:
-            clauses.append("tool_id = ?")
-            params.append(tool_id)
-        if since is not None:
-            clauses.append("at >= ?")
-            params.append(since)
-        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-        rows = self._read(
-            f"SELECT {DENIAL_COLUMNS} FROM denials {where} ORDER BY id LIMIT ?", (*params, limit)
-        )
-        return [denial_from_row(r) for r in rows]
+
+_CLAIM = (
+    "UPDATE intents SET fence = fence + 1, owner_id = ?, owner_host = ?, "
+    "owner_pid = ?, owner_start = ?, lease_expires_at = ?, next_check_at = NULL, "
+    "deadline_at = COALESCE(?, deadline_at), attempts = attempts + ?, "
+    "updated_at = ? WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
+)
 
 
 def _dispatched(d: NewDispatch) -> Intent:
@@ -820,70 +429,6 @@ def _dispatched(d: NewDispatch) -> Intent:
         created_at=float(d.now),
         updated_at=float(d.now),
     )
-
-
-def _intent(conn: sqlite3.Connection, intent_id: str) -> Intent:
-    row = conn.execute(
-        f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?", (intent_id,)
-    ).fetchone()
-    return intent_from_row(row)
-
-
-def _event(
-    conn: sqlite3.Connection,
-    intent_id: str,
-    at: float,
-    kind: str,
-    src: IntentState | None,
-    dst: IntentState | None,
-    actor: str,
-    detail: dict[str, Any],
-) -> None:
-    conn.execute(
-        "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
-        "VALUES (?,?,?,?,?,?,?)",
-        (
-            intent_id,
-            at,
-            kind,
-            src,
-            dst,
-            actor,
-            _DETAIL.encode({k: v for k, v in detail.items() if v is not None}),
-        ),
-    )
-
-
-# json.dumps(..., sort_keys=True) without building an encoder per event.
-_DETAIL = json.JSONEncoder(sort_keys=True)
-
-
-def _insert_note(
-    conn: sqlite3.Connection, intent_id: str, note: NewNotification, now: float
-) -> bool:
-    cur = conn.execute(
-        "INSERT INTO outbox (delivery_id, intent_id, kind, payload, created_at, next_attempt_at) "
-        "VALUES (?,?,?,?,?,?) ON CONFLICT (delivery_id) DO NOTHING",
-        (note.delivery_id, intent_id, note.kind, note.payload, now, now),
-    )
-    return cur.rowcount == 1
-
-
-def _filters(
-    *, state: IntentState | None, tool_id: str | None, since: float | None
-) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-    if state is not None:
-        clauses.append("state = ?")
-        params.append(state.value)
-    if tool_id is not None:
-        clauses.append("tool_id = ?")
-        params.append(tool_id)
-    if since is not None:
-        clauses.append("created_at >= ?")
-        params.append(since)
-    return ("WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
 def _statements(sql: str) -> list[str]:

@@ -1,0 +1,601 @@
+"""What the SQLite and PostgreSQL stores share: their statements, written once with ``?``
+placeholders and translated per dialect at import, and every method whose SQL and logic are
+the same on both. A backend supplies `_read`, `_tx` (its transaction and, for PostgreSQL,
+its retries) and the methods that really differ."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from poimen._intents import (
+    Attempt,
+    Denial,
+    Event,
+    Intent,
+    IntentState,
+    Notification,
+    Owner,
+    check_transition,
+)
+from poimen.errors import IntentNotFoundError, NotIndeterminateError, SchemaTooNewError
+from poimen.store._base import (
+    ATTEMPT_COLUMNS,
+    DENIAL_COLUMNS,
+    EVENT_COLUMNS,
+    INTENT_COLUMNS,
+    NOTIFICATION_COLUMNS,
+    NewDispatch,
+    NewNotification,
+    attempt_from_row,
+    denial_from_row,
+    event_from_row,
+    intent_from_row,
+    notification_from_row,
+)
+
+T = TypeVar("T")
+S = IntentState
+
+
+class Result(Protocol):
+    """What `Executor.execute` returns: a sqlite3 or psycopg cursor."""
+
+    @property
+    def rowcount(self) -> int: ...
+    def fetchone(self) -> Any: ...
+
+
+class Executor(Protocol):
+    """What one transaction's statements run on: a sqlite3.Connection or a psycopg cursor."""
+
+    def execute(self, sql: str, params: Sequence[Any], /) -> Result: ...
+
+
+class Sql:
+    """The statements both dialects share, with `placeholder` for each ``?``."""
+
+    def __init__(self, placeholder: str) -> None:
+        def q(sql: str) -> str:
+            return sql.replace("?", placeholder)
+
+        self.p = placeholder
+        # Reads.
+        self.intent_by_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?")
+        self.intent_by_call_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = ?")
+        self.unfinished = q(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = 'DISPATCHED' AND id > ? "
+            "ORDER BY id LIMIT ?"
+        )
+        self.attempts = q(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE intent_id = ? ORDER BY number"
+        )
+        self.events = q(f"SELECT {EVENT_COLUMNS} FROM events WHERE intent_id = ? ORDER BY id")
+        self.counts = "SELECT tool_id, state, COUNT(*) FROM intents GROUP BY tool_id, state"
+        self.due_notifications = q(
+            f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE delivered_at IS NULL "
+            "AND next_attempt_at <= ? ORDER BY next_attempt_at, id LIMIT ?"
+        )
+        self.notifications = f"SELECT {NOTIFICATION_COLUMNS} FROM outbox ORDER BY id"
+        self.notifications_of = q(
+            f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE intent_id = ? ORDER BY id"
+        )
+        self.attempt_outcome = q("SELECT outcome FROM attempts WHERE intent_id = ? AND fence = ?")
+        self.note_by_delivery = q("SELECT intent_id, created_at FROM outbox WHERE delivery_id = ?")
+        # Writes.
+        self.insert_intent = q(
+            "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
+            "request_id, state, fence, owner_id, owner_host, owner_pid, owner_start, "
+            "lease_expires_at, timeout_s, deadline_at, next_check_at, unknown_count, "
+            "attempts, created_at, updated_at) VALUES "
+            "(?,?,?,?,?,?,?,?,'DISPATCHED',1,?,?,?,?,?,?,?,NULL,0,1,?,?) "
+            "ON CONFLICT (call_id) DO NOTHING"
+        )
+        self.insert_first_attempt = q(
+            "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
+            "owner_pid, owner_start, started_at) VALUES (?,1,1,?,?,?,?,?)"
+        )
+        self.insert_attempt = q(
+            "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
+            "owner_pid, owner_start, started_at) VALUES (?,?,?,?,?,?,?,?)"
+        )
+        self.settle = q(
+            "UPDATE intents SET state = ?, result = ?, error = ?, lease_expires_at = NULL, "
+            "next_check_at = NULL, updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
+        )
+        self.end_attempt = q(
+            "UPDATE attempts SET ended_at = ?, outcome = ?, result = ?, error = ? "
+            "WHERE intent_id = ? AND fence = ?"
+        )
+        self.late_outcome = q(
+            "UPDATE attempts SET late_outcome = ?, late_result = ? "
+            "WHERE intent_id = ? AND fence = ?"
+        )
+        self.unknown = q(
+            "UPDATE attempts SET ended_at = ?, outcome = 'unknown', error = ? "
+            "WHERE intent_id = ? AND fence = ? AND outcome IS NULL"
+        )
+        self.landed = q(
+            "UPDATE intents SET state = 'COMPLETED', result = ?, reason = 'landed_by_lookup', "
+            "lease_expires_at = NULL, next_check_at = NULL, updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
+        )
+        self.indeterminate = q(
+            "UPDATE intents SET state = 'INDETERMINATE', reason = ?, lease_expires_at = NULL, "
+            "next_check_at = NULL, updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
+        )
+        self.defer = q(
+            "UPDATE intents SET next_check_at = ?, lease_expires_at = ?, unknown_count = ?, "
+            "reason = ?, updated_at = ? WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
+        )
+        self.resolve = q(
+            "UPDATE intents SET state = ?, result = ?, updated_at = ? "
+            "WHERE id = ? AND state = 'INDETERMINATE'"
+        )
+        self.insert_event = q(
+            "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
+            "VALUES (?,?,?,?,?,?,?)"
+        )
+        self.insert_note = q(
+            "INSERT INTO outbox (delivery_id, intent_id, kind, payload, created_at, "
+            "next_attempt_at) VALUES (?,?,?,?,?,?) ON CONFLICT (delivery_id) DO NOTHING"
+        )
+        self.delivered = q(
+            "UPDATE outbox SET delivered_at = ?, attempts = attempts + 1 "
+            "WHERE id = ? AND delivered_at IS NULL"
+        )
+        self.delivery_failed = q(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
+            "WHERE id = ? AND delivered_at IS NULL"
+        )
+        self.insert_denial = q(
+            "INSERT INTO denials (at, tool_id, intent_id, attempt, action, target, reason) "
+            "VALUES (?,?,?,?,?,?,?)"
+        )
+
+
+def _where(p: str, conds: Sequence[tuple[str, Any]]) -> tuple[str, list[Any]]:
+    """``WHERE <cond> p AND ...`` over the conditions whose value is not None, in order."""
+    kept = [(cond, value) for cond, value in conds if value is not None]
+    if not kept:
+        return "", []
+    return "WHERE " + " AND ".join(f"{c} {p}" for c, _ in kept), [v for _, v in kept]
+
+
+# json.dumps(..., sort_keys=True) without building an encoder per event.
+_DETAIL = json.JSONEncoder(sort_keys=True)
+
+
+def too_new(where: str, found: int, known: int) -> SchemaTooNewError:
+    return SchemaTooNewError(
+        f"the intent log at {where} has schema version {found}, newer than "
+        f"version {known} that this poimen knows; upgrade poimen",
+        found=found,
+        known=known,
+    )
+
+
+def dispatch_params(d: NewDispatch) -> tuple[Any, ...]:
+    """The parameters of `Sql.insert_intent`."""
+    o = d.owner
+    return (
+        d.intent_id,
+        d.call_id,
+        d.tool_id,
+        d.effect,
+        d.args,
+        d.args_hash,
+        d.key,
+        d.request_id,
+        o.worker_id,
+        o.host,
+        o.pid,
+        o.pid_start,
+        d.lease_expires_at,
+        d.timeout_s,
+        d.deadline_at,
+        d.now,
+        d.now,
+    )
+
+
+def claim_params(
+    owner: Owner,
+    lease_expires_at: float,
+    deadline_at: float | None,
+    new_attempt: bool,
+    now: float,
+    intent_id: str,
+) -> tuple[Any, ...]:
+    """The parameters of a claim's UPDATE, through ``WHERE id = ?``."""
+    return (
+        owner.worker_id,
+        owner.host,
+        owner.pid,
+        owner.pid_start,
+        lease_expires_at,
+        deadline_at,
+        1 if new_attempt else 0,
+        now,
+        intent_id,
+    )
+
+
+class SqlStore:
+    """The methods both backends run the same way. Each write's `op(ex, retrying)` gets
+    `retrying=True` only on PostgreSQL, on a try after one whose answer was lost."""
+
+    _sql: ClassVar[Sql]
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        raise NotImplementedError
+
+    def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
+        raise NotImplementedError
+
+    # Statements used inside a write transaction.
+
+    def _event(
+        self,
+        ex: Executor,
+        intent_id: str,
+        at: float,
+        kind: str,
+        src: IntentState | None,
+        dst: IntentState | None,
+        actor: str,
+        detail: dict[str, Any],
+    ) -> None:
+        ex.execute(
+            self._sql.insert_event,
+            (
+                intent_id,
+                at,
+                kind,
+                None if src is None else src.value,
+                None if dst is None else dst.value,
+                actor,
+                _DETAIL.encode({k: v for k, v in detail.items() if v is not None}),
+            ),
+        )
+
+    def _insert_note(self, ex: Executor, intent_id: str, note: NewNotification, now: float) -> bool:
+        cur = ex.execute(
+            self._sql.insert_note,
+            (note.delivery_id, intent_id, note.kind, note.payload, now, now),
+        )
+        return cur.rowcount == 1
+
+    def _intent_or_none(self, ex: Executor, intent_id: str) -> Intent | None:
+        row = ex.execute(self._sql.intent_by_id, (intent_id,)).fetchone()
+        return None if row is None else intent_from_row(row)
+
+    def _settled_as(self, ex: Executor, intent_id: str, fence: int, state: IntentState) -> bool:
+        it = self._intent_or_none(ex, intent_id)
+        return it is not None and it.fence == fence and it.state == state
+
+    def _dispatched_event(self, ex: Executor, d: NewDispatch) -> None:
+        self._event(
+            ex,
+            d.intent_id,
+            d.now,
+            "dispatched",
+            None,
+            S.DISPATCHED,
+            d.owner.worker_id,
+            {"attempt": 1, "fence": 1, "key": d.key, "request_id": d.request_id},
+        )
+
+    def _claimed(
+        self,
+        ex: Executor,
+        it: Intent,
+        owner: Owner,
+        new_attempt: bool,
+        now: float,
+        nonce: str | None,
+    ) -> None:
+        """Record a claim: its attempt row (if a new attempt) and its event; `it` is the row after
+        the claim. `nonce` (PostgreSQL) marks the event so that a retry can find its own."""
+        if new_attempt:
+            ex.execute(
+                self._sql.insert_attempt,
+                (
+                    it.id,
+                    it.attempts,
+                    it.fence,
+                    owner.worker_id,
+                    owner.host,
+                    owner.pid,
+                    owner.pid_start,
+                    now,
+                ),
+            )
+        self._event(
+            ex,
+            it.id,
+            now,
+            "retry" if new_attempt else "claimed",
+            S.DISPATCHED,
+            S.DISPATCHED,
+            owner.worker_id,
+            {"fence": it.fence, "attempt": it.attempts if new_attempt else None, "claim": nonce},
+        )
+
+    def _resolvable(self, intent_id: str, row: Any, target: IntentState) -> None:
+        """Raise unless `row` (its state first) is an INDETERMINATE intent."""
+        if row is None:
+            raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+        if row[0] != S.INDETERMINATE:
+            raise NotIndeterminateError(
+                f"intent {intent_id!r} is {row[0]}; only an INDETERMINATE intent can be resolved",
+                intent_id=intent_id,
+                state=row[0],
+            )
+        check_transition(S.INDETERMINATE, target)
+
+    def _resolved_event(
+        self,
+        ex: Executor,
+        intent_id: str,
+        target: IntentState,
+        landed: bool,
+        result: str | None,
+        operator: str,
+        reason: str,
+        now: float,
+    ) -> None:
+        self._event(
+            ex,
+            intent_id,
+            now,
+            "resolved",
+            S.INDETERMINATE,
+            target,
+            operator,
+            {"operator": operator, "reason": reason, "landed": landed, "result": result},
+        )
+
+    # The call path.
+
+    def record_outcome(
+        self,
+        intent_id: str,
+        fence: int,
+        state: IntentState,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+    ) -> bool:
+        check_transition(S.DISPATCHED, state)
+        outcome = {S.COMPLETED: "completed", S.FAILED: "failed"}[state]
+        sql = self._sql
+
+        def op(ex: Executor, retrying: bool) -> bool:
+            cur = ex.execute(sql.settle, (state.value, result, error, now, intent_id, fence))
+            if cur.rowcount == 1:
+                ex.execute(sql.end_attempt, (now, outcome, result, error, intent_id, fence))
+                self._event(
+                    ex,
+                    intent_id,
+                    now,
+                    outcome,
+                    S.DISPATCHED,
+                    state,
+                    "kernel",
+                    {"fence": fence, "error": error},
+                )
+                return True
+            if retrying:
+                row = ex.execute(sql.attempt_outcome, (intent_id, fence)).fetchone()
+                if row is not None and row[0] == outcome:
+                    return True  # our earlier try landed; its answer was lost with the connection
+            # A stale owner: keep what it saw as evidence, change nothing else.
+            ex.execute(
+                sql.late_outcome,
+                (outcome, result if error is None else error, intent_id, fence),
+            )
+            self._event(
+                ex,
+                intent_id,
+                now,
+                "late_outcome",
+                None,
+                None,
+                "kernel",
+                {"fence": fence, "outcome": outcome},
+            )
+            return False
+
+        return self._tx("record_outcome", op)
+
+    def record_unknown(self, intent_id: str, fence: int, error: str, now: float) -> bool:
+        def op(ex: Executor, _retrying: bool) -> bool:
+            cur = ex.execute(self._sql.unknown, (now, error, intent_id, fence))
+            if cur.rowcount:
+                self._event(
+                    ex,
+                    intent_id,
+                    now,
+                    "outcome_unknown",
+                    S.DISPATCHED,
+                    S.DISPATCHED,
+                    "kernel",
+                    {"fence": fence, "error": error},
+                )
+            return cur.rowcount == 1
+
+        return self._tx("record_unknown", op)
+
+    # Recovery.
+
+    def list_unfinished(self, *, after_id: str, limit: int) -> list[Intent]:
+        rows = self._read(self._sql.unfinished, (after_id, limit))
+        return [intent_from_row(r) for r in rows]
+
+    def complete_landed(self, intent_id: str, fence: int, result: str | None, now: float) -> bool:
+        def op(ex: Executor, retrying: bool) -> bool:
+            cur = ex.execute(self._sql.landed, (result, now, intent_id, fence))
+            if cur.rowcount == 0:
+                return retrying and self._settled_as(ex, intent_id, fence, S.COMPLETED)
+            self._event(
+                ex,
+                intent_id,
+                now,
+                "landed_by_lookup",
+                S.DISPATCHED,
+                S.COMPLETED,
+                "kernel",
+                {"fence": fence},
+            )
+            return True
+
+        return self._tx("complete_landed", op)
+
+    def mark_indeterminate(
+        self, intent_id: str, fence: int, reason: str, note: NewNotification, now: float
+    ) -> bool:
+        def op(ex: Executor, retrying: bool) -> bool:
+            cur = ex.execute(self._sql.indeterminate, (reason, now, intent_id, fence))
+            if cur.rowcount == 0:
+                return retrying and self._settled_as(ex, intent_id, fence, S.INDETERMINATE)
+            self._event(
+                ex,
+                intent_id,
+                now,
+                "indeterminate",
+                S.DISPATCHED,
+                S.INDETERMINATE,
+                "kernel",
+                {"fence": fence, "reason": reason},
+            )
+            self._insert_note(ex, intent_id, note, now)
+            return True
+
+        return self._tx("mark_indeterminate", op)
+
+    def defer(
+        self,
+        intent_id: str,
+        fence: int,
+        *,
+        next_check_at: float,
+        unknown_count: int,
+        reason: str,
+        now: float,
+    ) -> bool:
+        def op(ex: Executor, _retrying: bool) -> bool:
+            # The lease ends when the next check is due, so any live recoverer may take it then.
+            cur = ex.execute(
+                self._sql.defer,
+                (next_check_at, next_check_at, unknown_count, reason, now, intent_id, fence),
+            )
+            if cur.rowcount:
+                self._event(
+                    ex,
+                    intent_id,
+                    now,
+                    "deferred",
+                    S.DISPATCHED,
+                    S.DISPATCHED,
+                    "kernel",
+                    {"fence": fence, "reason": reason, "next_check_at": next_check_at},
+                )
+            return cur.rowcount == 1
+
+        return self._tx("defer", op)
+
+    # The operator path.
+
+    def get_intent(self, intent_id: str) -> Intent | None:
+        rows = self._read(self._sql.intent_by_id, (intent_id,))
+        return intent_from_row(rows[0]) if rows else None
+
+    def get_by_call_id(self, call_id: str) -> Intent | None:
+        rows = self._read(self._sql.intent_by_call_id, (call_id,))
+        return intent_from_row(rows[0]) if rows else None
+
+    def list_intents(
+        self,
+        *,
+        state: IntentState | None = None,
+        tool_id: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[Intent]:
+        p = self._sql.p
+        where, params = _where(
+            p,
+            (
+                ("state =", None if state is None else state.value),
+                ("tool_id =", tool_id),
+                ("created_at >=", since),
+            ),
+        )
+        rows = self._read(
+            f"SELECT {INTENT_COLUMNS} FROM intents {where} ORDER BY created_at, id LIMIT {p}",
+            (*params, limit),
+        )
+        return [intent_from_row(r) for r in rows]
+
+    def attempts(self, intent_id: str) -> list[Attempt]:
+        return [attempt_from_row(r) for r in self._read(self._sql.attempts, (intent_id,))]
+
+    def events(self, intent_id: str) -> list[Event]:
+        return [event_from_row(r) for r in self._read(self._sql.events, (intent_id,))]
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        return {(r[0], r[1]): int(r[2]) for r in self._read(self._sql.counts)}
+
+    # Outbox and audit.
+
+    def add_notification(self, intent_id: str, note: NewNotification, now: float) -> bool:
+        def op(ex: Executor, retrying: bool) -> bool:
+            if self._insert_note(ex, intent_id, note, now):
+                return True
+            if not retrying:
+                return False
+            row = ex.execute(self._sql.note_by_delivery, (note.delivery_id,)).fetchone()
+            return row is not None and row[0] == intent_id and row[1] == now
+
+        return self._tx("add_notification", op)
+
+    def due_notifications(self, now: float, limit: int) -> list[Notification]:
+        rows = self._read(self._sql.due_notifications, (now, limit))
+        return [notification_from_row(r) for r in rows]
+
+    def notifications(self, intent_id: str | None = None) -> list[Notification]:
+        if intent_id is None:
+            rows = self._read(self._sql.notifications)
+        else:
+            rows = self._read(self._sql.notifications_of, (intent_id,))
+        return [notification_from_row(r) for r in rows]
+
+    def mark_delivered(self, notification_id: int, now: float) -> None:
+        def op(ex: Executor, _retrying: bool) -> None:
+            ex.execute(self._sql.delivered, (now, notification_id))
+
+        self._tx("mark_delivered", op)
+
+    def mark_delivery_failed(
+        self, notification_id: int, error: str, next_attempt_at: float
+    ) -> None:
+        def op(ex: Executor, _retrying: bool) -> None:
+            ex.execute(self._sql.delivery_failed, (error, next_attempt_at, notification_id))
+
+        self._tx("mark_delivery_failed", op)
+
+    def denials(
+        self, *, tool_id: str | None = None, since: float | None = None, limit: int = 1000
+    ) -> list[Denial]:
+        p = self._sql.p
+        where, params = _where(p, (("tool_id =", tool_id), ("at >=", since)))
+        rows = self._read(
+            f"SELECT {DENIAL_COLUMNS} FROM denials {where} ORDER BY id LIMIT {p}",
+            (*params, limit),
+        )
+        return [denial_from_row(r) for r in rows]
