@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dis
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -116,12 +115,8 @@ def _impure_names(func: Callable[..., Any]) -> set[str]:
     stack = [code]
     while stack:
         c = stack.pop()
+        # co_names holds every global, attribute and method name the code loads.
         found.update(n for n in c.co_names if n in _IMPURE_NAMES)
-        for ins in dis.get_instructions(c):
-            if ins.opname in ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME"):
-                name = ins.argval if isinstance(ins.argval, str) else None
-                if name in _IMPURE_NAMES:
-                    found.add(name)
         stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     if getattr(func, "__closure__", None):
         found.update("closure:" + n for n in code.co_freevars if n in _IMPURE_NAMES)

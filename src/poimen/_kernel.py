@@ -43,6 +43,7 @@ from poimen.errors import (
     CapabilityDeniedError,
     DefiniteFailure,
     IntentNotFoundError,
+    NondeterministicKeyError,
     PoimenError,
     RegistrationError,
     SandboxDeniedError,
@@ -364,8 +365,6 @@ class Kernel:
         if isinstance(effects, Idempotent):
             key = effects.key.derive(t.id, recorded)
             if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:
-                from poimen.errors import NondeterministicKeyError
-
                 raise NondeterministicKeyError(
                     f"tool {t.id!r}: its key derivation gave two keys for one set of arguments",
                     tool_id=t.id,
