@@ -66,6 +66,31 @@ class _Run:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """What a definite outcome writes, and what the caller gets once it is written."""
+
+    state: IntentState
+    result: str | None
+    error: str | None
+    value: Any
+
+    @classmethod
+    def of(cls, run: _Run) -> _Write:
+        if run.kind == "failed":
+            return cls(S.FAILED, None, run.error, None)
+        try:
+            text = canonical(to_json_value(run.value, "<result>"))
+        except PoimenError as exc:  # the call still landed: complete it, say what was lost
+            return cls(S.COMPLETED, None, f"result not recorded: {exc}", run.value)
+        return cls(S.COMPLETED, text, None, None)
+
+    def outcome(self, intent_id: str) -> Outcome:
+        if self.state == S.FAILED:
+            return Failed(intent_id, self.error or "")
+        return Completed(intent_id, self.value if self.result is None else json.loads(self.result))
+
+
 class Kernel:
     """Registers tools, journals every call before and after dispatch, and recovers by class.
 
@@ -94,8 +119,12 @@ class Kernel:
         if mode not in ("live", "shadow", "replay"):
             raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}", field="mode")
         _check_settings(
-            positive={"lease_ttl": lease_ttl, "lookup_backoff": lookup_backoff,
-                      "max_backoff": max_backoff, "recover_interval": recover_interval},
+            positive={
+                "lease_ttl": lease_ttl,
+                "lookup_backoff": lookup_backoff,
+                "max_backoff": max_backoff,
+                "recover_interval": recover_interval,
+            },
             non_negative={"deadline_margin": deadline_margin, "wait_bound": wait_bound},
             counts={"max_attempts": max_attempts, "lookup_limit": lookup_limit},
         )
@@ -302,13 +331,17 @@ class Kernel:
         self._hold(d.intent_id)
         try:
             _crashpoints.hit("before_dispatch_commit")
-            intent, created = await self._offload(self.store.record_dispatch, d)
+            arecord = getattr(self.store, "arecord_dispatch", None)
+            if arecord is not None:  # the store commits for us without a thread per caller
+                intent, created = await arecord(d)
+            else:
+                intent, created = await self._offload(self.store.record_dispatch, d)
             if not created:
                 return await self._offload(self._existing, t, intent, d)
             _crashpoints.hit("after_dispatch_commit")
             while True:
                 run = await self._invoke_async(t, intent, kwargs)
-                nxt = await self._offload(self._settle, t, intent, run)
+                nxt = await self._asettle(t, intent, run)
                 if not isinstance(nxt, Intent):
                     return nxt
                 intent = nxt
@@ -504,27 +537,30 @@ class Kernel:
     def _settle(self, t: Tool, intent: Intent, run: _Run) -> Outcome | Intent:
         _crashpoints.hit("after_effect")
         now = self.store.now()
-        if run.kind == "completed":
-            note = None
-            try:
-                text: str | None = canonical(to_json_value(run.value, "<result>"))
-            except PoimenError as exc:
-                text, note = None, f"result not recorded: {exc}"
+        if run.kind in ("completed", "failed"):
+            w = _Write.of(run)
             if self.store.record_outcome(
-                intent.id, intent.fence, S.COMPLETED, result=text, error=note, now=now
+                intent.id, intent.fence, w.state, result=w.result, error=w.error, now=now
             ):
-                return Completed(intent.id, run.value if text is None else json.loads(text))
-            return self._answer_current(intent.id)
-        if run.kind == "failed":
-            if self.store.record_outcome(
-                intent.id, intent.fence, S.FAILED, result=None, error=run.error, now=now
-            ):
-                return Failed(intent.id, run.error or "")
+                return w.outcome(intent.id)
             return self._answer_current(intent.id)
         self.store.record_unknown(intent.id, intent.fence, run.error or "unknown", now)
         if run.kind == "denied_after_write":
             return indeterminate(self, intent, "capability_denied_after_write")
         return resolve_unknown(self, t, intent)
+
+    async def _asettle(self, t: Tool, intent: Intent, run: _Run) -> Outcome | Intent:
+        """`_settle` for acall: a definite outcome is written without a thread per caller."""
+        arecord = getattr(self.store, "arecord_outcome", None)
+        if arecord is None or run.kind not in ("completed", "failed"):
+            return await self._offload(self._settle, t, intent, run)
+        _crashpoints.hit("after_effect")
+        w = _Write.of(run)
+        if await arecord(
+            intent.id, intent.fence, w.state, result=w.result, error=w.error, now=self.store.now()
+        ):
+            return w.outcome(intent.id)
+        return await self._offload(self._answer_current, intent.id)
 
     def _claim_retry(self, intent: Intent) -> Outcome | Intent:
         now = self.store.now()
@@ -615,15 +651,17 @@ def _check_settings(
     *, positive: dict[str, float], non_negative: dict[str, float], counts: dict[str, int]
 ) -> None:
     for name, v in {**positive, **non_negative}.items():
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
-            v <= 0 if name in positive else v < 0
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, int | float)
+            or not math.isfinite(v)
+            or (v <= 0 if name in positive else v < 0)
         ):
             kind = "positive" if name in positive else "non-negative"
             raise PoimenError(f"{name} must be a {kind} number of seconds, not {v!r}", field=name)
     for name, n in counts.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise PoimenError(f"{name} must be a whole number of at least 1, not {n!r}",
-                              field=name)
+            raise PoimenError(f"{name} must be a whole number of at least 1, not {n!r}", field=name)
 
 
 def _refused(exc: BaseException, scope: CallScope | None) -> _Run:

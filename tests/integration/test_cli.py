@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from poimen.store._base import latest_version
 from poimen.testing import EMAIL, SHIP, ProviderClient, ProviderProcess
 from tests.integration.operator_app import (
     HOOK,
@@ -315,11 +316,12 @@ def test_database_selection_migrate_and_exit_codes(tmp_path: Path, store_url: st
     short = poimen("console", "--token", "short", db=store_url)
     assert short.returncode == 2 and "16 characters" in short.stderr
 
+    latest = latest_version("sqlite" if store_url.startswith("sqlite") else "postgres")
     first = poimen_json("migrate", db=store_url)
-    assert first == {"from": 0, "to": 1}
+    assert first == {"from": 0, "to": latest}
     # --db before or after the command; it wins over POIMEN_DB.
     again = poimen("--db", store_url, "migrate", "--json", db="sqlite:////nonexistent/x.db")
-    assert again.returncode == 0 and json.loads(again.stdout) == {"from": 1, "to": 1}
+    assert again.returncode == 0 and json.loads(again.stdout) == {"from": latest, "to": latest}
     st = poimen_json("status", "--db", store_url)
     assert st["total"] == 0 and st["oldest_indeterminate"] is None
     assert poimen("intents", db=store_url).returncode == 1

@@ -37,6 +37,7 @@ from poimen.store._base import (
 
 T = TypeVar("T")
 S = IntentState
+OUTCOMES = {S.COMPLETED: "completed", S.FAILED: "failed"}
 
 
 class Result(Protocol):
@@ -178,6 +179,53 @@ def too_new(where: str, found: int, known: int) -> SchemaTooNewError:
     )
 
 
+def event_params(
+    intent_id: str,
+    at: float,
+    kind: str,
+    src: IntentState | None,
+    dst: IntentState | None,
+    actor: str,
+    detail: dict[str, Any],
+) -> tuple[Any, ...]:
+    """The parameters of `Sql.insert_event`; None values are left out of the detail."""
+    return (
+        intent_id,
+        at,
+        kind,
+        None if src is None else src.value,
+        None if dst is None else dst.value,
+        actor,
+        _DETAIL.encode({k: v for k, v in detail.items() if v is not None}),
+    )
+
+
+def dispatched_event_params(d: NewDispatch) -> tuple[Any, ...]:
+    return event_params(
+        d.intent_id,
+        d.now,
+        "dispatched",
+        None,
+        S.DISPATCHED,
+        d.owner.worker_id,
+        {"attempt": 1, "fence": 1, "key": d.key, "request_id": d.request_id},
+    )
+
+
+def outcome_event_params(
+    intent_id: str, fence: int, state: IntentState, error: str | None, now: float
+) -> tuple[Any, ...]:
+    return event_params(
+        intent_id,
+        now,
+        OUTCOMES[state],
+        S.DISPATCHED,
+        state,
+        "kernel",
+        {"fence": fence, "error": error},
+    )
+
+
 def dispatch_params(d: NewDispatch) -> tuple[Any, ...]:
     """The parameters of `Sql.insert_intent`."""
     o = d.owner
@@ -200,6 +248,12 @@ def dispatch_params(d: NewDispatch) -> tuple[Any, ...]:
         d.now,
         d.now,
     )
+
+
+def attempt_one_params(d: NewDispatch) -> tuple[Any, ...]:
+    """The parameters of `Sql.insert_first_attempt`."""
+    o = d.owner
+    return (d.intent_id, o.worker_id, o.host, o.pid, o.pid_start, d.now)
 
 
 def claim_params(
@@ -250,16 +304,7 @@ class SqlStore:
         detail: dict[str, Any],
     ) -> None:
         ex.execute(
-            self._sql.insert_event,
-            (
-                intent_id,
-                at,
-                kind,
-                None if src is None else src.value,
-                None if dst is None else dst.value,
-                actor,
-                _DETAIL.encode({k: v for k, v in detail.items() if v is not None}),
-            ),
+            self._sql.insert_event, event_params(intent_id, at, kind, src, dst, actor, detail)
         )
 
     def _insert_note(self, ex: Executor, intent_id: str, note: NewNotification, now: float) -> bool:
@@ -278,16 +323,7 @@ class SqlStore:
         return it is not None and it.fence == fence and it.state == state
 
     def _dispatched_event(self, ex: Executor, d: NewDispatch) -> None:
-        self._event(
-            ex,
-            d.intent_id,
-            d.now,
-            "dispatched",
-            None,
-            S.DISPATCHED,
-            d.owner.worker_id,
-            {"attempt": 1, "fence": 1, "key": d.key, "request_id": d.request_id},
-        )
+        ex.execute(self._sql.insert_event, dispatched_event_params(d))
 
     def _claimed(
         self,
@@ -372,22 +408,29 @@ class SqlStore:
         now: float,
     ) -> bool:
         check_transition(S.DISPATCHED, state)
-        outcome = {S.COMPLETED: "completed", S.FAILED: "failed"}[state]
+        return self._tx(
+            "record_outcome", self._outcome_op(intent_id, fence, state, result, error, now)
+        )
+
+    def _outcome_op(
+        self,
+        intent_id: str,
+        fence: int,
+        state: IntentState,
+        result: str | None,
+        error: str | None,
+        now: float,
+    ) -> Callable[[Executor, bool], bool]:
+        """One outcome write: settle on the fence, or keep a stale owner's as evidence."""
+        outcome = OUTCOMES[state]
         sql = self._sql
 
         def op(ex: Executor, retrying: bool) -> bool:
             cur = ex.execute(sql.settle, (state.value, result, error, now, intent_id, fence))
             if cur.rowcount == 1:
                 ex.execute(sql.end_attempt, (now, outcome, result, error, intent_id, fence))
-                self._event(
-                    ex,
-                    intent_id,
-                    now,
-                    outcome,
-                    S.DISPATCHED,
-                    state,
-                    "kernel",
-                    {"fence": fence, "error": error},
+                ex.execute(
+                    sql.insert_event, outcome_event_params(intent_id, fence, state, error, now)
                 )
                 return True
             if retrying:
@@ -411,7 +454,7 @@ class SqlStore:
             )
             return False
 
-        return self._tx("record_outcome", op)
+        return op
 
     def record_unknown(self, intent_id: str, fence: int, error: str, now: float) -> bool:
         def op(ex: Executor, _retrying: bool) -> bool:
@@ -537,7 +580,7 @@ class SqlStore:
             ),
         )
         rows = self._read(
-            f"SELECT {INTENT_COLUMNS} FROM intents {where} ORDER BY created_at, id LIMIT {p}",
+            f"SELECT {INTENT_COLUMNS} FROM intents {where} ORDER BY id LIMIT {p}",
             (*params, limit),
         )
         return [intent_from_row(r) for r in rows]

@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
-from poimen._intents import Denial, Intent, IntentState, Owner
+from poimen._intents import Denial, Intent, IntentState, Owner, check_transition
 from poimen.errors import StoreError, StoreUnavailableError
 from poimen.store._base import NewDispatch, intent_from_row, migrations
-from poimen.store._sql import Executor, Sql, SqlStore, claim_params, dispatch_params, too_new
+from poimen.store._sql import (
+    OUTCOMES,
+    Executor,
+    Sql,
+    SqlStore,
+    attempt_one_params,
+    claim_params,
+    dispatch_params,
+    dispatched_event_params,
+    outcome_event_params,
+    too_new,
+)
 
 T = TypeVar("T")
 S = IntentState
@@ -22,16 +34,27 @@ SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 class _Op(Generic[T]):
-    __slots__ = ("done", "error", "fn", "value", "wake")
+    __slots__ = ("done", "error", "fn", "future", "merge", "payload", "value", "wake")
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], T]) -> None:
+    def __init__(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        merge: _Merge | None = None,
+        payload: Any = None,
+    ) -> None:
         self.fn = fn
+        # Ops with the same `merge` are written together, a few statements for the whole
+        # batch; `merge` leaves the ops it cannot settle to their own `fn`.
+        self.merge = merge
+        self.payload = payload
         self.done = False
         self.value: T | None = None
         self.error: BaseException | None = None
         # A lock held on the waiter's behalf: released once its commit is durable, or to
         # hand it the leader's role. None for a caller that led from the start.
         self.wake: threading.Lock | None = None
+        # An async caller's future instead: resolved on its loop once the commit is durable.
+        self.future: asyncio.Future[T] | None = None
 
 
 class _GroupCommit:
@@ -42,6 +65,10 @@ class _GroupCommit:
     leader wakes exactly the callers of the batch it committed and hands the role to the
     first caller still queued, so no caller is woken for nothing. A single caller therefore
     commits inline, with no thread hop.
+
+    An async caller cannot lead (its loop must not block): it queues a future, and when the
+    role falls to it, the store's writer thread leads instead and resolves the futures of
+    each batch on their loops, one callback per loop.
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -49,9 +76,18 @@ class _GroupCommit:
         self._lock = threading.Lock()
         self._queue: list[_Op[Any]] = []
         self._leading = False
+        self._go = threading.Lock()  # released to make the writer thread lead once
+        self._go.acquire()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
 
-    def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        op: _Op[T] = _Op(fn)
+    def run(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        merge: _Merge | None = None,
+        payload: Any = None,
+    ) -> T:
+        op: _Op[T] = _Op(fn, merge, payload)
         with self._lock:
             self._queue.append(op)
             lead = not self._leading
@@ -69,7 +105,58 @@ class _GroupCommit:
             raise op.error
         return op.value  # type: ignore[return-value]
 
-    def _lead(self, me: _Op[Any]) -> None:
+    def submit(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        merge: _Merge | None = None,
+        payload: Any = None,
+    ) -> asyncio.Future[T]:
+        """`run` for a caller on an event loop: the future resolves once the commit is
+        durable, and the loop never blocks on the write."""
+        op: _Op[T] = _Op(fn, merge, payload)
+        op.future = fut = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self._queue.append(op)
+            if self._leading:
+                return fut
+            self._leading = True
+        self._hand_to_thread()
+        return fut
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._thread is not None:
+            with contextlib.suppress(RuntimeError):  # already released: it will see _stopped
+                self._go.release()
+
+    def _hand_to_thread(self) -> None:
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._thread_main, name="poimen-sqlite-writer", daemon=True
+                    )
+                    self._thread.start()
+        self._go.release()
+
+    def _thread_main(self) -> None:
+        while True:
+            self._go.acquire()
+            if self._stopped:
+                self._fail_queued()
+                return
+            self._lead(None)
+
+    def _fail_queued(self) -> None:
+        with self._lock:
+            batch, self._queue = self._queue, []
+            self._leading = False
+        err = StoreUnavailableError("the store is closed")
+        for op in batch:
+            op.error, op.done = err, True
+        self._wake(batch, None)
+
+    def _lead(self, me: _Op[Any] | None) -> None:
         with self._lock:
             batch, self._queue = self._queue, []
         try:
@@ -79,18 +166,30 @@ class _GroupCommit:
                 nxt = self._queue[0] if self._queue else None
                 if nxt is None:
                     self._leading = False
-            for op in batch:
-                if op is not me and op.wake is not None:
-                    op.wake.release()
-            if nxt is not None:
-                assert nxt.wake is not None
-                nxt.wake.release()  # the role passes on; _leading stays set
+            self._wake(batch, me)
+            if nxt is not None:  # the role passes on; _leading stays set
+                if nxt.wake is not None:
+                    nxt.wake.release()
+                else:
+                    self._hand_to_thread()
+
+    @staticmethod
+    def _wake(batch: list[_Op[Any]], me: _Op[Any] | None) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Op[Any]]] = {}
+        for op in batch:
+            if op.future is not None:
+                by_loop.setdefault(op.future.get_loop(), []).append(op)
+            elif op is not me and op.wake is not None:
+                op.wake.release()
+        for loop, ops in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, ops)
 
     def _commit(self, batch: list[_Op[Any]]) -> None:
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if len(batch) == 1:
+            if len(batch) == 1 and batch[0].merge is None:
                 op = batch[0]
                 try:
                     op.value = op.fn(conn)
@@ -116,8 +215,9 @@ class _GroupCommit:
                         conn.execute("RELEASE op")
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
+            # A store closed under the batch: even asking about the transaction raises.
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
                     conn.execute("ROLLBACK")
             err = StoreError(f"commit failed: {exc}")
             err.__cause__ = exc
@@ -127,6 +227,17 @@ class _GroupCommit:
         finally:
             for op in batch:
                 op.done = True
+
+
+def _resolve(ops: list[_Op[Any]]) -> None:
+    for op in ops:
+        fut = op.future
+        if fut is None or fut.done():  # cancelled: the write stands all the same
+            continue
+        if op.error is not None:
+            fut.set_exception(op.error)
+        else:
+            fut.set_result(op.value)
 
 
 def _set_wal(conn: sqlite3.Connection, *, within: float = 30.0) -> None:
@@ -145,13 +256,122 @@ def _set_wal(conn: sqlite3.Connection, *, within: float = 30.0) -> None:
 
 def _run_all(conn: sqlite3.Connection, batch: list[_Op[Any]]) -> bool:
     """Run every op of a batch without savepoints (two statements per op saved, and ops
-    seldom fail); False as soon as one raises."""
+    seldom fail): mergeable ops together, the rest one by one; False as soon as one raises.
+
+    Statements, not rows, are what a batch pays for: each one hands the GIL back and has to
+    win it again from the callers' threads."""
+    groups: dict[_Merge, list[_Op[Any]]] = {}
     for op in batch:
-        try:
-            op.value = op.fn(conn)
-        except BaseException:
-            return False
+        if op.merge is not None and _CAN_MERGE:
+            groups.setdefault(op.merge, []).append(op)
+    try:
+        for merge, ops in groups.items():
+            for op in ops:
+                op.value = _UNSETTLED
+            for i in range(0, len(ops), _MERGE_ROWS):
+                merge(conn, ops[i : i + _MERGE_ROWS])
+        for op in batch:
+            if op.merge is None or op.value is _UNSETTLED or not _CAN_MERGE:
+                op.value = op.fn(conn)
+    except BaseException:
+        return False
     return True
+
+
+class _Unsettled:
+    """The value of an op its merge left to its own `fn`."""
+
+
+_UNSETTLED: Any = _Unsettled()
+# RETURNING (3.35) tells a merged write which rows it changed; UPDATE ... FROM is 3.33.
+_CAN_MERGE = sqlite3.sqlite_version_info >= (3, 35, 0)
+# 17 parameters per intent row, well inside SQLite's 32,766 variables per statement.
+_MERGE_ROWS = 500
+
+
+def _many(conn: sqlite3.Connection, template: str, rows: list[tuple[Any, ...]]) -> list[Any]:
+    """One statement for many rows: `template`'s ``{values}`` becomes a tuple per row."""
+    one = "(" + ",".join("?" * len(rows[0])) + ")"
+    sql = template.format(values=",".join([one] * len(rows)))
+    return conn.execute(sql, [p for row in rows for p in row]).fetchall()
+
+
+def _merge_dispatches(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
+    """First dispatch commits of many calls in three statements. A call id already in the
+    log (or twice in the batch) inserts nothing and is left to its op, which reads it."""
+    ds: list[NewDispatch] = [op.payload for op in ops]
+    inserted = {r[0] for r in _many(conn, _INSERT_INTENTS, [dispatch_params(d) for d in ds])}
+    new = [(op, d) for op, d in zip(ops, ds, strict=True) if d.intent_id in inserted]
+    if not new:
+        return
+    _many(conn, _INSERT_ATTEMPTS, [attempt_one_params(d) for _, d in new])
+    _many(conn, _INSERT_EVENTS, [dispatched_event_params(d) for _, d in new])
+    for op, d in new:
+        op.value = (_dispatched(d), True)
+
+
+def _merge_outcomes(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
+    """Outcome commits of many calls in three statements, each on its attempt's fence. An
+    outcome whose fence is stale is left to its op, which keeps it as evidence."""
+    outs: list[_Outcome] = [op.payload for op in ops]
+    if len({o.intent_id for o in outs}) != len(outs):
+        return  # one intent twice: its ops decide in turn
+    rows = [(o.intent_id, o.fence, o.state.value, o.result, o.error, o.now) for o in outs]
+    settled = {r[0] for r in _many(conn, _SETTLE_MANY, rows)}
+    done = [(op, o) for op, o in zip(ops, outs, strict=True) if o.intent_id in settled]
+    if not done:
+        return
+    _many(
+        conn,
+        _END_ATTEMPTS,
+        [(o.intent_id, o.fence, o.now, OUTCOMES[o.state], o.result, o.error) for _, o in done],
+    )
+    _many(
+        conn,
+        _INSERT_EVENTS,
+        [outcome_event_params(o.intent_id, o.fence, o.state, o.error, o.now) for _, o in done],
+    )
+    for op, _ in done:
+        op.value = True
+
+
+class _Outcome(NamedTuple):
+    intent_id: str
+    fence: int
+    state: IntentState
+    result: str | None
+    error: str | None
+    now: float
+
+
+_Merge = Callable[[sqlite3.Connection, list[_Op[Any]]], None]
+
+_INSERT_INTENTS = (
+    "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, request_id, "
+    "owner_id, owner_host, owner_pid, owner_start, lease_expires_at, timeout_s, deadline_at, "
+    "created_at, updated_at, state, fence, unknown_count, attempts) "
+    "SELECT *, 'DISPATCHED', 1, 0, 1 FROM (VALUES {values}) WHERE true "
+    "ON CONFLICT (call_id) DO NOTHING RETURNING id"
+)
+_INSERT_ATTEMPTS = (
+    "INSERT INTO attempts (intent_id, owner_id, owner_host, owner_pid, owner_start, "
+    "started_at, number, fence) SELECT *, 1, 1 FROM (VALUES {values})"
+)
+_INSERT_EVENTS = (
+    "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) VALUES {values}"
+)
+_SETTLE_MANY = (
+    "UPDATE intents SET state = v.column3, result = v.column4, error = v.column5, "
+    "lease_expires_at = NULL, next_check_at = NULL, updated_at = v.column6 "
+    "FROM (VALUES {values}) AS v "
+    "WHERE intents.id = v.column1 AND intents.fence = v.column2 "
+    "AND intents.state = 'DISPATCHED' RETURNING intents.id"
+)
+_END_ATTEMPTS = (
+    "UPDATE attempts SET ended_at = v.column3, outcome = v.column4, result = v.column5, "
+    "error = v.column6 FROM (VALUES {values}) AS v "
+    "WHERE attempts.intent_id = v.column1 AND attempts.fence = v.column2"
+)
 
 
 class SqliteStore(SqlStore):
@@ -183,7 +403,12 @@ class SqliteStore(SqlStore):
     def _connect(self, *, writer: bool = False) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=30.0
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=30.0,
+                # A merged write's text varies with its batch size: keep them all prepared.
+                cached_statements=512,
             )
             if writer:  # WAL is a property of the file: the writer sets it, readers find it
                 _set_wal(conn)
@@ -208,9 +433,7 @@ class SqliteStore(SqlStore):
         return conn
 
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._closed:
-            raise StoreUnavailableError("the store is closed")
-        return self._writer.run(fn)
+        return self._writer_open().run(fn)
 
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
         # One try only: SQLite has no lost connection, so `retrying` is always False.
@@ -224,6 +447,7 @@ class SqliteStore(SqlStore):
 
     def close(self) -> None:
         self._closed = True
+        self._writer.stop()
         with self._conns_lock:
             conns, self._conns = self._conns, []
         for c in conns:
@@ -278,20 +502,60 @@ class SqliteStore(SqlStore):
     # The call path.
 
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
+        return self._writer_open().run(self._dispatch_op(d), _merge_dispatches, d)
+
+    def arecord_dispatch(self, d: NewDispatch) -> asyncio.Future[tuple[Intent, bool]]:
+        """`record_dispatch` for a caller on an event loop, without a thread of its own."""
+        return self._writer_open().submit(self._dispatch_op(d), _merge_dispatches, d)
+
+    def _dispatch_op(self, d: NewDispatch) -> Callable[[sqlite3.Connection], tuple[Intent, bool]]:
         def op(conn: sqlite3.Connection) -> tuple[Intent, bool]:
             cur = conn.execute(SQL.insert_intent, dispatch_params(d))
             if cur.rowcount == 0:
                 row = conn.execute(SQL.intent_by_call_id, (d.call_id,)).fetchone()
                 return intent_from_row(row), False
-            o = d.owner
-            conn.execute(
-                SQL.insert_first_attempt,
-                (d.intent_id, o.worker_id, o.host, o.pid, o.pid_start, d.now),
-            )
+            conn.execute(SQL.insert_first_attempt, attempt_one_params(d))
             self._dispatched_event(conn, d)
             return _dispatched(d), True
 
-        return self._write(op)
+        return op
+
+    def record_outcome(
+        self,
+        intent_id: str,
+        fence: int,
+        state: IntentState,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+    ) -> bool:
+        out = _Outcome(intent_id, fence, state, result, error, now)
+        return self._writer_open().run(self._settle_op(out), _merge_outcomes, out)
+
+    def arecord_outcome(
+        self,
+        intent_id: str,
+        fence: int,
+        state: IntentState,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+    ) -> asyncio.Future[bool]:
+        """`record_outcome` for a caller on an event loop, without a thread of its own."""
+        out = _Outcome(intent_id, fence, state, result, error, now)
+        return self._writer_open().submit(self._settle_op(out), _merge_outcomes, out)
+
+    def _settle_op(self, o: _Outcome) -> Callable[[sqlite3.Connection], bool]:
+        check_transition(S.DISPATCHED, o.state)
+        fn = self._outcome_op(o.intent_id, o.fence, o.state, o.result, o.error, o.now)
+        return lambda conn: fn(conn, False)
+
+    def _writer_open(self) -> _GroupCommit:
+        if self._closed:
+            raise StoreUnavailableError("the store is closed")
+        return self._writer
 
     # Recovery.
 

@@ -1,0 +1,124 @@
+"""A log written by an older schema keeps every row through each migration, on both backends."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from poimen._intents import IntentState, Owner
+from poimen.store import open_store
+from poimen.store._base import latest_version, migrations
+from poimen.store.sqlite import _statements
+from tests.contract.test_store_contract import claim, dispatch, raw, refusal
+
+S = IntentState
+A = Owner("worker-a", "host-a", 101, "1000")
+
+# A version-1 log as a version-1 poimen wrote it: one intent settled after a retry, one
+# unfinished, one Indeterminate; events numbered from 1 with AUTOINCREMENT.
+V1_ROWS = [
+    "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, request_id, state, "
+    "fence, owner_id, owner_host, owner_pid, owner_start, lease_expires_at, timeout_s, "
+    "deadline_at, next_check_at, unknown_count, attempts, result, error, reason, created_at, "
+    "updated_at) VALUES "
+    "('in_a', 'call-a', 't.tool', 'idempotent', '{\"x\":1}', 'h1', 'k_a', NULL, 'COMPLETED', 2, "
+    "'w', 'h', 1, '1', NULL, 5.0, 15.0, NULL, 0, 2, '42', NULL, NULL, 10.0, 12.0), "
+    "('in_b', 'call-b', 't.tool', 'queryable', '{\"x\":2}', 'h2', NULL, 'rq_b', 'DISPATCHED', 1, "
+    "'w', 'h', 1, '1', 99.0, 5.0, 16.0, NULL, 0, 1, NULL, NULL, NULL, 11.0, 11.0), "
+    "('in_c', 'call-c', 't.other', 'unsafe', '{}', 'h3', NULL, NULL, 'INDETERMINATE', 1, "
+    "'w', 'h', 1, '1', NULL, 5.0, 17.0, NULL, 0, 1, NULL, NULL, 'unsafe_unknown_outcome', "
+    "12.0, 13.0)",
+    "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, owner_pid, "
+    "owner_start, started_at, ended_at, outcome, result, error, late_outcome, late_result) VALUES "
+    "('in_a', 1, 1, 'w', 'h', 1, '1', 10.0, 10.5, 'unknown', NULL, 'timeout', NULL, NULL), "
+    "('in_a', 2, 2, 'r', 'h', 2, '2', 11.0, 12.0, 'completed', '42', NULL, NULL, NULL), "
+    "('in_b', 1, 1, 'w', 'h', 1, '1', 11.0, NULL, NULL, NULL, NULL, NULL, NULL), "
+    "('in_c', 1, 1, 'w', 'h', 1, '1', 12.0, NULL, NULL, NULL, NULL, NULL, NULL)",
+    "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) VALUES "
+    "('in_a', 10.0, 'dispatched', NULL, 'DISPATCHED', 'w', '{\"fence\":1}'), "
+    "('in_b', 11.0, 'dispatched', NULL, 'DISPATCHED', 'w', '{\"fence\":1}'), "
+    "('in_a', 11.0, 'retry', 'DISPATCHED', 'DISPATCHED', 'r', '{\"fence\":2}'), "
+    "('in_a', 12.0, 'completed', 'DISPATCHED', 'COMPLETED', 'kernel', '{\"fence\":2}'), "
+    "('in_c', 12.0, 'dispatched', NULL, 'DISPATCHED', 'w', '{\"fence\":1}'), "
+    "('in_c', 13.0, 'indeterminate', 'DISPATCHED', 'INDETERMINATE', 'kernel', NULL)",
+    "INSERT INTO denials (at, tool_id, intent_id, attempt, action, target, reason) VALUES "
+    "(10.2, 't.tool', 'in_a', 1, 'http', 'POST x', 'no_key')",
+]
+
+
+def write_v1_log(url: str) -> None:
+    """Apply migration 1 only, record version 1, and fill it with V1_ROWS."""
+    [(version, sql)] = [
+        m for m in migrations("sqlite" if url.startswith("sqlite") else "postgres") if m[0] == 1
+    ]
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            for stmt in _statements(sql):
+                conn.execute(stmt)
+        finally:
+            conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute(sql.encode("utf-8"))
+    raw(url, "CREATE TABLE poimen_schema (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+    raw(url, "INSERT INTO poimen_schema (version, applied_at) VALUES (?, ?)", (version, 0.0))
+    for stmt in V1_ROWS:
+        raw(url, stmt)
+
+
+def test_a_version_1_log_keeps_every_row_through_migration(store_url: str) -> None:
+    write_v1_log(store_url)
+    store = open_store(store_url)
+    try:
+        dialect = "sqlite" if store_url.startswith("sqlite") else "postgres"
+        assert store.schema_version() == latest_version(dialect) > 1
+
+        a = store.get_intent("in_a")
+        assert a is not None and a == store.get_by_call_id("call-a")
+        assert (a.state, a.fence, a.attempts, a.result, a.key) == (S.COMPLETED, 2, 2, "42", "k_a")
+        atts = store.attempts("in_a")
+        assert [(t.number, t.fence, t.outcome, t.error) for t in atts] == [
+            (1, 1, "unknown", "timeout"),
+            (2, 2, "completed", None),
+        ]
+        assert [e.kind for e in store.events("in_a")] == ["dispatched", "retry", "completed"]
+        assert [e.kind for e in store.events("in_c")] == ["dispatched", "indeterminate"]
+        assert [i.id for i in store.list_unfinished(after_id="", limit=10)] == ["in_b"]
+        assert [i.id for i in store.list_intents(state=S.INDETERMINATE)] == ["in_c"]
+        assert [i.id for i in store.list_intents(tool_id="t.tool")] == ["in_a", "in_b"]
+        assert [i.id for i in store.list_intents(since=11.5)] == ["in_c"]
+        assert store.counts() == {
+            ("t.tool", "COMPLETED"): 1,
+            ("t.tool", "DISPATCHED"): 1,
+            ("t.other", "INDETERMINATE"): 1,
+        }
+        [den] = store.denials()
+        assert (den.tool_id, den.intent_id, den.reason) == ("t.tool", "in_a", "no_key")
+
+        # The migrated log goes on working: a call, a claim of the old unfinished intent,
+        # event ids still increasing after the old ones, the history still append-only.
+        old_max = raw(store_url, "SELECT MAX(id) FROM events")[0][0]
+        new = dispatch(store, "call-new")
+        assert claim(store, "in_b", 1) is not None
+        assert [t.number for t in store.attempts("in_b")] == [1, 2]
+        assert min(e.id for e in store.events(new)) > old_max
+        assert [e.kind for e in store.events("in_b")] == ["dispatched", "retry"]
+        with pytest.raises(refusal(store_url), match="append-only"):
+            raw(store_url, "DELETE FROM events")
+        with pytest.raises(refusal(store_url), match="append-only"):
+            raw(store_url, "UPDATE denials SET at = 0")
+        assert raw(store_url, "SELECT COUNT(*) FROM events")[0][0] == 6 + 2
+        with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+            raw(
+                store_url,
+                "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, "
+                "state, fence, timeout_s, created_at, updated_at) VALUES "
+                "('in_z', 'call-a', 't', 'unsafe', '{}', 'h', 'COMPLETED', 1, 1.0, 1.0, 1.0)",
+            )
+    finally:
+        store.close()

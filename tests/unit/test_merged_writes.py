@@ -1,0 +1,252 @@
+"""SQLite merged writes: a batch of dispatch or outcome commits written in a few statements
+decides each call exactly as writing them one by one would (a real file, real threads), and
+async callers are served by the writer thread without a thread of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poimen._intents import IntentState, Owner
+from poimen.errors import StoreError, StoreUnavailableError
+from poimen.store import NewDispatch
+from poimen.store.sqlite import SqliteStore
+
+S = IntentState
+A = Owner("worker-a", "host-a", 101, "1000")
+B = Owner("worker-b", "host-b", 202, "2000")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "log.db")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def new(store: SqliteStore, call_id: str, intent_id: str | None = None) -> NewDispatch:
+    now = store.now()
+    return NewDispatch(
+        intent_id=intent_id or f"in_{uuid.uuid4().hex}",
+        call_id=call_id,
+        tool_id="t.tool",
+        effect="idempotent",
+        args='{"x":1}',
+        args_hash="h1",
+        key="k_" + call_id,
+        request_id=None,
+        owner=A,
+        lease_expires_at=now + 30,
+        timeout_s=1.0,
+        deadline_at=now + 2,
+        now=now,
+    )
+
+
+def one_batch(store: SqliteStore, calls: list[Callable[[], Any]]) -> tuple[list[Any], list[str]]:
+    """Run `calls` on threads queued behind a held leader, so that they commit as one batch;
+    returns each call's result (or exception) and the writer's statements."""
+    writer = store._writer
+    held, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        held.set()
+        assert release.wait(10)
+
+    leader = threading.Thread(target=writer.run, args=(hold,))
+    leader.start()
+    assert held.wait(10)
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as exc:  # the test inspects it
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    while len(writer._queue) < len(calls):
+        threading.Event().wait(0.005)
+    statements: list[str] = []
+    writer._conn.set_trace_callback(statements.append)
+    release.set()
+    for t in [leader, *threads]:
+        t.join(10)
+    writer._conn.set_trace_callback(None)
+    return results, statements
+
+
+def inserts_into(statements: list[str], table: str) -> list[str]:
+    return [s for s in statements if s.startswith(f"INSERT INTO {table} ")]
+
+
+def test_a_batch_of_dispatches_is_three_statements_and_each_call_id_is_one_intent(
+    store: SqliteStore,
+) -> None:
+    old, _ = store.record_dispatch(new(store, "old"))
+    batch = [new(store, f"c{i}") for i in range(20)]
+    twin = new(store, "c3")  # the same call id twice in one batch
+    again = new(store, "old")  # a call id already in the log
+    ds = [*batch, twin, again]
+    results, statements = one_batch(store, [lambda d=d: store.record_dispatch(d) for d in ds])
+
+    created = {d.call_id: r[1] for d, r in zip(ds, results, strict=True) if r[1]}
+    assert sorted(created) == sorted(f"c{i}" for i in range(20))
+    assert results[20][1] is False and results[20][0].id == batch[3].intent_id
+    assert results[21][1] is False and results[21][0].id == old.id
+    # One statement per table for the batch; the two repeats ran their own insert and read.
+    assert len(inserts_into(statements, "attempts")) == 1
+    assert len(inserts_into(statements, "events")) == 1
+    assert len(inserts_into(statements, "intents")) == 3
+    assert statements.count("BEGIN IMMEDIATE") == 1  # one transaction for the batch
+    for d in batch:
+        it = store.get_intent(d.intent_id)
+        assert it is not None and results[batch.index(d)][0] == it
+        assert [(a.number, a.fence, a.owner) for a in store.attempts(d.intent_id)] == [(1, 1, A)]
+        assert [e.kind for e in store.events(d.intent_id)] == ["dispatched"]
+    assert store.get_intent(twin.intent_id) is None
+
+
+def test_a_batch_of_outcomes_settles_on_the_fence_and_keeps_a_stale_one_as_evidence(
+    store: SqliteStore,
+) -> None:
+    ids = [store.record_dispatch(new(store, f"c{i}"))[0].id for i in range(10)]
+    now = store.now()
+    # ids[0] was claimed by another owner: its first owner's fence is stale.
+    assert store.claim(
+        ids[0], 1, B, lease_expires_at=now + 30, new_attempt=True, deadline_at=None, now=now
+    )
+    outcomes = [(i, S.COMPLETED if n % 2 else S.FAILED) for n, i in enumerate(ids)]
+    results, statements = one_batch(
+        store,
+        [
+            lambda i=i, st=st: store.record_outcome(
+                i,
+                1,
+                st,
+                result='"r"' if st == S.COMPLETED else None,
+                error=None if st == S.COMPLETED else "no",
+                now=now,
+            )
+            for i, st in outcomes
+        ],
+    )
+    assert results == [False] + [True] * 9
+    assert sum(s.startswith("UPDATE intents SET state") for s in statements) == 2  # merged + stale
+    for n, (i, st) in enumerate(outcomes[1:], start=1):
+        it = store.get_intent(i)
+        assert it is not None and it.state == st
+        [att] = store.attempts(i)
+        assert att.outcome == ("completed" if n % 2 else "failed")
+        assert [e.kind for e in store.events(i)] == ["dispatched", att.outcome]
+    stale = store.get_intent(ids[0])
+    assert stale is not None and (stale.state, stale.fence) == (S.DISPATCHED, 2)
+    first, second = store.attempts(ids[0])
+    assert (first.late_outcome, second.outcome) == ("failed", None)
+    assert store.events(ids[0])[-1].kind == "late_outcome"
+
+
+def test_one_intents_two_outcomes_in_one_batch_settle_once(store: SqliteStore) -> None:
+    iid = store.record_dispatch(new(store, "c"))[0].id
+    now = store.now()
+    results, _ = one_batch(
+        store,
+        [
+            lambda: store.record_outcome(iid, 1, S.COMPLETED, result="1", error=None, now=now),
+            lambda: store.record_outcome(iid, 1, S.FAILED, result=None, error="x", now=now),
+        ],
+    )
+    assert sorted(results) == [False, True]
+    it = store.get_intent(iid)
+    assert it is not None and it.state == (S.COMPLETED if results[0] else S.FAILED)
+
+
+def test_a_refused_row_fails_its_own_call_and_the_batch_commits_the_rest(
+    store: SqliteStore,
+) -> None:
+    taken, _ = store.record_dispatch(new(store, "first"))
+    ds = [new(store, "a"), new(store, "clash", intent_id=taken.id), new(store, "b")]
+    results, statements = one_batch(store, [lambda d=d: store.record_dispatch(d) for d in ds])
+    assert isinstance(results[1], sqlite3.IntegrityError)
+    assert results[0][1] is True and results[2][1] is True
+    assert store.get_intent(ds[0].intent_id) is not None
+    assert store.get_intent(ds[2].intent_id) is not None
+    assert store.get_by_call_id("clash") is None
+    assert "SAVEPOINT op" in statements  # the merged try was undone, then one by one
+
+
+def test_async_callers_commit_without_threads_of_their_own(store: SqliteStore) -> None:
+    path = store.path
+    seen: list[int] = []
+
+    async def caller(n: int) -> None:
+        for i in range(10):
+            d = new(store, f"a{n}-{i}")
+            intent, created = await store.arecord_dispatch(d)
+            assert created and intent.id == d.intent_id
+            other = sqlite3.connect(path)  # durable before the future resolved
+            try:
+                seen.append(
+                    other.execute(
+                        "SELECT COUNT(*) FROM intents WHERE id = ?", (d.intent_id,)
+                    ).fetchone()[0]
+                )
+            finally:
+                other.close()
+            ok = await store.arecord_outcome(
+                d.intent_id, 1, S.COMPLETED, result="1", error=None, now=store.now()
+            )
+            assert ok
+
+    async def main() -> None:
+        before = threading.active_count()
+        await asyncio.gather(*(caller(n) for n in range(32)))
+        assert threading.active_count() <= before + 1  # the one writer thread at most
+
+    asyncio.run(main())
+    assert seen == [1] * 320
+    assert store.counts() == {("t.tool", "COMPLETED"): 320}
+
+
+def test_closing_the_store_fails_queued_async_writes(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "log.db")
+    held, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        held.set()
+        assert release.wait(10)
+
+    leader_saw: list[BaseException] = []
+
+    def lead() -> None:
+        try:
+            store._writer.run(hold)
+        except StoreError as exc:
+            leader_saw.append(exc)
+
+    async def main() -> None:
+        leader = threading.Thread(target=lead)
+        leader.start()
+        assert held.wait(10)
+        fut = store.arecord_dispatch(new(store, "late"))
+        store.close()
+        release.set()
+        await asyncio.to_thread(leader.join, 10)
+        with pytest.raises(StoreUnavailableError, match="closed"):
+            await asyncio.wait_for(fut, 10)
+
+    asyncio.run(main())
+    # The write in flight when the store closed failed with a store error, not a crash.
+    assert [type(e) for e in leader_saw] == [StoreError]
+    assert "closed" in str(leader_saw[0])
