@@ -8,9 +8,9 @@ import json
 import logging
 import math
 import os
+import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -403,7 +403,7 @@ class Kernel:
                     tool_id=t.id,
                 )
         elif isinstance(effects, Queryable):
-            request_id = "rq_" + uuid.uuid4().hex
+            request_id = _new_request_id()
         now = self.store.now()
         timeout = t.registration.timeout
         d = NewDispatch(
@@ -695,9 +695,21 @@ def _unknown(exc: Exception, scope: CallScope | None) -> _Run:
     return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
 
 
+# Ids need uniqueness, not secrecy. os.urandom per call hands the GIL back for a system
+# call and, with the store's writer thread busy, waited 60 us to win it again (profile of 64
+# async callers); a generator seeded from it once per process, and again in a forked child,
+# does not.
+_ids = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
+
+
 def _new_id() -> str:
     # Time-ordered, so recovery scans the oldest unfinished intents first.
-    return f"in_{time.time_ns():016x}{os.urandom(5).hex()}"
+    return f"in_{time.time_ns():016x}{_ids.getrandbits(40):010x}"
+
+
+def _new_request_id() -> str:
+    return f"rq_{_ids.getrandbits(128):032x}"
 
 
 def _run_coroutine(coro: Any) -> Any:

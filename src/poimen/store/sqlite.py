@@ -189,7 +189,7 @@ class _GroupCommit:
         conn = self._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if len(batch) == 1 and batch[0].merge is None:
+            if len(batch) == 1:
                 op = batch[0]
                 try:
                     op.value = op.fn(conn)
@@ -262,16 +262,16 @@ def _run_all(conn: sqlite3.Connection, batch: list[_Op[Any]]) -> bool:
     win it again from the callers' threads."""
     groups: dict[_Merge, list[_Op[Any]]] = {}
     for op in batch:
+        op.value = _UNSETTLED
         if op.merge is not None and _CAN_MERGE:
             groups.setdefault(op.merge, []).append(op)
     try:
         for merge, ops in groups.items():
-            for op in ops:
-                op.value = _UNSETTLED
-            for i in range(0, len(ops), _MERGE_ROWS):
-                merge(conn, ops[i : i + _MERGE_ROWS])
+            if len(ops) > 1:  # a lone op's own statements are quicker than a merged one
+                for i in range(0, len(ops), _MERGE_ROWS):
+                    merge(conn, ops[i : i + _MERGE_ROWS])
         for op in batch:
-            if op.merge is None or op.value is _UNSETTLED or not _CAN_MERGE:
+            if op.value is _UNSETTLED:
                 op.value = op.fn(conn)
     except BaseException:
         return False
@@ -283,27 +283,45 @@ class _Unsettled:
 
 
 _UNSETTLED: Any = _Unsettled()
-# RETURNING (3.35) tells a merged write which rows it changed; UPDATE ... FROM is 3.33.
-_CAN_MERGE = sqlite3.sqlite_version_info >= (3, 35, 0)
+# A merged outcome is an UPDATE ... FROM, new in SQLite 3.33.
+_CAN_MERGE = sqlite3.sqlite_version_info >= (3, 33, 0)
 # 17 parameters per intent row, well inside SQLite's 32,766 variables per statement.
 _MERGE_ROWS = 500
 
 
-def _many(conn: sqlite3.Connection, template: str, rows: list[tuple[Any, ...]]) -> list[Any]:
+def _many(conn: sqlite3.Connection, template: str, rows: list[tuple[Any, ...]]) -> Any:
     """One statement for many rows: `template`'s ``{values}`` becomes a tuple per row."""
     one = "(" + ",".join("?" * len(rows[0])) + ")"
     sql = template.format(values=",".join([one] * len(rows)))
-    return conn.execute(sql, [p for row in rows for p in row]).fetchall()
+    return conn.execute(sql, [p for row in rows for p in row])
+
+
+class _MergeMismatch(Exception):
+    """A merged write changed another number of rows than its check foresaw."""
+
+
+def _expect(cur: Any, rows: int) -> None:
+    if cur.rowcount != rows:
+        raise _MergeMismatch(f"a merged write changed {cur.rowcount} rows, not {rows}")
 
 
 def _merge_dispatches(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
-    """First dispatch commits of many calls in three statements. A call id already in the
-    log (or twice in the batch) inserts nothing and is left to its op, which reads it."""
+    """First dispatch commits of many calls in four statements. A call id already in the log
+    or twice in the batch is left to its op, which reads the recorded intent.
+
+    The check reads nothing in the usual case: one step of the statement, where RETURNING
+    would take one per row, and each step hands the GIL to the callers' threads and has to
+    win it back."""
     ds: list[NewDispatch] = [op.payload for op in ops]
-    inserted = {r[0] for r in _many(conn, _INSERT_INTENTS, [dispatch_params(d) for d in ds])}
-    new = [(op, d) for op, d in zip(ops, ds, strict=True) if d.intent_id in inserted]
+    seen = {r[0] for r in _many(conn, _KNOWN_CALL_IDS, [(d.call_id,) for d in ds])}
+    new: list[tuple[_Op[Any], NewDispatch]] = []
+    for op, d in zip(ops, ds, strict=True):
+        if d.call_id not in seen:
+            seen.add(d.call_id)
+            new.append((op, d))
     if not new:
         return
+    _expect(_many(conn, _INSERT_INTENTS, [dispatch_params(d) for _, d in new]), len(new))
     _many(conn, _INSERT_ATTEMPTS, [attempt_one_params(d) for _, d in new])
     _many(conn, _INSERT_EVENTS, [dispatched_event_params(d) for _, d in new])
     for op, d in new:
@@ -311,16 +329,20 @@ def _merge_dispatches(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
 
 
 def _merge_outcomes(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
-    """Outcome commits of many calls in three statements, each on its attempt's fence. An
-    outcome whose fence is stale is left to its op, which keeps it as evidence."""
+    """Outcome commits of many calls in four statements, each on its attempt's fence. An
+    outcome whose fence is stale (or whose intent is missing or settled) is left to its op,
+    which keeps it as evidence; so is one intent's second outcome in the batch."""
     outs: list[_Outcome] = [op.payload for op in ops]
-    if len({o.intent_id for o in outs}) != len(outs):
-        return  # one intent twice: its ops decide in turn
-    rows = [(o.intent_id, o.fence, o.state.value, o.result, o.error, o.now) for o in outs]
-    settled = {r[0] for r in _many(conn, _SETTLE_MANY, rows)}
-    done = [(op, o) for op, o in zip(ops, outs, strict=True) if o.intent_id in settled]
+    stale = {r[0] for r in _many(conn, _UNSETTLEABLE, [(o.intent_id, o.fence) for o in outs])}
+    done: list[tuple[_Op[Any], _Outcome]] = []
+    for op, o in zip(ops, outs, strict=True):
+        if o.intent_id not in stale:
+            stale.add(o.intent_id)
+            done.append((op, o))
     if not done:
         return
+    rows = [(o.intent_id, o.fence, o.state.value, o.result, o.error, o.now) for _, o in done]
+    _expect(_many(conn, _SETTLE_MANY, rows), len(done))
     _many(
         conn,
         _END_ATTEMPTS,
@@ -346,12 +368,12 @@ class _Outcome(NamedTuple):
 
 _Merge = Callable[[sqlite3.Connection, list[_Op[Any]]], None]
 
+_KNOWN_CALL_IDS = "SELECT call_id FROM intents WHERE call_id IN (VALUES {values})"
 _INSERT_INTENTS = (
     "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, request_id, "
     "owner_id, owner_host, owner_pid, owner_start, lease_expires_at, timeout_s, deadline_at, "
     "created_at, updated_at, state, fence, unknown_count, attempts) "
-    "SELECT *, 'DISPATCHED', 1, 0, 1 FROM (VALUES {values}) WHERE true "
-    "ON CONFLICT (call_id) DO NOTHING RETURNING id"
+    "SELECT *, 'DISPATCHED', 1, 0, 1 FROM (VALUES {values})"
 )
 _INSERT_ATTEMPTS = (
     "INSERT INTO attempts (intent_id, owner_id, owner_host, owner_pid, owner_start, "
@@ -360,12 +382,16 @@ _INSERT_ATTEMPTS = (
 _INSERT_EVENTS = (
     "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) VALUES {values}"
 )
+_UNSETTLEABLE = (
+    "SELECT v.column1 FROM (VALUES {values}) AS v LEFT JOIN intents ON intents.id = v.column1 "
+    "WHERE intents.id IS NULL OR intents.state != 'DISPATCHED' OR intents.fence != v.column2"
+)
 _SETTLE_MANY = (
     "UPDATE intents SET state = v.column3, result = v.column4, error = v.column5, "
     "lease_expires_at = NULL, next_check_at = NULL, updated_at = v.column6 "
     "FROM (VALUES {values}) AS v "
     "WHERE intents.id = v.column1 AND intents.fence = v.column2 "
-    "AND intents.state = 'DISPATCHED' RETURNING intents.id"
+    "AND intents.state = 'DISPATCHED'"
 )
 _END_ATTEMPTS = (
     "UPDATE attempts SET ended_at = v.column3, outcome = v.column4, result = v.column5, "
