@@ -5,6 +5,7 @@ async callers are served by the writer thread without a thread of their own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 import uuid
@@ -250,3 +251,33 @@ def test_closing_the_store_fails_queued_async_writes(tmp_path: Path) -> None:
     # The write in flight when the store closed failed with a store error, not a crash.
     assert [type(e) for e in leader_saw] == [StoreError]
     assert "closed" in str(leader_saw[0])
+
+
+def test_closing_the_store_with_its_writer_thread_running_leaves_no_caller_waiting(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "log.db")
+    held, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        held.set()
+        assert release.wait(10)
+
+    def lead() -> None:
+        with contextlib.suppress(StoreError):
+            store._writer.run(hold)
+
+    async def main() -> None:
+        await store.arecord_dispatch(new(store, "first"))  # the writer thread now exists
+        leader = threading.Thread(target=lead)
+        leader.start()
+        assert held.wait(10)
+        queued = [store.arecord_dispatch(new(store, f"q{i}")) for i in range(3)]
+        store.close()
+        release.set()
+        await asyncio.to_thread(leader.join, 10)
+        for fut in queued:
+            with pytest.raises(StoreUnavailableError, match="closed"):
+                await asyncio.wait_for(fut, 10)
+
+    asyncio.run(main())

@@ -79,6 +79,7 @@ class _GroupCommit:
         self._go = threading.Lock()  # released to make the writer thread lead once
         self._go.acquire()
         self._thread: threading.Thread | None = None
+        self._thread_leads = False  # the role was handed to the thread
         self._stopped = False
 
     def run(
@@ -130,6 +131,10 @@ class _GroupCommit:
                 self._go.release()
 
     def _hand_to_thread(self) -> None:
+        """Give the leader's role to the writer thread (called by the role's holder)."""
+        if self._stopped:  # no thread will lead again: nobody may wait for it
+            self._fail_queued()
+            return
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
@@ -137,13 +142,17 @@ class _GroupCommit:
                         target=self._thread_main, name="poimen-sqlite-writer", daemon=True
                     )
                     self._thread.start()
-        self._go.release()
+        self._thread_leads = True
+        with contextlib.suppress(RuntimeError):  # stop() released it first: the thread wakes
+            self._go.release()
 
     def _thread_main(self) -> None:
         while True:
             self._go.acquire()
+            leads, self._thread_leads = self._thread_leads, False
             if self._stopped:
-                self._fail_queued()
+                if leads:  # queued async callers wait for this thread: tell them
+                    self._fail_queued()
                 return
             self._lead(None)
 
