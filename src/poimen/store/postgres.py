@@ -13,6 +13,8 @@ fence, events in the same transaction). What PostgreSQL adds:
   never applied twice. If the write cannot be made, `StoreUnavailableError` is raised and the
   intent stays DISPATCHED for recovery.
 - Migrations run under a transaction-scoped advisory lock: concurrent migrators leave one schema.
+- A call's two commits are one statement each (data-modifying CTEs), prepared once per session
+  and sent with their BEGIN and COMMIT in one message: one round trip per durable commit.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import random
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -30,10 +33,20 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from poimen._intents import Denial, Intent, IntentState, Owner
+from poimen._intents import Denial, Intent, IntentState, Owner, check_transition
 from poimen.errors import PoimenError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
-from poimen.store._sql import Executor, Sql, SqlStore, claim_params, dispatch_params, too_new
+from poimen.store._sql import (
+    OUTCOMES,
+    Executor,
+    Sql,
+    SqlStore,
+    claim_params,
+    dispatch_params,
+    dispatched_event_params,
+    outcome_event_params,
+    too_new,
+)
 
 T = TypeVar("T")
 S = IntentState
@@ -122,6 +135,10 @@ class PostgresStore(SqlStore):
         probe.close()
         self._clock_at = time.monotonic()
         self._clock_lock = threading.Lock()
+        # Sessions that hold the call path's prepared statements.
+        self._prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             url,
             min_size=min_size,
@@ -149,11 +166,13 @@ class PostgresStore(SqlStore):
 
     # Connections, transactions, retries.
 
-    def _run(self, what: str, fn: Callable[[Cursor, bool], T], *, write: bool = True) -> T:
+    def _run(self, what: str, fn: Callable[[Cursor, bool], T], *, transaction: bool = True) -> T:
         """Run `fn` in one transaction; retry it while the database is unreachable.
 
         `fn(cur, retrying)` gets `retrying=True` on every try after a failed one, so it can
-        recognise its own earlier commit whose answer the lost connection swallowed.
+        recognise its own earlier commit whose answer the lost connection swallowed. With
+        `transaction=False` statements run in autocommit: for reads, and for writes that bring
+        their own BEGIN and COMMIT (`_one_trip`).
         """
         if self._closed:
             raise StoreUnavailableError("the store is closed")
@@ -165,7 +184,7 @@ class PostgresStore(SqlStore):
             wait = min(self._connect_timeout, max(0.05, deadline - time.monotonic()))
             try:
                 with self._connection(wait, direct=retrying) as conn:
-                    if write:
+                    if transaction:
                         with conn.transaction(), conn.cursor() as cur:
                             return fn(cur, retrying)
                     with conn.cursor() as cur:
@@ -214,7 +233,7 @@ class PostgresStore(SqlStore):
             cur.execute(sql, params)
             return cur.fetchall()
 
-        return self._run("read", op, write=False)
+        return self._run("read", op, transaction=False)
 
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
         return self._run(what, fn)
@@ -246,7 +265,7 @@ class PostgresStore(SqlStore):
         def op(cur: Cursor, _retrying: bool) -> int:
             return _found_version(cur)
 
-        return self._run("schema_version", op, write=False)
+        return self._run("schema_version", op, transaction=False)
 
     def _check_version(self) -> None:
         known = migrations("postgres")[-1][0]
@@ -283,24 +302,63 @@ class PostgresStore(SqlStore):
 
         return self._run("migrate", op)
 
-    # The call path.
+    # The call path: each commit is one round trip (see `_one_trip`).
+
+    def _one_trip(self, cur: Cursor, name: str, params: Sequence[Any]) -> Any:
+        """BEGIN, EXECUTE `name`, COMMIT in one simple-protocol message: one round trip per
+        commit (the extended protocol takes one per statement). Returns EXECUTE's first row."""
+        conn = cur.connection
+        prepare, message = _ONE_TRIP[name]
+        done = self._prepared.setdefault(conn, set())
+        if name not in done:  # once per session: a plan, not a parse, per call
+            conn.execute(prepare)
+            done.add(name)
+        # Parameters are quoted client-side: a multi-statement message cannot carry them.
+        with psycopg.ClientCursor(conn) as cc:
+            cc.execute(message, params)
+            cc.nextset()
+            return cc.fetchone()
 
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
+        params = (*dispatch_params(d), *dispatched_event_params(d))
+
         def op(cur: Cursor, retrying: bool) -> tuple[Intent, bool]:
-            row = cur.execute(_INSERT_INTENT, dispatch_params(d)).fetchone()
-            if row is None:
+            row = self._one_trip(cur, "dispatch", params)
+            if row is None:  # the call id exists: nothing was written
                 existing = _intent_where(cur, SQL.intent_by_call_id, "call_id", d.call_id)
                 # Our own earlier try, committed before the connection dropped: still ours.
                 return existing, retrying and existing.id == d.intent_id
-            o = d.owner
-            cur.execute(
-                SQL.insert_first_attempt,
-                (d.intent_id, o.worker_id, o.host, o.pid, o.pid_start, d.now),
-            )
-            self._dispatched_event(cur, d)
             return intent_from_row(row), True
 
-        return self._run("record_dispatch", op)
+        return self._run("record_dispatch", op, transaction=False)
+
+    def record_outcome(
+        self,
+        intent_id: str,
+        fence: int,
+        state: IntentState,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+    ) -> bool:
+        check_transition(S.DISPATCHED, state)
+        params = (
+            *(state.value, result, error, now, intent_id, fence),
+            *(now, OUTCOMES[state], result, error, intent_id, fence),
+            *outcome_event_params(intent_id, fence, state, error, now),
+        )
+        shared = self._outcome_op(intent_id, fence, state, result, error, now)
+
+        def op(cur: Cursor, retrying: bool) -> bool:
+            if self._one_trip(cur, "settle", params) is not None:
+                return True
+            # Our own earlier try, or a stale owner: the shared write tells which (its settle
+            # matches nothing now, nor ever will) and keeps a stale outcome as evidence.
+            with cur.connection.transaction():
+                return shared(cur, retrying)
+
+        return self._run("record_outcome", op, transaction=False)
 
     # Recovery.
 
@@ -468,6 +526,37 @@ def _intent_where(cur: Cursor, sql: str, column: str, value: str) -> Intent:
     return intent_from_row(row)
 
 
-_INSERT_INTENT = f"{SQL.insert_intent} RETURNING {INTENT_COLUMNS}"
+_INSERT_EVENT = "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail)"
+_EVENT = "%s, %s::float8, %s, %s, %s, %s, %s"  # the event's values, as `event_params` gives them
+# The intent, its attempt 1 and its event, or nothing at all when the call id exists.
+_DISPATCH = (
+    f"WITH i AS ({SQL.insert_intent} RETURNING {INTENT_COLUMNS}), "
+    "a AS (INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, owner_pid, "
+    "owner_start, started_at) SELECT id, 1, 1, owner_id, owner_host, owner_pid, owner_start, "
+    "created_at FROM i), "
+    f"e AS ({_INSERT_EVENT} SELECT {_EVENT} FROM i) "
+    f"SELECT {INTENT_COLUMNS} FROM i"
+)
+# The compare-and-set on the fence, then its attempt and event only if it matched.
+_SETTLE = (
+    f"WITH s AS ({SQL.settle} RETURNING id), "
+    f"a AS ({SQL.end_attempt} AND EXISTS (SELECT FROM s)), "
+    f"e AS ({_INSERT_EVENT} SELECT {_EVENT} FROM s) "
+    "SELECT id FROM s"
+)
+
+
+def _prepared(name: str, sql: str) -> tuple[str, str]:
+    """PREPARE for `sql` as ``poimen_<name>``, and the one-trip message that executes it."""
+    parts = sql.split("%s")
+    numbered = parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
+    args = ", ".join(["%s"] * (len(parts) - 1))
+    return (
+        f"PREPARE poimen_{name} AS {numbered}",
+        f"BEGIN; EXECUTE poimen_{name}({args}); COMMIT",
+    )
+
+
+_ONE_TRIP = {"dispatch": _prepared("dispatch", _DISPATCH), "settle": _prepared("settle", _SETTLE)}
 _RESOLVE = f"{SQL.resolve} RETURNING {INTENT_COLUMNS}"
 _INSERT_DENIAL = f"{SQL.insert_denial} RETURNING id"

@@ -1,0 +1,92 @@
+"""The call path's one-round-trip commits on PostgreSQL: values quoted client-side arrive intact,
+event details are the bytes the SQLite store writes, and a lost answer is recognised as our own
+commit."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import pytest
+
+from poimen._intents import IntentState
+from poimen.store import NewDispatch, open_store
+from poimen.store.postgres import Cursor, PostgresStore
+from tests.contract.test_store_contract import A, dispatch
+
+S = IntentState
+# Quotes, backslashes, a placeholder, non-ASCII and a float that needs all its digits.
+AWKWARD = "it's \\N %s 'é' \\' E'x'"
+
+
+def test_awkward_values_arrive_intact_and_details_match_the_sqlite_bytes(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        now = store.now() + 1e-7
+        d = NewDispatch(
+            f"in_{AWKWARD}", f"call {AWKWARD}", "t.tool", "idempotent", json.dumps({"s": AWKWARD}),
+            "h", AWKWARD, None, A, now + 30, 0.1 + 0.2, now + 5, now,
+        )  # fmt: skip
+        it, created = store.record_dispatch(d)
+        assert created and store.get_by_call_id(d.call_id) == it
+        assert (it.id, it.args, it.key, it.timeout_s, it.created_at) == (
+            d.intent_id, d.args, AWKWARD, 0.1 + 0.2, now,
+        )  # fmt: skip
+        assert store.record_outcome(it.id, 1, S.FAILED, result=None, error=AWKWARD, now=now)
+        assert [(e.kind, e.at, e.detail) for e in store.events(it.id)] == [
+            ("dispatched", now, json.dumps({"attempt": 1, "fence": 1, "key": AWKWARD}, sort_keys=True)),
+            ("failed", now, json.dumps({"error": AWKWARD, "fence": 1}, sort_keys=True)),
+        ]  # fmt: skip
+        [att] = store.attempts(it.id)
+        assert (att.outcome, att.error, att.ended_at) == ("failed", AWKWARD, now)
+    finally:
+        store.close()
+
+
+class _LosesFirstAnswer(PostgresStore):
+    """Commits a call-path write, then reports the connection lost, as a server that committed
+    and died before answering would."""
+
+    to_lose = 0
+
+    def _one_trip(self, cur: Cursor, name: str, params: Sequence[Any]) -> Any:
+        row = super()._one_trip(cur, name, params)
+        if self.to_lose:
+            self.to_lose -= 1
+            raise psycopg.OperationalError("answer lost")
+        return row
+
+
+@pytest.mark.postgres
+def test_a_lost_answer_is_recognised_as_our_own_commit(postgres_url: str) -> None:
+    store = _LosesFirstAnswer(postgres_url, retry_for=5.0)
+    try:
+        store.to_lose = 1
+        iid = dispatch(store, "c-lost")  # asserts created: the landed try was ours
+        store.to_lose = 1
+        assert store.record_outcome(iid, 1, S.COMPLETED, result='"ok"', error=None, now=1.0)
+        assert store.to_lose == 0
+        [att] = store.attempts(iid)
+        assert (att.outcome, att.late_outcome) == ("completed", None)
+        assert [e.kind for e in store.events(iid)] == ["dispatched", "completed"]
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_new_session_prepares_the_call_path_again(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url, min_size=1, max_size=1)
+    try:
+        iid = dispatch(store, "c-1")
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        assert store.record_outcome(iid, 1, S.COMPLETED, result="1", error=None, now=1.0)
+        iid = dispatch(store, "c-2")
+        assert store.record_outcome(iid, 1, S.COMPLETED, result="2", error=None, now=1.0)
+    finally:
+        store.close()
