@@ -3,6 +3,7 @@
     scripts/bench                 # the full run (a few minutes)
     scripts/bench --quick         # tiny sizes: checks the suite works, numbers mean nothing
     scripts/bench --only single,keys
+    scripts/bench --only instructions   # CPU per call under callgrind (needs valgrind; minutes)
 
 Every figure is the minimum / median / maximum over `--reps` repetitions. Ratios compare
 medians measured in this one run, on this machine, on the same disk.
@@ -24,13 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import concurrency, dbos_step, keys, recovery, single
+from bench import concurrency, dbos_step, instructions, keys, recovery, single
 from bench._util import ROOT, Row, Skipped, child, machine
 from poimen import KeyDerivation
 from poimen.store.sqlite import SqliteStore
 
 POSTGRES_URL = os.environ.get("POIMEN_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 GROUPS = ("single", "dbos", "concurrency", "recovery", "keys", "capability", "postgres")
+# Asked for by name only: minutes under valgrind.
+EXTRA_GROUPS = ("instructions",)
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class Suite:
                 "poimen store alone: record_dispatch + record_outcome",
                 "µs/call",
                 store,
-                note="the log's SQL (3 tables, 9 b-trees, events) without the kernel",
+                note="the log's SQL (intent, attempt, event rows) without the kernel",
             )
         )
         c = self.add(
@@ -310,6 +313,21 @@ class Suite:
             )
         )
 
+    # 1, in instructions: the CPU part of a call, free of the machine's noise.
+    def instructions(self) -> None:
+        why = instructions.available()
+        if why:
+            self.skipped.append(Skipped("1 instructions", "callgrind", why))
+            return
+        per = instructions.measure(calls=50 if self.s is QUICK else 500)
+        note = "callgrind, synchronous=OFF; repeatable, so one run"
+        f = self.add(
+            Row("1 instructions", "floor: raw sqlite3, 2 commits", "instr/call", [per["floor"]], note)
+        )
+        for key, name in (("store", "poimen store alone"), ("call", "poimen Kernel.call")):
+            r = self.add(Row("1 instructions", name, "instr/call", [per[key]], note))
+            r.ratio, r.ratio_of = r.median / f.median, "x floor"
+
     # 4 and 6: benchmarks other engineers own, included when present.
     def external(self, group: str, module: str) -> None:
         if not (ROOT / "bench" / f"{module}.py").exists():
@@ -449,7 +467,11 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes, for the smoke test")
-    p.add_argument("--only", help=f"comma-separated groups of {', '.join(GROUPS)}")
+    p.add_argument(
+        "--only",
+        help=f"comma-separated groups of {', '.join(GROUPS)}; also {', '.join(EXTRA_GROUPS)} "
+        "(not in the default run)",
+    )
     p.add_argument("--reps", type=int, help="repetitions (default 5; at least 5 for a report)")
     p.add_argument(
         "--workdir",
@@ -463,9 +485,10 @@ def main(argv: list[str] | None = None) -> int:
     if ns.reps:
         sizes = Sizes(**{**sizes.__dict__, "reps": ns.reps})
     groups = GROUPS if not ns.only else tuple(g.strip() for g in ns.only.split(","))
-    unknown = set(groups) - set(GROUPS)
+    unknown = set(groups) - set(GROUPS) - set(EXTRA_GROUPS)
     if unknown:
-        p.error(f"unknown group(s) {', '.join(sorted(unknown))}; choose from {', '.join(GROUPS)}")
+        known = ", ".join(GROUPS + EXTRA_GROUPS)
+        p.error(f"unknown group(s) {', '.join(sorted(unknown))}; choose from {known}")
     ns.workdir.mkdir(parents=True, exist_ok=True)
 
     def log(msg: str) -> None:
@@ -488,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         "keys": suite.keys,
         "capability": lambda: suite.external("6 capability", "bench_capability"),
         "postgres": suite.postgres,
+        "instructions": suite.instructions,
     }
     t0 = time.perf_counter()
     for g in groups:

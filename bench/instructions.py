@@ -1,0 +1,143 @@
+"""CPU cost per call in instructions, under valgrind's callgrind: the floor, the store's two
+commits alone, and Kernel.call, on SQLite WAL with synchronous=OFF (no fsync to wait for).
+
+    python -m bench.instructions [--calls 500]
+
+Instruction counts do not depend on what else the machine is doing, so this group shows what
+poimen's own code and SQL cost where wall-clock figures drown in noise. Each figure is the
+difference between a run of `base + calls` calls and one of `base` calls, divided by `calls`:
+start-up, imports and the schema cancel out. Kernel time (the write system calls) is not
+counted; it follows the pages each commit writes, reported by the `single` group's page counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench._util import ROOT
+
+WORKLOADS = ("floor", "store", "call")
+BASE = 100
+
+
+def available() -> str | None:
+    """None when callgrind can run here, else why not."""
+    return None if shutil.which("valgrind") else "valgrind is not installed"
+
+
+def _workload(what: str, n: int, total: int, workdir: Path) -> None:
+    """`n` timed calls of one workload; `total` fixes what is prepared, so it cancels out."""
+    from bench.single import ARGS_JSON, TOOL, args, noop_kernel
+
+    if what == "floor":
+        import sqlite3
+
+        path = workdir / "floor.db"
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=OFF")
+        conn.execute(
+            "CREATE TABLE calls (call_id TEXT PRIMARY KEY, tool_id TEXT NOT NULL, "
+            "args TEXT NOT NULL, state TEXT NOT NULL, result TEXT)"
+        )
+        for i in range(n):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO calls VALUES (?, ?, ?, 'DISPATCHED', NULL)", (f"c{i}", TOOL, ARGS_JSON)
+            )
+            conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "UPDATE calls SET state = 'COMPLETED', result = 'null' WHERE call_id = ?", (f"c{i}",)
+            )
+            conn.execute("COMMIT")
+        conn.close()
+        return
+    from poimen import IntentState
+
+    kernel = noop_kernel(workdir / "poimen.db", synchronous="OFF")
+    try:
+        kernel.call(TOOL, args(-1), call_id="warm")
+        if what == "store":
+            store = kernel.store
+            ds = [kernel._prepare(TOOL, args(i), f"c{i}")[1] for i in range(total)]
+            for d in ds[:n]:
+                intent, _ = store.record_dispatch(d)
+                store.record_outcome(
+                    intent.id,
+                    intent.fence,
+                    IntentState.COMPLETED,
+                    result="null",
+                    error=None,
+                    now=store.now(),
+                )
+        else:
+            for i in range(n):
+                kernel.call(TOOL, args(i), call_id=f"c{i}")
+    finally:
+        kernel.close()
+
+
+def _instructions(what: str, n: int, total: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="poimen-cg-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        proc = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                "-m",
+                "bench.instructions",
+                "--run",
+                what,
+                str(n),
+                str(total),
+                tmp,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"callgrind run of {what} failed: {proc.stderr[-2000:]}")
+        m = re.search(r"Collected : (\d+)", proc.stderr)
+        if m is None:
+            raise RuntimeError(f"callgrind printed no total for {what}")
+        return int(m.group(1))
+
+
+def measure(calls: int = 500) -> dict[str, float]:
+    """Instructions per call of each workload."""
+    total = BASE + calls
+    return {
+        what: (_instructions(what, total, total) - _instructions(what, BASE, total)) / calls
+        for what in WORKLOADS
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--run":
+        what, n, total, tmp = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
+        _workload(what, n, total, tmp)
+        return
+    p = argparse.ArgumentParser(prog="python -m bench.instructions")
+    p.add_argument("--calls", type=int, default=500)
+    ns = p.parse_args()
+    why = available()
+    if why:
+        raise SystemExit(why)
+    print(json.dumps(measure(ns.calls)))
+
+
+if __name__ == "__main__":
+    main()
