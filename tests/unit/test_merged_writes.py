@@ -281,3 +281,48 @@ def test_closing_the_store_with_its_writer_thread_running_leaves_no_caller_waiti
                 await asyncio.wait_for(fut, 10)
 
     asyncio.run(main())
+
+
+def test_a_batch_of_claims_takes_each_intent_once_on_its_fence(store: SqliteStore) -> None:
+    ids = [store.record_dispatch(new(store, f"c{i}"))[0].id for i in range(8)]
+    now = store.now()
+    store.record_outcome(ids[7], 1, S.COMPLETED, result="1", error=None, now=now)  # settled
+
+    def claim(i: str, fence: int = 1, *, new_attempt: bool = True) -> Any:
+        return lambda: store.claim(
+            i,
+            fence,
+            B,
+            lease_expires_at=now + 30,
+            new_attempt=new_attempt,
+            deadline_at=now + 60 if new_attempt else None,
+            now=now,
+        )
+
+    calls = [
+        *(claim(i) for i in ids[:5]),
+        claim(ids[5], new_attempt=False),  # a Queryable check: no new attempt
+        claim(ids[6], fence=7),  # a stale fence
+        claim(ids[7]),  # settled already
+        claim(ids[0]),  # the same intent twice: the second loses the race
+    ]
+    results, statements = one_batch(store, calls)
+    assert [r is None for r in results] == [False] * 6 + [True] * 3
+    # One merged claim; the twin ran its own compare-and-set, which found the fence moved.
+    assert sum(s.startswith("UPDATE intents SET fence") for s in statements) == 2
+    assert "SAVEPOINT op" not in statements
+    for n, i in enumerate(ids[:6]):
+        got = results[n]
+        assert got == store.get_intent(i)  # what the claim returned is what the log holds
+        assert (got.fence, got.owner, got.state) == (2, B, S.DISPATCHED)
+        if n < 5:
+            assert got.attempts == 2 and got.deadline_at == now + 60
+            assert [(a.number, a.fence, a.owner) for a in store.attempts(i)][-1] == (2, 2, B)
+            assert [e.kind for e in store.events(i)] == ["dispatched", "retry"]
+        else:
+            assert got.attempts == 1 and len(store.attempts(i)) == 1
+            assert [e.kind for e in store.events(i)] == ["dispatched", "claimed"]
+    untouched = store.get_intent(ids[6])
+    assert untouched is not None and (untouched.fence, untouched.owner) == (1, A)
+    done = store.get_intent(ids[7])
+    assert done is not None and (done.state, done.fence) == (S.COMPLETED, 1)

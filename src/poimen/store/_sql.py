@@ -256,6 +256,35 @@ def attempt_one_params(d: NewDispatch) -> tuple[Any, ...]:
     return (d.intent_id, o.worker_id, o.host, o.pid, o.pid_start, d.now)
 
 
+def retry_attempt_params(it: Intent, owner: Owner, now: float) -> tuple[Any, ...]:
+    """The parameters of `Sql.insert_attempt` for the attempt a claim opens; `it` is the row
+    after the claim."""
+    return (
+        it.id,
+        it.attempts,
+        it.fence,
+        owner.worker_id,
+        owner.host,
+        owner.pid,
+        owner.pid_start,
+        now,
+    )
+
+
+def claim_event_params(
+    it: Intent, owner: Owner, new_attempt: bool, now: float, nonce: str | None
+) -> tuple[Any, ...]:
+    return event_params(
+        it.id,
+        now,
+        "retry" if new_attempt else "claimed",
+        S.DISPATCHED,
+        S.DISPATCHED,
+        owner.worker_id,
+        {"fence": it.fence, "attempt": it.attempts if new_attempt else None, "claim": nonce},
+    )
+
+
 def claim_params(
     owner: Owner,
     lease_expires_at: float,
@@ -337,29 +366,8 @@ class SqlStore:
         """Record a claim: its attempt row (if a new attempt) and its event; `it` is the row after
         the claim. `nonce` (PostgreSQL) marks the event so that a retry can find its own."""
         if new_attempt:
-            ex.execute(
-                self._sql.insert_attempt,
-                (
-                    it.id,
-                    it.attempts,
-                    it.fence,
-                    owner.worker_id,
-                    owner.host,
-                    owner.pid,
-                    owner.pid_start,
-                    now,
-                ),
-            )
-        self._event(
-            ex,
-            it.id,
-            now,
-            "retry" if new_attempt else "claimed",
-            S.DISPATCHED,
-            S.DISPATCHED,
-            owner.worker_id,
-            {"fence": it.fence, "attempt": it.attempts if new_attempt else None, "claim": nonce},
-        )
+            ex.execute(self._sql.insert_attempt, retry_attempt_params(it, owner, now))
+        ex.execute(self._sql.insert_event, claim_event_params(it, owner, new_attempt, now, nonce))
 
     def _resolvable(self, intent_id: str, row: Any, target: IntentState) -> None:
         """Raise unless `row` (its state first) is an INDETERMINATE intent."""

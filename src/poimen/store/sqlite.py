@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sqlite3
 import threading
 import time
@@ -13,17 +14,19 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from poimen._intents import Denial, Intent, IntentState, Owner, check_transition
 from poimen.errors import StoreError, StoreUnavailableError
-from poimen.store._base import NewDispatch, intent_from_row, migrations
+from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._sql import (
     OUTCOMES,
     Executor,
     Sql,
     SqlStore,
     attempt_one_params,
+    claim_event_params,
     claim_params,
     dispatch_params,
     dispatched_event_params,
     outcome_event_params,
+    retry_attempt_params,
     too_new,
 )
 
@@ -366,6 +369,84 @@ def _merge_outcomes(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
         op.value = True
 
 
+def _merge_claims(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
+    """Claims of many intents (a recovery pass drives a page side by side) in four
+    statements: read them, take those still on the claimed fence, open their attempts, write
+    their events. The claimed intent is the row read, changed as the claim changed it."""
+    claims: dict[str, tuple[_Op[Any], _Claim]] = {}
+    for op in ops:
+        c: _Claim = op.payload
+        claims.setdefault(c.intent_id, (op, c))  # one intent twice: the later op decides alone
+    found = {
+        it.id: it for it in map(intent_from_row, _many(conn, _READ_INTENTS, [(i,) for i in claims]))
+    }
+    taken: list[tuple[_Op[Any], _Claim, Intent]] = []
+    for op, c in claims.values():
+        it = found.get(c.intent_id)
+        if it is None or it.state != S.DISPATCHED or it.fence != c.fence:
+            op.value = None  # the compare-and-set on the fence would change nothing
+        else:
+            taken.append((op, c, _after_claim(it, c)))
+    if not taken:
+        return
+    _expect(
+        _many(
+            conn,
+            _CLAIM_MANY,
+            [
+                (
+                    c.intent_id,
+                    c.fence,
+                    *claim_params(
+                        c.owner,
+                        c.lease_expires_at,
+                        c.deadline_at,
+                        c.new_attempt,
+                        c.now,
+                        c.intent_id,
+                    )[:-1],
+                )
+                for _, c, _ in taken
+            ],
+        ),
+        len(taken),
+    )
+    retries = [retry_attempt_params(it, c.owner, c.now) for _, c, it in taken if c.new_attempt]
+    if retries:
+        _many(conn, _INSERT_RETRY_ATTEMPTS, retries)
+    _many(
+        conn,
+        _INSERT_EVENTS,
+        [claim_event_params(it, c.owner, c.new_attempt, c.now, None) for _, c, it in taken],
+    )
+    for op, _, it in taken:
+        op.value = it
+
+
+def _after_claim(it: Intent, c: _Claim) -> Intent:
+    """The row `it` as the claim `c` leaves it, as reading it back would decode it."""
+    return dataclasses.replace(
+        it,
+        fence=it.fence + 1,
+        owner=_stored(c.owner),
+        lease_expires_at=float(c.lease_expires_at),
+        next_check_at=None,
+        deadline_at=it.deadline_at if c.deadline_at is None else float(c.deadline_at),
+        attempts=it.attempts + (1 if c.new_attempt else 0),
+        updated_at=float(c.now),
+    )
+
+
+class _Claim(NamedTuple):
+    intent_id: str
+    fence: int
+    owner: Owner
+    lease_expires_at: float
+    new_attempt: bool
+    deadline_at: float | None
+    now: float
+
+
 class _Outcome(NamedTuple):
     intent_id: str
     fence: int
@@ -401,6 +482,20 @@ _SETTLE_MANY = (
     "FROM (VALUES {values}) AS v "
     "WHERE intents.id = v.column1 AND intents.fence = v.column2 "
     "AND intents.state = 'DISPATCHED'"
+)
+_READ_INTENTS = f"SELECT {INTENT_COLUMNS} FROM intents WHERE id IN (VALUES {{values}})"
+_CLAIM_MANY = (
+    "UPDATE intents SET fence = fence + 1, owner_id = v.column3, owner_host = v.column4, "
+    "owner_pid = v.column5, owner_start = v.column6, lease_expires_at = v.column7, "
+    "next_check_at = NULL, deadline_at = COALESCE(v.column8, deadline_at), "
+    "attempts = attempts + v.column9, updated_at = v.column10 "
+    "FROM (VALUES {values}) AS v "
+    "WHERE intents.id = v.column1 AND intents.fence = v.column2 "
+    "AND intents.state = 'DISPATCHED'"
+)
+_INSERT_RETRY_ATTEMPTS = (
+    "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, owner_pid, "
+    "owner_start, started_at) VALUES {values}"
 )
 _END_ATTEMPTS = (
     "UPDATE attempts SET ended_at = v.column3, outcome = v.column4, result = v.column5, "
@@ -621,7 +716,8 @@ class SqliteStore(SqlStore):
             self._claimed(conn, it, owner, new_attempt, now, None)
             return it
 
-        return self._write(op)
+        payload = _Claim(intent_id, fence, owner, lease_expires_at, new_attempt, deadline_at, now)
+        return self._writer_open().run(op, _merge_claims, payload)
 
     def renew_leases(
         self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float
@@ -703,7 +799,6 @@ _CLAIM = (
 def _dispatched(d: NewDispatch) -> Intent:
     """The row record_dispatch just inserted, as reading it back would decode it (the same
     values, converted as the columns convert them), without the read."""
-    o = d.owner
     return Intent(
         id=d.intent_id,
         call_id=d.call_id,
@@ -715,7 +810,7 @@ def _dispatched(d: NewDispatch) -> Intent:
         request_id=d.request_id,
         state=S.DISPATCHED,
         fence=1,
-        owner=Owner(str(o.worker_id), str(o.host or ""), int(o.pid or 0), str(o.pid_start or "")),
+        owner=_stored(d.owner),
         lease_expires_at=float(d.lease_expires_at),
         timeout_s=float(d.timeout_s),
         deadline_at=float(d.deadline_at),
@@ -728,6 +823,11 @@ def _dispatched(d: NewDispatch) -> Intent:
         created_at=float(d.now),
         updated_at=float(d.now),
     )
+
+
+def _stored(o: Owner) -> Owner:
+    """An owner as the log returns it (the columns' conversions applied)."""
+    return Owner(str(o.worker_id), str(o.host or ""), int(o.pid or 0), str(o.pid_start or ""))
 
 
 def _statements(sql: str) -> list[str]:
