@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -695,10 +696,10 @@ def _unknown(exc: Exception, scope: CallScope | None) -> _Run:
     return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
 
 
-# Ids need uniqueness, not secrecy. os.urandom per call hands the GIL back for a system
-# call and, with the store's writer thread busy, waited 60 us to win it again (profile of 64
-# async callers); a generator seeded from it once per process, and again in a forked child,
-# does not.
+# Intent ids need uniqueness, not secrecy. os.urandom per call hands the GIL back for a
+# system call and, with the store's writer thread busy, waited 60 us to win it again (profile
+# of 64 async callers); a generator seeded from it once per process, and again in a forked
+# child, does not.
 _ids = random.Random(os.urandom(32))
 os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
 
@@ -709,7 +710,8 @@ def _new_id() -> str:
 
 
 def _new_request_id() -> str:
-    return f"rq_{_ids.getrandbits(128):032x}"
+    # Request ids go to providers, and a lookup trusts what answers under one: unpredictable.
+    return "rq_" + secrets.token_hex(16)
 
 
 def _run_coroutine(coro: Any) -> Any:

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from poimen._intents import IntentState
+from poimen.errors import NotIndeterminateError
 from poimen.store import NewDispatch, open_store
 from poimen.store.postgres import Cursor, PostgresStore
 from tests.contract.test_store_contract import A, dispatch
@@ -88,5 +89,27 @@ def test_a_new_session_prepares_the_call_path_again(postgres_url: str) -> None:
         assert store.record_outcome(iid, 1, S.COMPLETED, result="1", error=None, now=1.0)
         iid = dispatch(store, "c-2")
         assert store.record_outcome(iid, 1, S.COMPLETED, result="2", error=None, now=1.0)
+    finally:
+        store.close()
+
+
+def test_statements_dropped_from_a_live_session_are_prepared_again(postgres_url: str) -> None:
+    # psycopg prepares a query of its own after 5 runs, and then answers a rolled-back
+    # transaction with DEALLOCATE ALL, which takes the call path's statements too.
+    store = PostgresStore(postgres_url, min_size=1, max_size=1)
+    try:
+        first = dispatch(store, "c1")
+        for _ in range(6):
+            store.get_intent(first)
+        with pytest.raises(NotIndeterminateError):  # an operator's refused write rolls back
+            store.resolve(first, landed=True, result=None, operator="op", reason="r", now=1.0)
+        with store._pool.connection() as conn:  # the same session, its statements gone
+            names = {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements")}
+        assert not {"poimen_dispatch", "poimen_settle"} & names
+        second = dispatch(store, "c2")
+        assert store.record_outcome(first, 1, S.COMPLETED, result="1", error=None, now=store.now())
+        assert store.record_outcome(second, 1, S.FAILED, result=None, error="x", now=store.now())
+        assert [e.kind for e in store.events(first)] == ["dispatched", "completed"]
+        assert [e.kind for e in store.events(second)] == ["dispatched", "failed"]
     finally:
         store.close()

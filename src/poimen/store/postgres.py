@@ -310,14 +310,25 @@ class PostgresStore(SqlStore):
         conn = cur.connection
         prepare, message = _ONE_TRIP[name]
         done = self._prepared.setdefault(conn, set())
-        if name not in done:  # once per session: a plan, not a parse, per call
-            conn.execute(prepare)
-            done.add(name)
-        # Parameters are quoted client-side: a multi-statement message cannot carry them.
-        with psycopg.ClientCursor(conn) as cc:
-            cc.execute(message, params)
-            cc.nextset()
-            return cc.fetchone()
+        for last in (False, True):
+            if name not in done:  # once per session: a plan, not a parse, per call
+                conn.execute(prepare)
+                done.add(name)
+            # Parameters are quoted client-side: a multi-statement message cannot carry them.
+            try:
+                with psycopg.ClientCursor(conn) as cc:
+                    cc.execute(message, params)
+                    cc.nextset()
+                    return cc.fetchone()
+            except psycopg.errors.InvalidSqlStatementName:
+                # The session lost its statements: psycopg sends DEALLOCATE ALL after a
+                # rollback once it has prepared statements of its own (as DISCARD ALL does).
+                # Nothing ran: the EXECUTE failed inside its BEGIN, which is undone here.
+                conn.execute("ROLLBACK")
+                done.clear()
+                if last:
+                    raise
+        raise AssertionError("unreachable")
 
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
         params = (*dispatch_params(d), *dispatched_event_params(d))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import sqlite3
 import threading
 import time
@@ -33,6 +34,7 @@ from poimen.store._sql import (
 T = TypeVar("T")
 S = IntentState
 SQL = Sql("?")
+log = logging.getLogger("poimen")
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
@@ -84,6 +86,7 @@ class _GroupCommit:
         self._thread: threading.Thread | None = None
         self._thread_leads = False  # the role was handed to the thread
         self._stopped = False
+        self._idle = threading.Condition(self._lock)  # notified when nobody leads
 
     def run(
         self,
@@ -93,6 +96,8 @@ class _GroupCommit:
     ) -> T:
         op: _Op[T] = _Op(fn, merge, payload)
         with self._lock:
+            if self._stopped:
+                raise StoreUnavailableError("the store is closed")
             self._queue.append(op)
             lead = not self._leading
             if lead:
@@ -120,6 +125,8 @@ class _GroupCommit:
         op: _Op[T] = _Op(fn, merge, payload)
         op.future = fut = asyncio.get_running_loop().create_future()
         with self._lock:
+            if self._stopped:
+                raise StoreUnavailableError("the store is closed")
             self._queue.append(op)
             if self._leading:
                 return fut
@@ -127,42 +134,54 @@ class _GroupCommit:
         self._hand_to_thread()
         return fut
 
-    def stop(self) -> None:
-        self._stopped = True
-        if self._thread is not None:
+    def stop(self, within: float) -> bool:
+        """Take no more writes and wait up to `within` seconds for the batch in flight and
+        those queued before; True once nobody uses the connection any more."""
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        if thread is not None:
             with contextlib.suppress(RuntimeError):  # already released: it will see _stopped
                 self._go.release()
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._leading, within)
 
     def _hand_to_thread(self) -> None:
         """Give the leader's role to the writer thread (called by the role's holder)."""
-        if self._stopped:  # no thread will lead again: nobody may wait for it
-            self._fail_queued()
-            return
-        if self._thread is None:
-            with self._lock:
+        with self._lock:
+            stopped = self._stopped
+            if not stopped:
                 if self._thread is None:
                     self._thread = threading.Thread(
                         target=self._thread_main, name="poimen-sqlite-writer", daemon=True
                     )
                     self._thread.start()
-        self._thread_leads = True
+                self._thread_leads = True
+        if stopped:  # no thread will lead again: nobody may wait for it
+            self._fail_queued()
+            return
         with contextlib.suppress(RuntimeError):  # stop() released it first: the thread wakes
             self._go.release()
 
     def _thread_main(self) -> None:
         while True:
             self._go.acquire()
-            leads, self._thread_leads = self._thread_leads, False
-            if self._stopped:
-                if leads:  # queued async callers wait for this thread: tell them
-                    self._fail_queued()
+            with self._lock:
+                leads, self._thread_leads = self._thread_leads, False
+                stopped = self._stopped
+            if leads and not stopped:
+                self._lead(None)
+                continue
+            if leads:  # queued async callers wait for this thread: tell them
+                self._fail_queued()
+            if stopped:
                 return
-            self._lead(None)
 
     def _fail_queued(self) -> None:
         with self._lock:
             batch, self._queue = self._queue, []
             self._leading = False
+            self._idle.notify_all()
         err = StoreUnavailableError("the store is closed")
         for op in batch:
             op.error, op.done = err, True
@@ -178,6 +197,7 @@ class _GroupCommit:
                 nxt = self._queue[0] if self._queue else None
                 if nxt is None:
                     self._leading = False
+                    self._idle.notify_all()
             self._wake(batch, me)
             if nxt is not None:  # the role passes on; _leading stays set
                 if nxt.wake is not None:
@@ -246,10 +266,13 @@ def _resolve(ops: list[_Op[Any]]) -> None:
         fut = op.future
         if fut is None or fut.done():  # cancelled: the write stands all the same
             continue
-        if op.error is not None:
-            fut.set_exception(op.error)
-        else:
-            fut.set_result(op.value)
+        try:
+            if op.error is not None:
+                fut.set_exception(op.error)
+            else:
+                fut.set_result(op.value)
+        except (TypeError, RuntimeError) as exc:  # an error a future refuses: say so, go on
+            fut.set_exception(StoreError(f"write failed: {op.error!r} ({exc})"))
 
 
 def _set_wal(conn: sqlite3.Connection, *, within: float = 30.0) -> None:
@@ -577,9 +600,14 @@ class SqliteStore(SqlStore):
 
     def close(self) -> None:
         self._closed = True
-        self._writer.stop()
+        # A connection closed under a running statement can crash the interpreter: wait for
+        # the writes already accepted.
+        drained = self._writer.stop(within=30.0)
         with self._conns_lock:
             conns, self._conns = self._conns, []
+        if not drained:
+            log.warning("SQLite store %s closed with a write still running", self.path)
+            conns = [c for c in conns if c is not self._writer._conn]
         for c in conns:
             with contextlib.suppress(sqlite3.Error):
                 c.close()
