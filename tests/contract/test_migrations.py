@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
 from poimen._intents import IntentState, Owner
+from poimen.errors import StoreError
 from poimen.store import open_store
 from poimen.store._base import latest_version, migrations
 from poimen.store.sqlite import _statements
@@ -122,3 +124,14 @@ def test_a_version_1_log_keeps_every_row_through_migration(store_url: str) -> No
             )
     finally:
         store.close()
+
+
+def test_a_migration_that_fails_names_the_log_and_changes_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    write_v1_log(url)
+    raw(url, "CREATE TABLE intents_v2 (x)")  # in the way of migration 2
+    before = raw(url, "SELECT id, state FROM intents ORDER BY id")
+    with pytest.raises(StoreError, match=r"schema version 2 failed, nothing was changed"):
+        open_store(url)
+    assert raw(url, "SELECT MAX(version) FROM poimen_schema") == [(1,)]
+    assert raw(url, "SELECT id, state FROM intents ORDER BY id") == before

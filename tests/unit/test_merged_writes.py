@@ -312,7 +312,13 @@ for trial in range(trials):
             except StoreUnavailableError:
                 return
             done.append(d.intent_id)
-    threads = [threading.Thread(target=writer) for _ in range(6)]
+    def reader():
+        while True:
+            try:
+                store.list_intents(limit=50)
+            except StoreUnavailableError:
+                return
+    threads = [threading.Thread(target=f) for f in [writer] * 6 + [reader] * 3]
     for t in threads:
         t.start()
     time.sleep(random.uniform(0.005, 0.05))
@@ -327,7 +333,7 @@ print("ok")
 """
 
 
-def test_closing_the_store_under_busy_writers_loses_nothing_and_does_not_crash(
+def test_closing_the_store_under_busy_writers_and_readers_loses_nothing_and_does_not_crash(
     tmp_path: Path,
 ) -> None:
     # In a child process: a connection closed under a running statement kills the interpreter.

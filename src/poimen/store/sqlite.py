@@ -545,6 +545,8 @@ class SqliteStore(SqlStore):
         self._closed = False
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
+        self._reads = threading.Condition()  # reads running, waited for by close()
+        self._reading = 0
         self._writer = _GroupCommit(self._connect(writer=True))
         if migrate:
             self.migrate()
@@ -593,16 +595,27 @@ class SqliteStore(SqlStore):
         return self._write(lambda conn: fn(conn, False))
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self._reads:
+            if self._closed:
+                raise StoreUnavailableError("the store is closed")
+            self._reading += 1
         try:
             return self._reader().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"read failed: {exc}") from exc
+        finally:
+            with self._reads:
+                self._reading -= 1
+                if not self._reading:
+                    self._reads.notify_all()
 
     def close(self) -> None:
         self._closed = True
         # A connection closed under a running statement can crash the interpreter: wait for
         # the writes already accepted.
         drained = self._writer.stop(within=30.0)
+        with self._reads:  # reads are short: wait for those running
+            self._reads.wait_for(lambda: not self._reading, 30.0)
         with self._conns_lock:
             conns, self._conns = self._conns, []
         if not drained:
@@ -647,8 +660,15 @@ class SqliteStore(SqlStore):
                 raise too_new(repr(self.path), found, known)
             for version, sql in steps:
                 if version > found:
-                    for stmt in _statements(sql):
-                        conn.execute(stmt)
+                    try:
+                        for stmt in _statements(sql):
+                            conn.execute(stmt)
+                    except sqlite3.Error as exc:  # the transaction is undone: the log unchanged
+                        raise StoreError(
+                            f"migrating the intent log at {self.path!r} to schema version "
+                            f"{version} failed, nothing was changed: {exc}",
+                            path=self.path,
+                        ) from exc
                     conn.execute(
                         "INSERT INTO poimen_schema (version, applied_at) VALUES (?, ?)",
                         (version, time.time()),
