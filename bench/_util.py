@@ -141,6 +141,28 @@ def child(module: str, *args: str) -> str:
     return out.stdout
 
 
+def children(module: str, argvs: list[list[str]], timeout: float) -> list[str]:
+    """Start `python -m <module> <argv>` once per argv, all at once, from the repository
+    root; returns each one's stdout, in order."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", module, *argv],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for argv in argvs
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"{module} worker failed ({p.returncode}):\n{err[-3000:]}")
+        outs.append(out)
+    return outs
+
+
 def child_json(module: str, *args: str) -> dict[str, Any]:
     """`child`, whose last stdout line is JSON."""
     result: dict[str, Any] = json.loads(child(module, *args).splitlines()[-1])

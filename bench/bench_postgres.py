@@ -18,18 +18,16 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench._util import children
 from poimen import Caps, Kernel, ToolContext, Unsafe
 
 ADMIN_URL = os.environ.get("POIMEN_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def worker(url: str, start_at: float, seconds: float, wid: str) -> dict[str, Any]:
@@ -62,31 +60,8 @@ def worker(url: str, start_at: float, seconds: float, wid: str) -> dict[str, Any
 
 def run(workers: int, seconds: float, url: str) -> dict[str, Any]:
     start_at = time.time() + 3.0 + 0.6 * workers  # after every process has imported and warmed
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.bench_postgres",
-                "--worker",
-                url,
-                str(start_at),
-                str(seconds),
-                f"w{n}",
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(workers)
-    ]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=seconds + 120)
-        if p.returncode != 0:
-            raise RuntimeError(f"bench worker failed:\n{err[-3000:]}")
-        results.append(json.loads(out))
+    argvs = [["--worker", url, str(start_at), str(seconds), f"w{n}"] for n in range(workers)]
+    results = [json.loads(o) for o in children("bench.bench_postgres", argvs, seconds + 120)]
     lat = sorted(x for r in results for x in r["latencies"])
     calls = sum(r["calls"] for r in results)
     return {

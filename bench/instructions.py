@@ -37,52 +37,23 @@ def available() -> str | None:
 
 def _workload(what: str, n: int, total: int, workdir: Path) -> None:
     """`n` timed calls of one workload; `total` fixes what is prepared, so it cancels out."""
-    from bench.single import ARGS_JSON, TOOL, args, noop_kernel
+    from bench.single import TOOL, args, floor_call, floor_connection, noop_kernel, store_call
 
     if what == "floor":
-        import sqlite3
-
-        path = workdir / "floor.db"
-        conn = sqlite3.connect(path, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=OFF")
+        conn = floor_connection(workdir / "floor.db", synchronous="OFF")
         conn.execute("PRAGMA wal_autocheckpoint=0")
-        conn.execute(
-            "CREATE TABLE calls (call_id TEXT PRIMARY KEY, tool_id TEXT NOT NULL, "
-            "args TEXT NOT NULL, state TEXT NOT NULL, result TEXT)"
-        )
         for i in range(n):
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO calls VALUES (?, ?, ?, 'DISPATCHED', NULL)", (f"c{i}", TOOL, ARGS_JSON)
-            )
-            conn.execute("COMMIT")
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "UPDATE calls SET state = 'COMPLETED', result = 'null' WHERE call_id = ?", (f"c{i}",)
-            )
-            conn.execute("COMMIT")
+            floor_call(conn, f"c{i}")
         conn.close()
         return
-    from poimen import IntentState
-
     kernel = noop_kernel(workdir / "poimen.db", synchronous="OFF")
     kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
     try:
         kernel.call(TOOL, args(-1), call_id="warm")
         if what == "store":
-            store = kernel.store
             ds = [kernel._prepare(TOOL, args(i), f"c{i}")[1] for i in range(total)]
             for d in ds[:n]:
-                intent, _ = store.record_dispatch(d)
-                store.record_outcome(
-                    intent.id,
-                    intent.fence,
-                    IntentState.COMPLETED,
-                    result="null",
-                    error=None,
-                    now=store.now(),
-                )
+                store_call(kernel.store, d)
         else:
             for i in range(n):
                 kernel.call(TOOL, args(i), call_id=f"c{i}")

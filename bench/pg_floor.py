@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from urllib.parse import urlsplit
 
-from bench._util import ROOT
+from bench._util import children
 
 ADMIN_URL = os.environ.get("POIMEN_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -62,31 +60,8 @@ def run(workers: list[int], seconds: float) -> dict[str, float]:
             )
         for w in workers:
             start_at = time.time() + 1.5 + 0.3 * w
-            procs = [
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "bench.pg_floor",
-                        "--worker",
-                        url,
-                        str(start_at),
-                        str(seconds),
-                        f"f{w}-{n}",
-                    ],
-                    cwd=ROOT,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-                for n in range(w)
-            ]
-            calls = 0
-            for p in procs:
-                stdout, stderr = p.communicate(timeout=seconds + 60)
-                if p.returncode != 0:
-                    raise RuntimeError(f"floor worker failed:\n{stderr[-3000:]}")
-                calls += int(stdout)
+            argvs = [["--worker", url, str(start_at), str(seconds), f"f{w}-{n}"] for n in range(w)]
+            calls = sum(int(o) for o in children("bench.pg_floor", argvs, seconds + 60))
             out[str(w)] = calls / seconds
     finally:
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:

@@ -10,43 +10,50 @@ from typing import Any
 
 from bench._util import fresh, per_call_us
 from poimen import Caps, Idempotent, IntentState, Kernel, KeyDerivation, ToolContext
+from poimen.store import NewDispatch, Store
 from poimen.store.sqlite import SqliteStore
 
 TOOL = "bench.noop"
 ARGS_JSON = '{"amount_cents":1200,"order_id":"o-1"}'
 
 
+def floor_connection(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:
+    """A fresh floor database: WAL, one table, one connection."""
+    fresh(path)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute(
+        "CREATE TABLE calls (call_id TEXT PRIMARY KEY, tool_id TEXT NOT NULL, "
+        "args TEXT NOT NULL, state TEXT NOT NULL, result TEXT)"
+    )
+    return conn
+
+
+def floor_call(conn: sqlite3.Connection, call_id: str) -> None:
+    """The floor's call: the call's record, then its outcome, each its own commit."""
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(
+        "INSERT INTO calls VALUES (?, ?, ?, 'DISPATCHED', NULL)", (call_id, TOOL, ARGS_JSON)
+    )
+    conn.execute("COMMIT")
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(
+        "UPDATE calls SET state = 'COMPLETED', result = 'null' WHERE call_id = ?", (call_id,)
+    )
+    conn.execute("COMMIT")
+
+
 def floor_sqlite(path: Path, calls: int, warmup: int) -> float:
     """The physical floor: raw sqlite3, WAL, synchronous=FULL, two commits per call
     (the call's record, then its outcome), one connection, on the same disk as poimen."""
-    fresh(path)
-    conn = sqlite3.connect(path, isolation_level=None)
+    conn = floor_connection(path)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute(
-            "CREATE TABLE calls (call_id TEXT PRIMARY KEY, tool_id TEXT NOT NULL, "
-            "args TEXT NOT NULL, state TEXT NOT NULL, result TEXT)"
-        )
-
-        def one(call_id: str) -> None:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO calls VALUES (?, ?, ?, 'DISPATCHED', NULL)", (call_id, TOOL, ARGS_JSON)
-            )
-            conn.execute("COMMIT")
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "UPDATE calls SET state = 'COMPLETED', result = 'null' WHERE call_id = ?",
-                (call_id,),
-            )
-            conn.execute("COMMIT")
-
         for i in range(warmup):
-            one(f"w{i}")
+            floor_call(conn, f"w{i}")
         t0 = time.perf_counter()
         for i in range(calls):
-            one(f"c{i}")
+            floor_call(conn, f"c{i}")
         return per_call_us(time.perf_counter() - t0, calls)
     finally:
         conn.close()
@@ -97,6 +104,14 @@ def poimen_call(path: Path, calls: int, warmup: int) -> float:
         kernel.close()
 
 
+def store_call(store: Store, d: NewDispatch) -> None:
+    """The store's two commits of one call, without the kernel."""
+    intent, _ = store.record_dispatch(d)
+    store.record_outcome(
+        intent.id, intent.fence, IntentState.COMPLETED, result="null", error=None, now=store.now()
+    )
+
+
 def poimen_store_only(path: Path, calls: int, warmup: int) -> float:
     """The store's two commits alone (record_dispatch, record_outcome) with dispatch records
     prepared beforehand: the kernel's Python is left out, the log's own SQL is not."""
@@ -104,23 +119,11 @@ def poimen_store_only(path: Path, calls: int, warmup: int) -> float:
     store = kernel.store
     try:
         ds = [kernel._prepare(TOOL, args(i), f"c{i}")[1] for i in range(warmup + calls)]
-
-        def one(d: Any) -> None:
-            intent, _ = store.record_dispatch(d)
-            store.record_outcome(
-                intent.id,
-                intent.fence,
-                IntentState.COMPLETED,
-                result="null",
-                error=None,
-                now=store.now(),
-            )
-
         for d in ds[:warmup]:
-            one(d)
+            store_call(store, d)
         t0 = time.perf_counter()
         for d in ds[warmup:]:
-            one(d)
+            store_call(store, d)
         return per_call_us(time.perf_counter() - t0, calls)
     finally:
         kernel.close()

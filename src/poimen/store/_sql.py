@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from poimen._intents import (
     Attempt,
@@ -212,18 +212,34 @@ def dispatched_event_params(d: NewDispatch) -> tuple[Any, ...]:
     )
 
 
-def outcome_event_params(
-    intent_id: str, fence: int, state: IntentState, error: str | None, now: float
-) -> tuple[Any, ...]:
-    return event_params(
-        intent_id,
-        now,
-        OUTCOMES[state],
-        S.DISPATCHED,
-        state,
-        "kernel",
-        {"fence": fence, "error": error},
-    )
+class Outcome(NamedTuple):
+    """A definite outcome to write on an attempt's fence, and the parameters of its three
+    statements (settle, end_attempt, the event), in one place for every way of writing it."""
+
+    intent_id: str
+    fence: int
+    state: IntentState
+    result: str | None
+    error: str | None
+    now: float
+
+    def settle_params(self) -> tuple[Any, ...]:
+        return (self.state.value, self.result, self.error, self.now, self.intent_id, self.fence)
+
+    def end_attempt_params(self) -> tuple[Any, ...]:
+        o = self
+        return (o.now, OUTCOMES[o.state], o.result, o.error, o.intent_id, o.fence)
+
+    def event_params(self) -> tuple[Any, ...]:
+        return event_params(
+            self.intent_id,
+            self.now,
+            OUTCOMES[self.state],
+            S.DISPATCHED,
+            self.state,
+            "kernel",
+            {"fence": self.fence, "error": self.error},
+        )
 
 
 def dispatch_params(d: NewDispatch) -> tuple[Any, ...]:
@@ -415,31 +431,20 @@ class SqlStore:
         error: str | None,
         now: float,
     ) -> bool:
-        check_transition(S.DISPATCHED, state)
-        return self._tx(
-            "record_outcome", self._outcome_op(intent_id, fence, state, result, error, now)
-        )
+        o = Outcome(intent_id, fence, state, result, error, now)
+        return self._tx("record_outcome", self._outcome_op(o))
 
-    def _outcome_op(
-        self,
-        intent_id: str,
-        fence: int,
-        state: IntentState,
-        result: str | None,
-        error: str | None,
-        now: float,
-    ) -> Callable[[Executor, bool], bool]:
+    def _outcome_op(self, o: Outcome) -> Callable[[Executor, bool], bool]:
         """One outcome write: settle on the fence, or keep a stale owner's as evidence."""
-        outcome = OUTCOMES[state]
+        check_transition(S.DISPATCHED, o.state)
+        intent_id, fence, result, error, now = o.intent_id, o.fence, o.result, o.error, o.now
+        outcome = OUTCOMES[o.state]
         sql = self._sql
 
         def op(ex: Executor, retrying: bool) -> bool:
-            cur = ex.execute(sql.settle, (state.value, result, error, now, intent_id, fence))
-            if cur.rowcount == 1:
-                ex.execute(sql.end_attempt, (now, outcome, result, error, intent_id, fence))
-                ex.execute(
-                    sql.insert_event, outcome_event_params(intent_id, fence, state, error, now)
-                )
+            if ex.execute(sql.settle, o.settle_params()).rowcount == 1:
+                ex.execute(sql.end_attempt, o.end_attempt_params())
+                ex.execute(sql.insert_event, o.event_params())
                 return True
             if retrying:
                 row = ex.execute(sql.attempt_outcome, (intent_id, fence)).fetchone()

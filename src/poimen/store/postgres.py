@@ -33,18 +33,17 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from poimen._intents import Denial, Intent, IntentState, Owner, check_transition
+from poimen._intents import Denial, Intent, IntentState, Owner
 from poimen.errors import PoimenError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._sql import (
-    OUTCOMES,
     Executor,
+    Outcome,
     Sql,
     SqlStore,
     claim_params,
     dispatch_params,
     dispatched_event_params,
-    outcome_event_params,
     too_new,
 )
 
@@ -353,13 +352,9 @@ class PostgresStore(SqlStore):
         error: str | None,
         now: float,
     ) -> bool:
-        check_transition(S.DISPATCHED, state)
-        params = (
-            *(state.value, result, error, now, intent_id, fence),
-            *(now, OUTCOMES[state], result, error, intent_id, fence),
-            *outcome_event_params(intent_id, fence, state, error, now),
-        )
-        shared = self._outcome_op(intent_id, fence, state, result, error, now)
+        o = Outcome(intent_id, fence, state, result, error, now)
+        shared = self._outcome_op(o)
+        params = (*o.settle_params(), *o.end_attempt_params(), *o.event_params())
 
         def op(cur: Cursor, retrying: bool) -> bool:
             if self._one_trip(cur, "settle", params) is not None:

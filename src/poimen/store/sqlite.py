@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from poimen._intents import Denial, Intent, IntentState, Owner, check_transition
+from poimen._intents import Denial, Intent, IntentState, Owner
 from poimen.errors import StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._sql import (
-    OUTCOMES,
     Executor,
+    Outcome,
     Sql,
     SqlStore,
     attempt_one_params,
@@ -26,7 +26,6 @@ from poimen.store._sql import (
     claim_params,
     dispatch_params,
     dispatched_event_params,
-    outcome_event_params,
     retry_attempt_params,
     too_new,
 )
@@ -367,27 +366,18 @@ def _merge_outcomes(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
     """Outcome commits of many calls in four statements, each on its attempt's fence. An
     outcome whose fence is stale (or whose intent is missing or settled) is left to its op,
     which keeps it as evidence; so is one intent's second outcome in the batch."""
-    outs: list[_Outcome] = [op.payload for op in ops]
+    outs: list[Outcome] = [op.payload for op in ops]
     stale = {r[0] for r in _many(conn, _UNSETTLEABLE, [(o.intent_id, o.fence) for o in outs])}
-    done: list[tuple[_Op[Any], _Outcome]] = []
+    done: list[tuple[_Op[Any], Outcome]] = []
     for op, o in zip(ops, outs, strict=True):
         if o.intent_id not in stale:
             stale.add(o.intent_id)
             done.append((op, o))
     if not done:
         return
-    rows = [(o.intent_id, o.fence, o.state.value, o.result, o.error, o.now) for _, o in done]
-    _expect(_many(conn, _SETTLE_MANY, rows), len(done))
-    _many(
-        conn,
-        _END_ATTEMPTS,
-        [(o.intent_id, o.fence, o.now, OUTCOMES[o.state], o.result, o.error) for _, o in done],
-    )
-    _many(
-        conn,
-        _INSERT_EVENTS,
-        [outcome_event_params(o.intent_id, o.fence, o.state, o.error, o.now) for _, o in done],
-    )
+    _expect(_many(conn, _SETTLE_MANY, [o.settle_params() for _, o in done]), len(done))
+    _many(conn, _END_ATTEMPTS, [o.end_attempt_params() for _, o in done])
+    _many(conn, _INSERT_EVENTS, [o.event_params() for _, o in done])
     for op, _ in done:
         op.value = True
 
@@ -412,28 +402,16 @@ def _merge_claims(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
             taken.append((op, c, _after_claim(it, c)))
     if not taken:
         return
-    _expect(
-        _many(
-            conn,
-            _CLAIM_MANY,
-            [
-                (
-                    c.intent_id,
-                    c.fence,
-                    *claim_params(
-                        c.owner,
-                        c.lease_expires_at,
-                        c.deadline_at,
-                        c.new_attempt,
-                        c.now,
-                        c.intent_id,
-                    )[:-1],
-                )
-                for _, c, _ in taken
-            ],
-        ),
-        len(taken),
-    )
+    rows = [
+        (
+            *claim_params(
+                c.owner, c.lease_expires_at, c.deadline_at, c.new_attempt, c.now, c.intent_id
+            ),
+            c.fence,
+        )
+        for _, c, _ in taken
+    ]
+    _expect(_many(conn, _CLAIM_MANY, rows), len(taken))
     retries = [retry_attempt_params(it, c.owner, c.now) for _, c, it in taken if c.new_attempt]
     if retries:
         _many(conn, _INSERT_RETRY_ATTEMPTS, retries)
@@ -470,15 +448,6 @@ class _Claim(NamedTuple):
     now: float
 
 
-class _Outcome(NamedTuple):
-    intent_id: str
-    fence: int
-    state: IntentState
-    result: str | None
-    error: str | None
-    now: float
-
-
 _Merge = Callable[[sqlite3.Connection, list[_Op[Any]]], None]
 
 _KNOWN_CALL_IDS = "SELECT call_id FROM intents WHERE call_id IN (VALUES {values})"
@@ -499,21 +468,23 @@ _UNSETTLEABLE = (
     "SELECT v.column1 FROM (VALUES {values}) AS v LEFT JOIN intents ON intents.id = v.column1 "
     "WHERE intents.id IS NULL OR intents.state != 'DISPATCHED' OR intents.fence != v.column2"
 )
+# Merged statements take each row's values in the order of the single statement's parameters
+# (`Outcome.settle_params`, `claim_params`, `Outcome.end_attempt_params`).
 _SETTLE_MANY = (
-    "UPDATE intents SET state = v.column3, result = v.column4, error = v.column5, "
-    "lease_expires_at = NULL, next_check_at = NULL, updated_at = v.column6 "
+    "UPDATE intents SET state = v.column1, result = v.column2, error = v.column3, "
+    "lease_expires_at = NULL, next_check_at = NULL, updated_at = v.column4 "
     "FROM (VALUES {values}) AS v "
-    "WHERE intents.id = v.column1 AND intents.fence = v.column2 "
+    "WHERE intents.id = v.column5 AND intents.fence = v.column6 "
     "AND intents.state = 'DISPATCHED'"
 )
 _READ_INTENTS = f"SELECT {INTENT_COLUMNS} FROM intents WHERE id IN (VALUES {{values}})"
 _CLAIM_MANY = (
-    "UPDATE intents SET fence = fence + 1, owner_id = v.column3, owner_host = v.column4, "
-    "owner_pid = v.column5, owner_start = v.column6, lease_expires_at = v.column7, "
-    "next_check_at = NULL, deadline_at = COALESCE(v.column8, deadline_at), "
-    "attempts = attempts + v.column9, updated_at = v.column10 "
+    "UPDATE intents SET fence = fence + 1, owner_id = v.column1, owner_host = v.column2, "
+    "owner_pid = v.column3, owner_start = v.column4, lease_expires_at = v.column5, "
+    "next_check_at = NULL, deadline_at = COALESCE(v.column6, deadline_at), "
+    "attempts = attempts + v.column7, updated_at = v.column8 "
     "FROM (VALUES {values}) AS v "
-    "WHERE intents.id = v.column1 AND intents.fence = v.column2 "
+    "WHERE intents.id = v.column9 AND intents.fence = v.column10 "
     "AND intents.state = 'DISPATCHED'"
 )
 _INSERT_RETRY_ATTEMPTS = (
@@ -521,9 +492,9 @@ _INSERT_RETRY_ATTEMPTS = (
     "owner_start, started_at) VALUES {values}"
 )
 _END_ATTEMPTS = (
-    "UPDATE attempts SET ended_at = v.column3, outcome = v.column4, result = v.column5, "
-    "error = v.column6 FROM (VALUES {values}) AS v "
-    "WHERE attempts.intent_id = v.column1 AND attempts.fence = v.column2"
+    "UPDATE attempts SET ended_at = v.column1, outcome = v.column2, result = v.column3, "
+    "error = v.column4 FROM (VALUES {values}) AS v "
+    "WHERE attempts.intent_id = v.column5 AND attempts.fence = v.column6"
 )
 
 
@@ -708,7 +679,7 @@ class SqliteStore(SqlStore):
         error: str | None,
         now: float,
     ) -> bool:
-        out = _Outcome(intent_id, fence, state, result, error, now)
+        out = Outcome(intent_id, fence, state, result, error, now)
         return self._writer_open().run(self._settle_op(out), _merge_outcomes, out)
 
     def arecord_outcome(
@@ -722,12 +693,11 @@ class SqliteStore(SqlStore):
         now: float,
     ) -> asyncio.Future[bool]:
         """`record_outcome` for a caller on an event loop, without a thread of its own."""
-        out = _Outcome(intent_id, fence, state, result, error, now)
+        out = Outcome(intent_id, fence, state, result, error, now)
         return self._writer_open().submit(self._settle_op(out), _merge_outcomes, out)
 
-    def _settle_op(self, o: _Outcome) -> Callable[[sqlite3.Connection], bool]:
-        check_transition(S.DISPATCHED, o.state)
-        fn = self._outcome_op(o.intent_id, o.fence, o.state, o.result, o.error, o.now)
+    def _settle_op(self, o: Outcome) -> Callable[[sqlite3.Connection], bool]:
+        fn = self._outcome_op(o)
         return lambda conn: fn(conn, False)
 
     def _writer_open(self) -> _GroupCommit:
