@@ -31,8 +31,9 @@ from poimen._kernel import Kernel
 from poimen._keys import MAX_ARGS_BYTES
 from poimen._notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
 from poimen._recovery import RecoveryReport
+from poimen._retry import Retry
 from poimen._tools import Caps, ToolRegistration
-from poimen.errors import DefiniteFailure
+from poimen.errors import DefiniteFailure, NotSent
 
 __all__ = [
     "MAX_ARGS_BYTES",
@@ -57,6 +58,7 @@ __all__ = [
     "LogNotifier",
     "LookupAnswer",
     "NotLanded",
+    "NotSent",
     "Notification",
     "Notifier",
     "Outcome",
@@ -65,6 +67,7 @@ __all__ = [
     "RecoveryReport",
     "RequestIdLookup",
     "Resolved",
+    "Retry",
     "Sink",
     "SinkHandle",
     "ToolContext",

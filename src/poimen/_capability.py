@@ -10,17 +10,21 @@ plain handles that this layer never denies.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
 import hmac
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, runtime_checkable
 
 import httpx
 
 from poimen import _guard
-from poimen.errors import CapabilityDeniedError, PoimenError, RegistrationError
+from poimen.errors import CapabilityDeniedError, NotSent, PoimenError, RegistrationError
 
 if TYPE_CHECKING:
     from poimen._tools import Caps
@@ -98,6 +102,7 @@ class Issuer:
         self._authority = _Authority()
         self._lock = threading.Lock()
         self._client: httpx.Client | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
 
     def register_sink(self, name: str, sink: Sink) -> None:
@@ -123,12 +128,33 @@ class Issuer:
                 client = self._client
         return client
 
+    def executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads `ctx.ahttp` requests run in."""
+        pool = self._executor
+        if pool is None:
+            with self._lock:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        64, thread_name_prefix="poimen-ahttp"
+                    )
+                pool = self._executor
+        return pool
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             client, self._client = self._client, None
+            pool, self._executor = self._executor, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         if client is not None:
             client.close()
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's pool threads and connections are not ours."""
+        self._lock = threading.Lock()
+        self._client = None
+        self._executor = None
 
     def scope(self, tool_id: str, intent_id: str, attempt: int, key: str, caps: Caps) -> CallScope:
         return CallScope(self, tool_id, intent_id, attempt, key, caps)
@@ -255,18 +281,67 @@ def _host_allowed(url: httpx.URL, hosts: tuple[str, ...]) -> bool:
     return host in hosts or f"{host}:{port}" in hosts or f"{bracketed}:{port}" in hosts
 
 
+class Flight:
+    """One attempt's traffic through its handles: how many writes may have gone out, and the
+    requests of `ctx.ahttp` still running in their threads."""
+
+    __slots__ = ("_lock", "_pending", "writes")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self.writes = 0
+
+    def sending(self, delta: int) -> int:
+        with self._lock:
+            self.writes += delta
+            return self.writes
+
+    def track(self, fut: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._pending.add(fut)
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._pending.discard(fut)
+
+    async def drain(self) -> None:
+        """Wait until no request of this attempt runs any more, even when cancelled (the
+        cancellation is raised once they have returned)."""
+        cancelled = False
+        while True:
+            with self._lock:
+                pending = [f for f in self._pending if not f.done()]
+            if not pending:
+                break
+            try:
+                await asyncio.shield(asyncio.wait([asyncio.wrap_future(f) for f in pending]))
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+
 class HttpHandle:
     """`ctx.http`: an httpx-based client. For an Idempotent tool every write method (POST, PUT,
     PATCH, DELETE) carries the registration's key header set to the kernel key, and every
     request must go to a host in the registration's caps. Redirects are never followed."""
 
-    __slots__ = ("_issuer", "_scope", "_timeout", "_token")
+    __slots__ = ("_flight", "_issuer", "_scope", "_timeout", "_token")
 
-    def __init__(self, issuer: Issuer, scope: CallScope | None, timeout: float | None) -> None:
+    def __init__(
+        self,
+        issuer: Issuer,
+        scope: CallScope | None,
+        timeout: float | None,
+        flight: Flight | None = None,
+    ) -> None:
         self._issuer = issuer
         self._scope = scope
         self._timeout = timeout
         self._token = scope.token() if scope is not None else None
+        self._flight = flight if flight is not None else Flight()
 
     def request(
         self,
@@ -300,20 +375,40 @@ class HttpHandle:
         if data is not None and not isinstance(data, Mapping):
             raise PoimenError("ctx.http: data must be a mapping", argument="data")
         t = timeout if timeout is not None else self._timeout
+        write = m in WRITE_METHODS
         guard = _guard.suspend()
         try:
-            return self._issuer.client().request(
-                m,
-                url,
-                params=params,
-                headers=sent,
-                json=json,
-                content=content,
-                data=data,
-                timeout=t if t is not None else httpx.USE_CLIENT_DEFAULT,
-            )
+            with self._sent(write):
+                return self._issuer.client().request(
+                    m,
+                    url,
+                    params=params,
+                    headers=sent,
+                    json=json,
+                    content=content,
+                    data=data,
+                    timeout=t if t is not None else httpx.USE_CLIENT_DEFAULT,
+                )
         finally:
             _guard.resume(guard)
+
+    @contextlib.contextmanager
+    def _sent(self, write: bool) -> Iterator[None]:
+        """Count a write as gone out from before it is sent; a connection that never opened
+        takes it back, and if nothing of the attempt went out, says so with `NotSent`."""
+        flight = self._flight
+        if write:
+            flight.sending(1)
+        try:
+            yield
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            left = flight.sending(-1) if write else flight.sending(0)
+            scope = self._scope
+            if write and scope is not None:
+                scope.writes -= 1
+            if left == 0 and (scope is None or scope.writes == 0):
+                raise NotSent(f"not sent: {type(exc).__name__}: {exc}") from exc
+            raise
 
     def _check(self, method: str, u: httpx.URL, supplied: str | None) -> str | None:
         """Deny (recorded) or pass; returns the key a write must carry, None for a read."""
@@ -376,7 +471,8 @@ class _HandleTransport(httpx.BaseTransport):
                 request.headers[name] = key
         guard = _guard.suspend()
         try:
-            r = handle._issuer.client().send(request, stream=True)
+            with handle._sent(request.method.upper() in WRITE_METHODS):
+                r = handle._issuer.client().send(request, stream=True)
             try:
                 raw = b"".join(r.iter_raw())
             finally:
@@ -390,7 +486,9 @@ class _HandleTransport(httpx.BaseTransport):
 
 class AsyncHttpHandle:
     """`ctx.ahttp`: `ctx.http` for async tools; each request runs in a worker thread (the
-    guard's scope follows it there), so one connection pool serves every event loop."""
+    guard's scope follows it there), so one connection pool serves every event loop. A
+    request still running when its tool times out or is cancelled keeps the attempt open:
+    the kernel settles the call only once the request has returned."""
 
     __slots__ = ("_sync",)
 
@@ -398,7 +496,11 @@ class AsyncHttpHandle:
         self._sync = sync
 
     async def request(self, method: str, url: str | httpx.URL, **kw: Any) -> httpx.Response:
-        return await asyncio.to_thread(self._sync.request, method, url, **kw)
+        sync = self._sync
+        ctx = contextvars.copy_context()
+        fut = sync._issuer.executor().submit(ctx.run, functools.partial(sync.request, method, url, **kw))
+        sync._flight.track(fut)
+        return await asyncio.wrap_future(fut)
 
     async def get(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
         return await self.request("GET", url, **kw)
@@ -452,6 +554,7 @@ class ToolContext:
         "_ahttp",
         "_attempt",
         "_call_id",
+        "_flight",
         "_http",
         "_intent_id",
         "_issuer",
@@ -486,6 +589,7 @@ class ToolContext:
         self._timeout = timeout
         self._http: HttpHandle | None = None
         self._ahttp: AsyncHttpHandle | None = None
+        self._flight = Flight()
 
     @property
     def tool_id(self) -> str:
@@ -523,7 +627,9 @@ class ToolContext:
         """An HTTP client; for an Idempotent tool it sends the kernel key on every write."""
         handle = self._http
         if handle is None:
-            handle = self._http = HttpHandle(self._need_issuer(), self._scope, self._timeout)
+            handle = self._http = HttpHandle(
+                self._need_issuer(), self._scope, self._timeout, self._flight
+            )
         return handle
 
     @property

@@ -159,9 +159,26 @@ class RequestIdLookup(Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Idempotent:
-    """A retry with the same key is safe: the provider deduplicates on it."""
+    """A retry with the same key is safe: the provider deduplicates on it.
+
+    `key_ttl`: how many seconds the provider remembers a key (Stripe: at least 24 h). An
+    unfinished intent older than that is not retried, since the provider could no longer
+    deduplicate the retry: it becomes Indeterminate (`key_expired`). None: keys never expire.
+    """
 
     key: KeyDerivation
+    key_ttl: float | None = None
+
+    def __post_init__(self) -> None:
+        ttl = self.key_ttl
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0
+        ):
+            raise RegistrationError(
+                f"Idempotent(key_ttl=...) must be a positive number of seconds or None, "
+                f"not {ttl!r}",
+                field="key_ttl",
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,10 +1,13 @@
-"""The kernel: registers tools, writes the intent log, dispatches, recovers."""
+"""The kernel: registers tools, journals every call, runs the call protocol, recovers.
+
+The protocol itself is `poimen._protocol`; the decisions `poimen._decide`; the background
+duties `poimen._upkeep`. This module holds what belongs to one kernel: its identity (again
+after a fork), its settings, its tools and its public API (docs/design.md §8 maps them).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import json
 import logging
 import math
 import os
@@ -12,84 +15,38 @@ import random
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import partial
 from typing import Any, Literal, TypeVar
 
-from poimen import _crashpoints, _guard
-from poimen._capability import CallScope, Issuer, Sink, ToolContext
+from poimen import _guard, _protocol
+from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, Unsafe, effect_name
-from poimen._intents import (
-    Completed,
-    Denial,
-    Failed,
-    Indeterminate,
-    Intent,
-    IntentState,
-    Outcome,
-    Pending,
-    Resolved,
-)
-from poimen._keys import args_digest, canonical, encode_args, to_json_value
-from poimen._liveness import current_owner, process_alive
+from poimen._intents import Denial, Intent, Outcome
+from poimen._keys import args_digest, canonical, encode_args
+from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver
 from poimen._operator import resolve as operator_resolve
-from poimen._recovery import RecoveryReport, indeterminate, recover_pass, resolve_unknown
+from poimen._protocol import CallState, Engine, call_steps, run_async, run_sync
+from poimen._recovery import RecoveryReport, recover_pass
+from poimen._retry import Retry
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
+from poimen._upkeep import Upkeep
 from poimen.errors import (
-    ArgumentError,
-    CallIdMismatchError,
-    CapabilityDeniedError,
-    DefiniteFailure,
-    IntentNotFoundError,
+    DuplicateWorkerError,
     NondeterministicKeyError,
     PoimenError,
     RegistrationError,
     SandboxDeniedError,
     UnknownToolError,
+    WrongRunnerError,
 )
 from poimen.store import Store, open_store
 from poimen.store._base import NewDispatch
 
 log = logging.getLogger("poimen")
 F = TypeVar("F", bound=Callable[..., Any])
-R = TypeVar("R")
 Mode = Literal["live", "shadow", "replay"]
-S = IntentState
-
-
-@dataclass(frozen=True, slots=True)
-class _Run:
-    kind: Literal["completed", "failed", "unknown", "denied_after_write"]
-    value: Any = None
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Write:
-    """What a definite outcome writes, and what the caller gets once it is written."""
-
-    state: IntentState
-    result: str | None
-    error: str | None
-    value: Any
-
-    @classmethod
-    def of(cls, run: _Run) -> _Write:
-        if run.kind == "failed":
-            return cls(S.FAILED, None, run.error, None)
-        try:
-            text = canonical(to_json_value(run.value, "<result>"))
-        except PoimenError as exc:  # the call still landed: complete it, say what was lost
-            return cls(S.COMPLETED, None, f"result not recorded: {exc}", run.value)
-        return cls(S.COMPLETED, text, None, None)
-
-    def outcome(self, intent_id: str) -> Outcome:
-        if self.state == S.FAILED:
-            return Failed(intent_id, self.error or "")
-        return Completed(intent_id, self.value if self.result is None else json.loads(self.result))
 
 
 class Kernel:
@@ -97,6 +54,8 @@ class Kernel:
 
     `store` is a Store or a URL (``sqlite:///path``, ``postgresql://...``). Call `launch()`
     once the tools are registered: it runs the restart scan and starts background upkeep.
+    `worker_id` names this kernel in the log; two live kernels of one process may not share
+    one, and a forked child takes a new one.
     """
 
     def __init__(
@@ -119,6 +78,10 @@ class Kernel:
     ) -> None:
         if mode not in ("live", "shadow", "replay"):
             raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}", field="mode")
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id.strip()):
+            raise PoimenError(
+                f"worker_id must be a non-empty string, not {worker_id!r}", field="worker_id"
+            )
         _check_settings(
             positive={
                 "lease_ttl": lease_ttl,
@@ -129,8 +92,15 @@ class Kernel:
             non_negative={"deadline_margin": deadline_margin, "wait_bound": wait_bound},
             counts={"max_attempts": max_attempts, "lookup_limit": lookup_limit},
         )
-        self.store: Store = open_store(store) if isinstance(store, str) else store
-        self.owner = current_owner(worker_id, host)
+        self._given_worker_id = worker_id
+        self._given_host = host
+        owner = current_owner(worker_id, host)
+        _claim_worker_id(owner.worker_id, self)
+        try:
+            self.store: Store = open_store(store) if isinstance(store, str) else store
+        except BaseException:
+            _release_worker_id(owner.worker_id, self)
+            raise
         self.mode: Mode = mode
         self.lease_ttl = lease_ttl
         self.notifiers: list[Notifier] = (
@@ -145,51 +115,91 @@ class Kernel:
         self.recover_interval = recover_interval
         # Reminders for INDETERMINATE intents still open after this many seconds.
         self._renotifier = Renotifier(renotify_after) if renotify_after is not None else None
-        self._tools: dict[str, Tool] = {}
-        self._inflight: set[str] = set()
-        self._inflight_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._upkeep: threading.Thread | None = None
-        self._background = False
-        self._wake = threading.Event()  # a notification is waiting in the outbox
+        self._closed = False
         self._deliver_lock = threading.Lock()
         self._on_close: list[Callable[[], object]] = []
-        self._store_pool: ThreadPoolExecutor | None = None  # acall's blocking steps
         # Layer 2: write tokens, registered sinks, the shared HTTP pool of ctx.http.
         self._issuer = Issuer(self.store)
         self._on_close.append(self._issuer.close)
+        self._engine = Engine(
+            self.store,
+            owner,
+            self._issuer,
+            lease_ttl=lease_ttl,
+            deadline_margin=deadline_margin,
+            wait_bound=wait_bound,
+            max_attempts=max_attempts,
+            lookup_limit=lookup_limit,
+            lookup_backoff=lookup_backoff,
+            max_backoff=max_backoff,
+            notify=self._notify_soon,
+        )
+        self._upkeep = Upkeep(
+            renew=self._renew,
+            recover=self.recover,
+            deliver=self.deliver_notifications,
+            lease_ttl=lease_ttl,
+            recover_interval=recover_interval,
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        _LIVE.add(self)
+
+    @property
+    def owner(self) -> Any:
+        """Who this kernel is in the log: worker id, host, pid (new after a fork)."""
+        return self._engine.owner
 
     @property
     def worker_id(self) -> str:
-        return self.owner.worker_id
+        return str(self._engine.owner.worker_id)
+
+    @property
+    def _tools(self) -> dict[str, Tool]:
+        return self._engine.tools
 
     # Registration.
 
     def tool(
-        self, *, id: str, effects: EffectClass, caps: Caps, timeout: float
+        self,
+        *,
+        id: str,
+        effects: EffectClass,
+        caps: Caps,
+        timeout: float,
+        retry: Retry | None = None,
     ) -> Callable[[F], F]:
-        """Register the decorated function. Every argument is required."""
+        """Register the decorated function. Every argument but `retry` is required; `retry`
+        spaces the call path's own retries (default: `Retry(attempts=max_attempts)`)."""
         registration = ToolRegistration(id=id, effects=effects, caps=caps, timeout=timeout)
 
         def decorate(fn: F) -> F:
-            self.register(registration, fn)
+            self.register(registration, fn, retry=retry)
             return fn
 
         return decorate
 
-    def register(self, registration: ToolRegistration, fn: Callable[..., Any]) -> Tool:
+    def register(
+        self, registration: ToolRegistration, fn: Callable[..., Any], *, retry: Retry | None = None
+    ) -> Tool:
         if not isinstance(registration, ToolRegistration):
             raise RegistrationError(
                 f"expected a ToolRegistration, got {type(registration).__name__}"
             )
-        if registration.id in self._tools:
+        if retry is not None and not isinstance(retry, Retry):
+            raise RegistrationError(
+                f"tool {registration.id!r}: retry must be a Retry, not {retry!r}",
+                tool_id=registration.id,
+            )
+        if registration.id in self._engine.tools:
             raise RegistrationError(
                 f"tool {registration.id!r} is already registered", tool_id=registration.id
             )
         tool = build_tool(registration, fn)
         if isinstance(registration.effects, Idempotent):
             _guard.install()
-        self._tools[registration.id] = tool
+        self._engine.tools[registration.id] = tool
+        if retry is not None:
+            self._engine.retries[registration.id] = retry
         return tool
 
     def register_sink(self, name: str, sink: Sink) -> None:
@@ -204,7 +214,7 @@ class Kernel:
         return self.store.denials(tool_id=tool_id, since=since, limit=limit)
 
     def registered(self) -> dict[str, ToolRegistration]:
-        return {k: t.registration for k, t in self._tools.items()}
+        return {k: t.registration for k, t in self._engine.tools.items()}
 
     # Life cycle.
 
@@ -212,35 +222,30 @@ class Kernel:
         """Run the restart scan and recovery pass; with `background`, keep recovery and
         notification delivery going every `recover_interval` seconds."""
         report = self.recover()
-        if background:
-            self._background = True
-            self._start_upkeep()
+        self._upkeep.start(background=background)
         return report
-
-    def _start_upkeep(self) -> None:
-        # Leases of held intents are renewed and notifications delivered off the caller's
-        # thread even without launch(); launch(background=True) adds periodic recovery.
-        with self._inflight_lock:
-            if self._upkeep is not None or self._stop.is_set():
-                return
-            self._upkeep = threading.Thread(
-                target=self._upkeep_loop, name="poimen-upkeep", daemon=True
-            )
-        self._upkeep.start()
 
     def on_close(self, fn: Callable[[], object]) -> None:
         """Run `fn` when the kernel closes (e.g. to close a tool's HTTP client)."""
         self._on_close.append(fn)
 
     def close(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._upkeep is not None:
-            self._upkeep.join(timeout=10)
-            self._upkeep = None
+        """Stop the background duties, wait for cancelled calls still settling, close the
+        store. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._upkeep.stop(within=10.0)
+        _protocol.wait_continuations(self._engine, within=30.0)
         while self._on_close:
-            self._on_close.pop()()
+            try:
+                self._on_close.pop()()
+            except Exception:
+                log.exception("poimen: a close hook failed")
+        self._engine.shutdown_pools()
         self.store.close()
+        _release_worker_id(self.worker_id, self)
+        _LIVE.discard(self)
 
     def __enter__(self) -> Kernel:
         return self
@@ -248,54 +253,33 @@ class Kernel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _upkeep_loop(self) -> None:
-        period = min(self.lease_ttl / 3, self.recover_interval, 1.0)
-        next_recover = time.monotonic() + self.recover_interval
-        while not self._stop.is_set():
-            woken = self._wake.wait(period)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self._renew()
-                if self._background and time.monotonic() >= next_recover:
-                    self.recover()
-                    next_recover = time.monotonic() + self.recover_interval
-                elif woken or self._background:
-                    self.deliver_notifications()
-            except PoimenError as exc:  # upkeep keeps going; the next round retries
-                log.warning("poimen upkeep: %s", exc)
-
-    def _hold(self, intent_id: str) -> bool:
-        """Mark an intent as driven by this kernel, from before its dispatch commit until it is
-        settled; False if it already is. Held intents are never claimable by this kernel's own
-        recovery, and their leases are renewed."""
-        with self._inflight_lock:
-            if intent_id in self._inflight:
-                return False
-            self._inflight.add(intent_id)
-        if self._upkeep is None:
-            self._start_upkeep()
-        return True
-
-    def _release(self, intent_id: str) -> None:
-        with self._inflight_lock:
-            self._inflight.discard(intent_id)
-
-    def drive_orphan(self, t: Tool, intent: Intent) -> Outcome | None:
-        """Settle an unfinished intent found claimable; None if this kernel already drives it."""
-        if not self._hold(intent.id):
-            return None
-        try:
-            return self._drive(t, intent)
-        finally:
-            self._release(intent.id)
-
     def _renew(self) -> None:
-        with self._inflight_lock:
-            ids = list(self._inflight)
+        ids = self._engine.holds.ids()
         if ids:
             self.store.renew_leases(self.worker_id, ids, self.store.now() + self.lease_ttl)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child is another process: a new identity, no calls of the parent's, its
+        own connections and threads (the parent's do not exist here)."""
+        e = self._engine
+        old = e.owner.worker_id
+        given = self._given_worker_id
+        e.owner = current_owner(f"{given}.{os.getpid()}" if given else None, self._given_host)
+        _forget_worker_id(old)
+        _claim_worker_id(e.owner.worker_id, self)
+        e.holds.reset()
+        e.continuations = set()
+        e.shutdown_pools(forked=True)
+        self._deliver_lock = threading.Lock()
+        self._tasks = set()
+        self._issuer.after_fork()
+        after_fork = getattr(self.store, "after_fork", None)
+        if after_fork is not None:
+            after_fork()
+        background = self._upkeep.background
+        self._upkeep.after_fork()
+        if background and not self._closed:
+            self._upkeep.start(background=True)
 
     # The call path.
 
@@ -310,18 +294,20 @@ class Kernel:
             finally:
                 _guard.resume(token)
         t, d, kwargs = self._prepare(tool, args, call_id)
-        self._hold(d.intent_id)
-        try:
-            _crashpoints.hit("before_dispatch_commit")
-            intent, created = self.store.record_dispatch(d)
-            if not created:
-                return self._existing(t, intent, d)
-            _crashpoints.hit("after_dispatch_commit")
-            return self._drive(t, intent, kwargs)
-        finally:
-            self._release(d.intent_id)
+        if t.is_async and _loop_running():
+            raise WrongRunnerError(
+                f"tool {t.id!r} is async and an event loop runs in this thread: "
+                "use `await kernel.acall(...)`; nothing was recorded",
+                tool_id=t.id,
+            )
+        self._upkeep.held()
+        e = self._engine
+        return run_sync(e, call_steps(e, t, d, kwargs, CallState()))
 
     async def acall(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
+        """`call` for async callers. A cancelled caller gets `CancelledError` at once; the
+        call itself is settled with its real outcome (a sync tool's thread is followed until
+        it returns), and nothing new (retry, lookup) starts for it."""
         if _guard.current() is not None:  # see call()
             token = _guard.suspend()
             try:
@@ -329,49 +315,18 @@ class Kernel:
             finally:
                 _guard.resume(token)
         t, d, kwargs = self._prepare(tool, args, call_id)
-        self._hold(d.intent_id)
-        try:
-            _crashpoints.hit("before_dispatch_commit")
-            arecord = getattr(self.store, "arecord_dispatch", None)
-            if arecord is not None:  # the store commits for us without a thread per caller
-                intent, created = await arecord(d)
-            else:
-                intent, created = await self._offload(self.store.record_dispatch, d)
-            if not created:
-                return await self._offload(self._existing, t, intent, d)
-            _crashpoints.hit("after_dispatch_commit")
-            while True:
-                run = await self._invoke_async(t, intent, kwargs)
-                nxt = await self._asettle(t, intent, run)
-                if not isinstance(nxt, Intent):
-                    return nxt
-                intent = nxt
-        finally:
-            self._release(d.intent_id)
-
-    def _offload(self, fn: Callable[..., R], *args: Any) -> asyncio.Future[R]:
-        """Run a blocking step of acall (a commit, mostly) on the kernel's store pool, in the
-        caller's context. The loop's default pool has cpu_count + 4 threads, which capped how
-        many async callers' commits could meet in one group commit."""
-        pool = self._store_pool
-        if pool is None:
-            with self._inflight_lock:
-                if self._store_pool is None:
-                    self._store_pool = ThreadPoolExecutor(64, thread_name_prefix="poimen-store")
-                    self._on_close.append(self._shutdown_pool)
-                pool = self._store_pool
-        ctx = contextvars.copy_context()
-        return asyncio.get_running_loop().run_in_executor(pool, partial(ctx.run, fn, *args))
-
-    def _shutdown_pool(self) -> None:
-        pool, self._store_pool = self._store_pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)
+        self._upkeep.held()
+        e = self._engine
+        c = CallState()
+        return await run_async(e, call_steps(e, t, d, kwargs, c), c)
 
     def _prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str
     ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
-        t = self._tools.get(tool) if isinstance(tool, str) else None
+        if self._closed:
+            raise PoimenError("the kernel is closed")
+        e = self._engine
+        t = e.tools.get(tool) if isinstance(tool, str) else None
         if t is None:
             raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
         if not isinstance(call_id, str) or not call_id:
@@ -416,7 +371,7 @@ class Kernel:
             args_hash=args_digest(text),
             key=key,
             request_id=request_id,
-            owner=self.owner,
+            owner=e.owner,
             lease_expires_at=now + max(self.lease_ttl, timeout),
             timeout_s=timeout,
             deadline_at=now + timeout + self.deadline_margin,
@@ -424,205 +379,14 @@ class Kernel:
         )
         return t, d, kwargs
 
-    def _existing(self, t: Tool, intent: Intent, d: NewDispatch) -> Outcome:
-        if intent.tool_id != t.id or intent.args_hash != d.args_hash:
-            raise CallIdMismatchError(
-                f"call id {d.call_id!r} was recorded for tool {intent.tool_id!r} with other "
-                "arguments; a call id always names the same call",
-                call_id=d.call_id,
-                intent_id=intent.id,
-            )
-        if intent.state != S.DISPATCHED:
-            return self._answer(intent)
-        deadline = time.monotonic() + self.wait_bound
-        while True:
-            now = self.store.now()
-            due = intent.next_check_at is None or intent.next_check_at <= now
-            if due and self._claimable(intent, now):
-                out = self.drive_orphan(t, intent)
-                if out is not None:
-                    return out
-            if time.monotonic() >= deadline:
-                return Pending(intent.id, "in_flight")
-            time.sleep(0.05)
-            current = self.store.get_intent(intent.id)
-            assert current is not None
-            if current.state != S.DISPATCHED:
-                return self._answer(current)
-            intent = current
-
-    def _drive(self, t: Tool, intent: Intent, kwargs: dict[str, Any] | None = None) -> Outcome:
-        """Run an intent we hold to an outcome: invoke, settle, retry by class."""
-        if kwargs is None:
-            # Recovery of an orphan: decide first, the tool runs only if its class says so.
-            nxt = resolve_unknown(self, t, intent)
-            if not isinstance(nxt, Intent):
-                return nxt
-            intent = nxt
-            try:
-                _, kwargs = t.validate(json.loads(intent.args))
-            except ArgumentError as exc:  # the tool's signature changed since the dispatch
-                log.error("intent %s: recorded arguments no longer validate: %s", intent.id, exc)
-                return indeterminate(self, intent, "arguments_no_longer_valid")
-        while True:
-            run = self._invoke_sync(t, intent, kwargs)
-            nxt = self._settle(t, intent, run)
-            if not isinstance(nxt, Intent):
-                return nxt
-            intent = nxt
-
     def _context(self, t: Tool, intent: Intent) -> ToolContext:
-        reg = t.registration
-        key = intent.key
-        # Only an Idempotent call is guarded: its handles carry a token for this attempt.
-        scope = (
-            self._issuer.scope(t.id, intent.id, intent.attempts, key, reg.caps)
-            if key is not None and isinstance(reg.effects, Idempotent)
-            else None
-        )
-        return ToolContext(
-            tool_id=t.id,
-            intent_id=intent.id,
-            call_id=intent.call_id,
-            attempt=intent.attempts,
-            key=key,
-            request_id=intent.request_id,
-            issuer=self._issuer,
-            scope=scope,
-            timeout=reg.timeout,
-        )
-
-    def _invoke_sync(self, t: Tool, intent: Intent, kwargs: dict[str, Any]) -> _Run:
-        ctx = self._context(t, intent)
-        scope = ctx._scope
-        try:
-            if t.is_async:
-                coro = t.fn(ctx, **kwargs)
-                if scope is not None:
-                    coro = _guard.arun(scope, coro)
-                value = _run_coroutine(asyncio.wait_for(coro, t.registration.timeout))
-            elif scope is not None:
-                value = _guard.run(scope, t.fn, ctx, kwargs)
-            else:
-                # A sync tool cannot be preempted; its timeout sets the lease and deadline.
-                value = t.fn(ctx, **kwargs)
-        except Exception as exc:
-            return _classify(exc, scope)
-        finally:
-            if scope is not None:
-                scope.end()
-        return _Run("completed", value=value)
-
-    async def _invoke_async(self, t: Tool, intent: Intent, kwargs: dict[str, Any]) -> _Run:
-        ctx = self._context(t, intent)
-        scope = ctx._scope
-        try:
-            if t.is_async:
-                coro = t.fn(ctx, **kwargs)
-                if scope is not None:
-                    coro = _guard.arun(scope, coro)
-                value = await asyncio.wait_for(coro, t.registration.timeout)
-            elif scope is not None:
-                value = await asyncio.to_thread(_guard.run, scope, t.fn, ctx, kwargs)
-            else:
-                # As in call(): a thread cannot be preempted, and giving up on it while its
-                # request may still land would let recovery re-issue it.
-                value = await asyncio.to_thread(t.fn, ctx, **kwargs)
-        except Exception as exc:  # timeouts included: the outcome is unknown
-            return _classify(exc, scope)
-        finally:
-            if scope is not None:
-                scope.end()
-        return _Run("completed", value=value)
-
-    def _settle(self, t: Tool, intent: Intent, run: _Run) -> Outcome | Intent:
-        _crashpoints.hit("after_effect")
-        now = self.store.now()
-        if run.kind in ("completed", "failed"):
-            w = _Write.of(run)
-            if self.store.record_outcome(
-                intent.id, intent.fence, w.state, result=w.result, error=w.error, now=now
-            ):
-                return w.outcome(intent.id)
-            return self._answer_current(intent.id)
-        self.store.record_unknown(intent.id, intent.fence, run.error or "unknown", now)
-        if run.kind == "denied_after_write":
-            return indeterminate(self, intent, "capability_denied_after_write")
-        return resolve_unknown(self, t, intent)
-
-    async def _asettle(self, t: Tool, intent: Intent, run: _Run) -> Outcome | Intent:
-        """`_settle` for acall: a definite outcome is written without a thread per caller."""
-        arecord = getattr(self.store, "arecord_outcome", None)
-        if arecord is None or run.kind not in ("completed", "failed"):
-            return await self._offload(self._settle, t, intent, run)
-        _crashpoints.hit("after_effect")
-        w = _Write.of(run)
-        if await arecord(
-            intent.id, intent.fence, w.state, result=w.result, error=w.error, now=self.store.now()
-        ):
-            return w.outcome(intent.id)
-        return await self._offload(self._answer_current, intent.id)
-
-    def _claim_retry(self, intent: Intent) -> Outcome | Intent:
-        now = self.store.now()
-        timeout = intent.timeout_s
-        claimed = self.store.claim(
-            intent.id,
-            intent.fence,
-            self.owner,
-            lease_expires_at=now + max(self.lease_ttl, timeout),
-            new_attempt=True,
-            deadline_at=now + timeout + self.deadline_margin,
-            now=now,
-        )
-        if claimed is None:
-            return Pending(intent.id, "lost_race")
-        return claimed
-
-    def _claimable(self, intent: Intent, now: float) -> bool:
-        o = intent.owner
-        if o is None:
-            return True
-        if o == self.owner:
-            with self._inflight_lock:
-                return intent.id not in self._inflight
-        me = self.owner
-        if intent.lease_expires_at is not None and intent.lease_expires_at <= now:
-            return True
-        # Only on our own host can a pid say anything; elsewhere the lease decides.
-        return o.host == me.host and not process_alive(o.pid, o.pid_start)
-
-    def _answer_current(self, intent_id: str) -> Outcome:
-        current = self.store.get_intent(intent_id)
-        if current is None:
-            raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
-        return self._answer(current)
-
-    def _answer(self, intent: Intent) -> Outcome:
-        match intent.state:
-            case S.COMPLETED:
-                return Completed(
-                    intent.id, None if intent.result is None else json.loads(intent.result)
-                )
-            case S.FAILED:
-                return Failed(intent.id, intent.error or "")
-            case S.INDETERMINATE:
-                return Indeterminate(intent.id, intent.reason or "")
-            case S.RESOLVED_LANDED | S.RESOLVED_NOT_LANDED:
-                return Resolved(
-                    intent.id,
-                    intent.state == S.RESOLVED_LANDED,
-                    None if intent.result is None else json.loads(intent.result),
-                )
-            case S.DISPATCHED:
-                return Pending(intent.id, intent.reason or "in_flight")
-        raise AssertionError(intent.state)
+        return _protocol.context(self._engine, t, intent)
 
     # Recovery and the operator path.
 
     def recover(self, *, progress: Callable[[int], object] | None = None) -> RecoveryReport:
         """One recovery pass now; then deliver due notifications."""
-        report = recover_pass(self, progress=progress)
+        report = recover_pass(self._engine, progress=progress)
         self.deliver_notifications()
         return report
 
@@ -641,11 +405,12 @@ class Kernel:
             return deliver(self.store, self.notifiers)
 
     def _notify_soon(self) -> None:
-        """The outbox row is committed: have the upkeep thread deliver it, so a slow webhook
+        """The outbox row is committed: have the delivery duty deliver it, so a slow webhook
         never holds up the caller (nor other callers behind the delivery lock)."""
+        from poimen import _crashpoints
+
         _crashpoints.hit("before_notify")
-        self._start_upkeep()
-        self._wake.set()
+        self._upkeep.notify_soon()
 
 
 def _check_settings(
@@ -665,35 +430,59 @@ def _check_settings(
             raise PoimenError(f"{name} must be a whole number of at least 1, not {n!r}", field=name)
 
 
-def _refused(exc: BaseException, scope: CallScope | None) -> _Run:
-    """A provider's refusal, or a write the kernel denied: FAILED, never retried (a retry would
-    be denied the same way), unless an earlier write of this attempt went out under the key:
-    then the effect may have landed, and an operator decides."""
-    if isinstance(exc, CapabilityDeniedError) and scope is not None and scope.writes:
-        return _Run("denied_after_write", error=_failure(exc))
-    return _Run("failed", error=_failure(exc))
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
-def _failure(exc: BaseException) -> str:
-    if isinstance(exc, CapabilityDeniedError):
-        return f"capability denied: {exc}"
-    return str(exc) or type(exc).__name__
+# Kernels of this process: one identity each, and a new one in a forked child.
+
+_LIVE: weakref.WeakSet[Kernel] = weakref.WeakSet()
+_WORKERS: dict[str, weakref.ref[Kernel]] = {}
+_WORKERS_LOCK = threading.Lock()
 
 
-def _classify(exc: Exception, scope: CallScope | None) -> _Run:
-    if isinstance(exc, DefiniteFailure | CapabilityDeniedError):
-        return _refused(exc, scope)
-    return _unknown(exc, scope)
+def _claim_worker_id(worker_id: str, k: Kernel) -> None:
+    with _WORKERS_LOCK:
+        ref = _WORKERS.get(worker_id)
+        other = ref() if ref is not None else None
+        if other is not None and other is not k and not other._closed:
+            raise DuplicateWorkerError(
+                f"worker id {worker_id!r} is taken by another live kernel of this process; "
+                "two kernels with one identity would take over each other's calls",
+                worker_id=worker_id,
+            )
+        _WORKERS[worker_id] = weakref.ref(k)
 
 
-def _unknown(exc: Exception, scope: CallScope | None) -> _Run:
-    # A library that wrapped a denial (raise ... from it) hides a write that never left.
-    seen: BaseException | None = exc
-    for _ in range(8):
-        seen = seen.__cause__ or seen.__context__ if seen is not None else None
-        if isinstance(seen, CapabilityDeniedError):
-            return _refused(seen, scope)
-    return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
+def _release_worker_id(worker_id: str, k: Kernel) -> None:
+    with _WORKERS_LOCK:
+        ref = _WORKERS.get(worker_id)
+        if ref is not None and ref() in (k, None):
+            del _WORKERS[worker_id]
+
+
+def _forget_worker_id(worker_id: str) -> None:
+    with _WORKERS_LOCK:
+        _WORKERS.pop(worker_id, None)
+
+
+def _after_fork_in_child() -> None:
+    global _WORKERS_LOCK
+    _WORKERS_LOCK = threading.Lock()  # another thread of the parent may have held it
+    for k in list(_LIVE):
+        if k._closed:
+            continue
+        try:
+            k._after_fork_in_child()
+        except Exception:
+            log.exception("poimen: a kernel could not start again in a forked child")
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # Intent ids need uniqueness, not secrecy. os.urandom per call hands the GIL back for a
@@ -712,12 +501,3 @@ def _new_id() -> str:
 def _new_request_id() -> str:
     # Request ids go to providers, and a lookup trusts what answers under one: unpredictable.
     return "rq_" + secrets.token_hex(16)
-
-
-def _run_coroutine(coro: Any) -> Any:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise PoimenError("an async tool called with Kernel.call inside a running loop: use acall")

@@ -56,3 +56,8 @@ def current_owner(worker_id: str | None = None, host: str | None = None) -> Owne
         pid=pid,
         pid_start=process_start(pid) or "",
     )
+
+
+def owner_alive(o: Owner) -> bool:
+    """Whether an owner's process (on this host) still runs."""
+    return process_alive(o.pid, o.pid_start)

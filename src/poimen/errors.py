@@ -89,3 +89,23 @@ class DefiniteFailure(Exception):
     def __init__(self, message: str, *, detail: Any = None) -> None:
         self.detail = detail
         super().__init__(message)
+
+
+class NotSent(DefiniteFailure):
+    """The request never left this process (the connection was refused, the name did not
+    resolve): no effect can have happened.
+
+    `ctx.http` raises it when a connection fails before any write of the attempt went out; a
+    tool may raise it itself for its own clients. The call is retried in place within its
+    `Retry` budget, whatever its class, and becomes FAILED when the budget is spent.
+    """
+
+
+class WrongRunnerError(PoimenError):
+    """This call cannot run here (an async tool through `Kernel.call` inside a running event
+    loop: use `await Kernel.acall`)."""
+
+
+class DuplicateWorkerError(PoimenError):
+    """Another live kernel in this process has this worker id; two kernels with one identity
+    would take over each other's calls."""

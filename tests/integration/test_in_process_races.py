@@ -84,13 +84,15 @@ def test_a_pass_between_the_dispatch_commit_and_the_tool_leaves_the_call_alone(
         seen.append((to, intent.state))
         return "sent"
 
-    real = kernel._invoke_sync
+    from poimen import _protocol
+
+    real = _protocol.invoke_sync
 
     def pass_first(*a: Any) -> Any:
         _recover_now(kernel)
         return real(*a)
 
-    monkeypatch.setattr(kernel, "_invoke_sync", pass_first)
+    monkeypatch.setattr(_protocol, "invoke_sync", pass_first)
     assert isinstance(kernel.call("send", {"to": "bob"}, call_id="c1"), Completed)
     assert seen == [("bob", S.DISPATCHED)]
 
@@ -179,7 +181,7 @@ def test_recorded_arguments_that_no_longer_validate_become_indeterminate(
         dead = Owner("w-dead", "another-host", 1, "1")
         iid = _orphan(k, "pay", {"order": "o2", "amount": 5}, "c2", key=key, request_id=None,
                       dead=dead)
-        k.store.renew_leases("w-dead", [iid], 0.0)
+        _expire_lease(k, iid)
         for _ in range(3):
             k.recover()
         it = k.store.get_intent(iid)
@@ -199,3 +201,14 @@ def test_a_landed_answer_that_does_not_encode_still_completes(kernel: Kernel) ->
     assert out == Completed(out.intent_id, None)
     it = kernel.store.get_intent(out.intent_id)
     assert it is not None and it.state == S.COMPLETED and it.result is None
+
+
+def _expire_lease(k: Kernel, intent_id: str) -> None:
+    """The owner on another host stopped renewing: its lease is over."""
+    import sqlite3
+
+    from poimen.store.sqlite import SqliteStore
+
+    assert isinstance(k.store, SqliteStore)
+    with sqlite3.connect(k.store.path) as conn:
+        conn.execute("UPDATE intents SET lease_expires_at = 0 WHERE id = ?", (intent_id,))

@@ -57,11 +57,12 @@ class Executor(Protocol):
 class Sql:
     """The statements both dialects share, with `placeholder` for each ``?``."""
 
-    def __init__(self, placeholder: str) -> None:
+    def __init__(self, placeholder: str, greatest: str) -> None:
         def q(sql: str) -> str:
             return sql.replace("?", placeholder)
 
         self.p = placeholder
+        g = greatest  # the larger of two values: MAX(a, b) in SQLite, GREATEST in PostgreSQL
         # Reads.
         self.intent_by_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?")
         self.intent_by_call_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = ?")
@@ -117,6 +118,15 @@ class Sql:
         self.unknown = q(
             "UPDATE attempts SET ended_at = ?, outcome = 'unknown', error = ? "
             "WHERE intent_id = ? AND fence = ? AND outcome IS NULL"
+        )
+        # Deadlines and leases only ever move later: a slower path never shortens them.
+        self.extend_deadline = q(
+            f"UPDATE intents SET deadline_at = {g}(COALESCE(deadline_at, ?), ?), updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
+        )
+        self.renew = q(
+            f"UPDATE intents SET lease_expires_at = {g}(COALESCE(lease_expires_at, ?), ?) "
+            "WHERE owner_id = ? AND state = 'DISPATCHED' AND next_check_at IS NULL AND id IN "
         )
         self.landed = q(
             "UPDATE intents SET state = 'COMPLETED', result = ?, reason = 'landed_by_lookup', "
@@ -469,9 +479,16 @@ class SqlStore:
 
         return op
 
-    def record_unknown(self, intent_id: str, fence: int, error: str, now: float) -> bool:
+    def record_unknown(
+        self, intent_id: str, fence: int, error: str, now: float, deadline_at: float | None = None
+    ) -> bool:
         def op(ex: Executor, _retrying: bool) -> bool:
             cur = ex.execute(self._sql.unknown, (now, error, intent_id, fence))
+            if deadline_at is not None:
+                ex.execute(
+                    self._sql.extend_deadline,
+                    (deadline_at, deadline_at, now, intent_id, fence),
+                )
             if cur.rowcount:
                 self._event(
                     ex,
@@ -481,11 +498,33 @@ class SqlStore:
                     S.DISPATCHED,
                     S.DISPATCHED,
                     "kernel",
-                    {"fence": fence, "error": error},
+                    {"fence": fence, "error": error, "deadline_at": deadline_at},
                 )
             return cur.rowcount == 1
 
         return self._tx("record_unknown", op)
+
+    def extend_deadline(self, intent_id: str, fence: int, deadline_at: float, now: float) -> bool:
+        """Move an attempt's deadline later (never earlier); False if its fence is stale."""
+
+        def op(ex: Executor, _retrying: bool) -> bool:
+            cur = ex.execute(
+                self._sql.extend_deadline, (deadline_at, deadline_at, now, intent_id, fence)
+            )
+            if cur.rowcount:
+                self._event(
+                    ex,
+                    intent_id,
+                    now,
+                    "deadline_extended",
+                    S.DISPATCHED,
+                    S.DISPATCHED,
+                    "kernel",
+                    {"fence": fence, "deadline_at": deadline_at},
+                )
+            return cur.rowcount == 1
+
+        return self._tx("extend_deadline", op)
 
     # Recovery.
 

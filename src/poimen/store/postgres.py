@@ -49,13 +49,15 @@ from poimen.store._sql import (
 
 T = TypeVar("T")
 S = IntentState
-SQL = Sql("%s")
+SQL = Sql("%s", "GREATEST")
 Cursor = psycopg.Cursor[Any]
 log = logging.getLogger("poimen.store.postgres")
 
 # Connection-level failures worth another try: a dropped or terminated connection, a server
 # restart, a serialization failure or deadlock (these roll the transaction back).
 _TRANSIENT = (psycopg.OperationalError, PoolTimeout)
+# Pools a forked child inherited: never used, never closed (see `PostgresStore.after_fork`).
+_INHERITED: list[Any] = []
 
 
 def describe(url: str) -> str:
@@ -138,22 +140,8 @@ class PostgresStore(SqlStore):
         self._prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = (
             weakref.WeakKeyDictionary()
         )
-        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            url,
-            min_size=min_size,
-            max_size=max_size,
-            kwargs=params,
-            open=False,
-            timeout=connect_timeout,
-            name="poimen",
-        )
-        try:
-            self._pool.open(wait=min_size > 0, timeout=connect_timeout)
-        except PoolTimeout as exc:
-            self._pool.close()
-            raise StoreUnavailableError(
-                f"cannot open a connection pool to PostgreSQL at {self._where}", url=self._where
-            ) from exc
+        self._sizes = (min_size, max_size)
+        self._pool = self._open_pool()
         try:
             if migrate:
                 self.migrate()
@@ -164,6 +152,36 @@ class PostgresStore(SqlStore):
             raise
 
     # Connections, transactions, retries.
+
+    def _open_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        min_size, max_size = self._sizes
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self.url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=self._params,
+            open=False,
+            timeout=self._connect_timeout,
+            name="poimen",
+        )
+        try:
+            pool.open(wait=min_size > 0, timeout=self._connect_timeout)
+        except PoolTimeout as exc:
+            pool.close()
+            raise StoreUnavailableError(
+                f"cannot open a connection pool to PostgreSQL at {self._where}", url=self._where
+            ) from exc
+        return pool
+
+    def after_fork(self) -> None:
+        """In a forked child: a pool of its own. The parent's sessions are never used here,
+        nor closed (closing one would end the parent's session on the server): they are
+        kept referenced for the life of the child."""
+        _INHERITED.append(self._pool)
+        self._prepared = weakref.WeakKeyDictionary()
+        self._clock_lock = threading.Lock()
+        if not self._closed:
+            self._pool = self._open_pool()
 
     def _run(self, what: str, fn: Callable[[Cursor, bool], T], *, transaction: bool = True) -> T:
         """Run `fn` in one transaction; retry it while the database is unreachable.
@@ -425,9 +443,8 @@ class PostgresStore(SqlStore):
 
         def op(cur: Cursor, _retrying: bool) -> int:
             cur.execute(
-                "UPDATE intents SET lease_expires_at = %s WHERE owner_id = %s AND "
-                "state = 'DISPATCHED' AND next_check_at IS NULL AND id = ANY(%s)",
-                (lease_expires_at, worker_id, ids),
+                SQL.renew.replace("id IN ", "id = ANY(%s)"),
+                (lease_expires_at, lease_expires_at, worker_id, ids),
             )
             return cur.rowcount
 

@@ -32,9 +32,11 @@ from poimen.store._sql import (
 
 T = TypeVar("T")
 S = IntentState
-SQL = Sql("?")
+SQL = Sql("?", "MAX")
 log = logging.getLogger("poimen")
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+# Connections a forked child inherited: never used, never closed (see `after_fork`).
+_INHERITED: list[sqlite3.Connection] = []
 
 
 class _Op(Generic[T]):
@@ -599,6 +601,19 @@ class SqliteStore(SqlStore):
     def now(self) -> float:
         return time.time()
 
+    def after_fork(self) -> None:
+        """In a forked child: connections of its own. The parent's are never used here, nor
+        closed: closing the last connection of a WAL log checkpoints it and may delete the
+        WAL under the parent. They stay referenced for the life of the child."""
+        _INHERITED.extend(self._conns)
+        self._conns = []
+        self._conns_lock = threading.Lock()
+        self._local = threading.local()
+        self._reads = threading.Condition()
+        self._reading = 0
+        if not self._closed:
+            self._writer = _GroupCommit(self._connect(writer=True))
+
     # Schema.
 
     def schema_version(self) -> int:
@@ -749,10 +764,8 @@ class SqliteStore(SqlStore):
             for i in range(0, len(ids), 500):
                 chunk = ids[i : i + 500]
                 cur = conn.execute(
-                    "UPDATE intents SET lease_expires_at = ? WHERE owner_id = ? AND "
-                    f"state = 'DISPATCHED' AND next_check_at IS NULL AND id IN "
-                    f"({','.join('?' * len(chunk))})",
-                    (lease_expires_at, worker_id, *chunk),
+                    SQL.renew + f"({','.join('?' * len(chunk))})",
+                    (lease_expires_at, lease_expires_at, worker_id, *chunk),
                 )
                 n += cur.rowcount
             return n

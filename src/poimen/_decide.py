@@ -1,0 +1,198 @@
+"""What to do with an intent whose outcome is unknown: pure rules, no I/O (docs/design.md §5).
+
+The kernel's call path and recovery gather the evidence a rule asks for (a key derived again
+from the recorded arguments, a provider's lookup answer) and execute the decision; every
+rule that can double an effect or take over a live call lives here, where it is tested as a
+table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, assert_never
+
+from poimen._effects import (
+    EffectClass,
+    Idempotent,
+    Landed,
+    NotLanded,
+    Queryable,
+    Unknown,
+    Unsafe,
+    effect_name,
+)
+from poimen._intents import Intent, IntentState, Owner
+
+# The evidence a decision is made on.
+
+
+@dataclass(frozen=True, slots=True)
+class Unasked:
+    """Nothing has been asked yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyDerived:
+    """The key derived again from the recorded arguments by the tool's current derivation."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeyFailed:
+    """The current derivation raised on the recorded arguments."""
+
+    error: str
+
+
+Answer = Unasked | KeyDerived | KeyFailed | Landed | NotLanded | Unknown
+
+# Decisions.
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """Gather this evidence, then decide again."""
+
+    what: Literal["key", "lookup"]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Claim a new attempt (fence + 1) and run the tool again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """The provider says the request landed: complete without running the tool again."""
+
+    result: object
+
+
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """Ask again at `at`; the intent stays DISPATCHED."""
+
+    at: float
+    unknown_count: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkIndeterminate:
+    """Nothing makes a retry safe: an operator decides."""
+
+    reason: str
+
+
+Decision = Ask | Retry | Complete | Defer | MarkIndeterminate
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The bounds a kernel sets on recovery."""
+
+    max_attempts: int
+    lookup_limit: int
+    lookup_backoff: float
+    max_backoff: float
+
+
+def decide(
+    current: EffectClass, intent: Intent, answer: Answer, now: float, policy: Policy
+) -> Decision:
+    """Decide an unfinished intent by the class recorded with it.
+
+    `current` is the class its tool is registered with now; when that is not the recorded
+    class, no rule of either class applies and an operator decides (`effect_changed`).
+    """
+    if effect_name(current) != intent.effect:
+        return MarkIndeterminate("effect_changed")
+    match current:
+        case Idempotent(key_ttl=ttl):
+            # The provider forgets keys: past its window a retry is no longer deduplicated.
+            if ttl is not None and now - intent.created_at > ttl:
+                return MarkIndeterminate("key_expired")
+            match answer:
+                case Unasked():
+                    return Ask("key")
+                case KeyFailed():
+                    return MarkIndeterminate("key_derivation_failed")
+                case KeyDerived(key=key):
+                    if key != intent.key:
+                        return MarkIndeterminate("key_drift")
+                    if intent.attempts >= policy.max_attempts:
+                        return MarkIndeterminate("retries_exhausted")
+                    return Retry()
+        case Queryable():
+            match answer:
+                case Unasked():
+                    return Ask("lookup")
+                case Landed(result=result):
+                    return Complete(result)
+                case NotLanded():
+                    # Not trusted before the deadline: a request in flight could still land.
+                    if intent.deadline_at is not None and now < intent.deadline_at:
+                        return Defer(intent.deadline_at, intent.unknown_count, "awaiting_deadline")
+                    if intent.attempts >= policy.max_attempts:
+                        return MarkIndeterminate("retries_exhausted")
+                    return Retry()
+                case Unknown(reason=why):
+                    n = intent.unknown_count + 1
+                    if n >= policy.lookup_limit:
+                        return MarkIndeterminate("lookup_unknown_limit")
+                    delay = min(policy.max_backoff, policy.lookup_backoff * 2 ** min(n - 1, 62))
+                    return Defer(now + delay, n, f"lookup_unknown: {why}"[:500])
+        case Unsafe():
+            return MarkIndeterminate("unsafe_unknown_outcome")
+        case _:
+            assert_never(current)
+    raise TypeError(f"{type(answer).__name__} is no answer for a {intent.effect} intent")
+
+
+Claimability = Literal["claimable", "settled", "not_due", "held", "live"]
+
+
+def claimability(
+    intent: Intent,
+    me: Owner,
+    *,
+    held: bool,
+    now: float,
+    alive: Callable[[Owner], bool],
+) -> Claimability:
+    """May `me` take this intent over now? `held`: this kernel drives it already; `alive`
+    says whether an owner's process on this host still runs."""
+    if intent.state != IntentState.DISPATCHED:
+        return "settled"
+    if held:
+        return "held"
+    if intent.next_check_at is not None and intent.next_check_at > now:
+        return "not_due"
+    o = intent.owner
+    if o is None or o == me:
+        # Ours and not held: the thread that drove it is gone (a crash of a caller or a
+        # cancelled one that already settled would not leave it unheld and unfinished).
+        return "claimable"
+    if intent.lease_expires_at is not None and intent.lease_expires_at <= now:
+        return "claimable"
+    # Only on our own host can a pid say anything; elsewhere the lease decides.
+    if o.host == me.host and not alive(o):
+        return "claimable"
+    return "live"
+
+
+def attempt_deadline(start: float, timeout: float, margin: float) -> float:
+    """Until when a request sent by an attempt started at `start` may still land."""
+    return start + timeout + margin
+
+
+def takeover_deadline(intent: Intent, now: float, margin: float) -> float | None:
+    """The deadline after taking over an intent whose owner stopped mid-attempt: a request
+    it sent up to now may land until now + timeout. A deferred intent's owner had finished
+    its attempt, so its deadline stands."""
+    if intent.next_check_at is not None:
+        return None
+    later = attempt_deadline(now, intent.timeout_s, margin)
+    return later if intent.deadline_at is None or intent.deadline_at < later else None

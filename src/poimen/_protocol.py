@@ -1,0 +1,882 @@
+"""The call protocol, written once: hold → dispatch commit → invoke → outcome commit → release.
+
+Every path an intent takes (a first call, a call id seen again, a retry, recovery of an
+orphan) is a generator that yields the steps it needs done (`Block`: a commit or a read;
+`Invoke`: run the tool; `Lookup`: ask the provider; `Sleep`) and receives their results.
+Two runners execute the steps: `run_sync` for `Kernel.call` and recovery, `run_async` for
+`Kernel.acall`. What to decide lives in `poimen._decide`; what a step costs lives in the
+runners. See docs/design.md §3 to §5.
+
+A cancelled async caller never abandons the protocol: a commit in flight is waited for, a sync
+tool's thread is followed by a continuation thread that settles the intent when the tool
+returns, and no new attempt, lookup or back-off starts after the cancellation. The intent
+stays held (never claimable by this kernel's recovery) until nothing of it runs any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import dataclasses
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from poimen import _crashpoints, _guard
+from poimen._capability import CallScope, Issuer, ToolContext
+from poimen._decide import (
+    Answer,
+    Ask,
+    Complete,
+    Defer,
+    KeyDerived,
+    KeyFailed,
+    MarkIndeterminate,
+    Policy,
+    Retry,
+    Unasked,
+    attempt_deadline,
+    claimability,
+    decide,
+    takeover_deadline,
+)
+from poimen._effects import Idempotent, Landed, LookupAnswer, NotLanded, Queryable, Unknown
+from poimen._intents import (
+    Completed,
+    Failed,
+    Indeterminate,
+    Intent,
+    IntentState,
+    Outcome,
+    Owner,
+    Pending,
+    Resolved,
+)
+from poimen._keys import canonical, to_json_value
+from poimen._liveness import owner_alive
+from poimen._notify import indeterminate_note
+from poimen._retry import Retry as RetryPolicy
+from poimen._tools import Tool
+from poimen.errors import (
+    ArgumentError,
+    CapabilityDeniedError,
+    DefiniteFailure,
+    IntentNotFoundError,
+    NotSent,
+    PoimenError,
+)
+from poimen.store import Store
+from poimen.store._base import NewDispatch
+
+log = logging.getLogger("poimen")
+S = IntentState
+T = TypeVar("T")
+
+# Steps a protocol yields.
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A blocking store call; `afn` is the store's own async form of it, if it has one."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    afn: Callable[..., Awaitable[Any]] | None = None
+    kw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Invoke:
+    tool: Tool
+    intent: Intent
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    tool: Tool
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+Step = Block | Invoke | Lookup | Sleep
+Steps = Generator[Step, Any, T]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """How one invocation of a tool ended."""
+
+    kind: Literal["completed", "failed", "unknown", "not_sent", "denied_after_write"]
+    value: Any = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class CallState:
+    """What one protocol run knows beyond the log: when it began, and whether its caller
+    was cancelled (then it only settles what already ran)."""
+
+    began: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    runs: int = 0  # invocations so far: back-off applies between this run's own attempts
+
+
+class Holds:
+    """The intents this kernel drives, from before their dispatch commit until nothing of
+    them runs any more. A held intent is never claimable by this kernel, and its lease is
+    renewed."""
+
+    __slots__ = ("_ids", "_lock")
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def take(self, intent_id: str) -> bool:
+        with self._lock:
+            if intent_id in self._ids:
+                return False
+            self._ids.add(intent_id)
+            return True
+
+    def drop(self, intent_id: str) -> None:
+        with self._lock:
+            self._ids.discard(intent_id)
+
+    def __contains__(self, intent_id: object) -> bool:
+        return intent_id in self._ids
+
+    def ids(self) -> list[str]:
+        with self._lock:
+            return list(self._ids)
+
+    def reset(self) -> None:
+        """In a forked child: the parent's calls are not ours, and its lock may be held."""
+        self._ids = set()
+        self._lock = threading.Lock()
+
+
+class Engine:
+    """What the protocol needs of a kernel: its store, identity, tools, settings, pools."""
+
+    def __init__(
+        self,
+        store: Store,
+        owner: Owner,
+        issuer: Issuer,
+        *,
+        lease_ttl: float,
+        deadline_margin: float,
+        wait_bound: float,
+        max_attempts: int,
+        lookup_limit: int,
+        lookup_backoff: float,
+        max_backoff: float,
+        notify: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.issuer = issuer
+        self.tools: dict[str, Tool] = {}
+        self.retries: dict[str, RetryPolicy] = {}
+        self.holds = Holds()
+        self.lease_ttl = lease_ttl
+        self.deadline_margin = deadline_margin
+        self.wait_bound = wait_bound
+        self.default_retry = RetryPolicy(attempts=max_attempts)
+        self.lookup_limit = lookup_limit
+        self.lookup_backoff = lookup_backoff
+        self.max_backoff = max_backoff
+        self.notify = notify
+        self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+        self._pools_lock = threading.Lock()
+        self.continuations: set[threading.Thread] = set()
+
+    def retry(self, t: Tool) -> RetryPolicy:
+        return self.retries.get(t.id, self.default_retry)
+
+    def policy(self, t: Tool) -> Policy:
+        return Policy(
+            max_attempts=self.retry(t).attempts,
+            lookup_limit=self.lookup_limit,
+            lookup_backoff=self.lookup_backoff,
+            max_backoff=self.max_backoff,
+        )
+
+    def pool(self, name: str, size: int) -> concurrent.futures.ThreadPoolExecutor:
+        p = self._pools.get(name)
+        if p is None:
+            with self._pools_lock:
+                p = self._pools.get(name)
+                if p is None:
+                    p = self._pools[name] = concurrent.futures.ThreadPoolExecutor(
+                        size, thread_name_prefix=f"poimen-{name}"
+                    )
+        return p
+
+    def shutdown_pools(self, *, forked: bool = False) -> None:
+        with self._pools_lock:
+            pools, self._pools = self._pools, {}
+        if forked:  # the parent's threads do not exist here: nothing to wait for
+            self._pools_lock = threading.Lock()
+            return
+        for p in pools.values():
+            p.shutdown(wait=False)
+
+    def claimable(self, intent: Intent, now: float) -> str:
+        return claimability(
+            intent, self.owner, held=intent.id in self.holds, now=now, alive=owner_alive
+        )
+
+    def slack(self) -> float:
+        """How late an attempt may start after its deadline was stamped before the deadline
+        is stamped again."""
+        return self.deadline_margin / 4
+
+
+# The protocol.
+
+
+def call_steps(
+    e: Engine, t: Tool, d: NewDispatch, kwargs: dict[str, Any], c: CallState
+) -> Steps[Outcome]:
+    """A call: journal it, run it, settle it; or answer from the log if its call id exists."""
+    e.holds.take(d.intent_id)  # a fresh id: always ours
+    try:
+        _crashpoints.hit("before_dispatch_commit")
+        store = e.store
+        intent, created = yield Block(
+            store.record_dispatch, (d,), getattr(store, "arecord_dispatch", None)
+        )
+        if not created:
+            return (yield from existing_steps(e, t, intent, d, c))
+        _crashpoints.hit("after_dispatch_commit")
+        if c.cancelled:  # cancelled during the dispatch commit: the tool never ran
+            return (
+                yield from _write_outcome(
+                    e, intent, Run("failed", error="cancelled before the tool ran")
+                )
+            )
+        started = yield from _stamp_deadline(e, t, intent, d.now)
+        if not isinstance(started, Intent):
+            return started
+        return (yield from run_steps(e, t, started, kwargs, c))
+    finally:
+        e.holds.drop(d.intent_id)
+
+
+def existing_steps(
+    e: Engine, t: Tool, intent: Intent, d: NewDispatch, c: CallState
+) -> Steps[Outcome]:
+    """The call id is in the log: the recorded outcome, or the call driven to one."""
+    from poimen.errors import CallIdMismatchError
+
+    if intent.tool_id != t.id or intent.args_hash != d.args_hash:
+        raise CallIdMismatchError(
+            f"call id {d.call_id!r} was recorded for tool {intent.tool_id!r} with other "
+            "arguments; a call id always names the same call",
+            call_id=d.call_id,
+            intent_id=intent.id,
+        )
+    end = time.monotonic() + e.wait_bound
+    while True:
+        if intent.state != S.DISPATCHED:
+            return answer(intent)
+        if e.claimable(intent, e.store.now()) == "claimable":
+            out = yield from orphan_steps(e, t, intent, c)
+            if out is not None:
+                return out
+        if time.monotonic() >= end or c.cancelled:
+            return Pending(intent.id, "in_flight")
+        yield Sleep(0.05)
+        current = yield Block(e.store.get_intent, (intent.id,))
+        if current is None:
+            raise IntentNotFoundError(f"no intent {intent.id!r}", intent_id=intent.id)
+        intent = current
+
+
+def orphan_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outcome | None]:
+    """Settle an unfinished intent found claimable; None if this kernel drives it already."""
+    if not e.holds.take(intent.id):
+        return None
+    try:
+        later = takeover_deadline(intent, e.store.now(), e.deadline_margin)
+        if later is not None and isinstance(t.registration.effects, Queryable):
+            # Its owner stopped mid-attempt: what it sent until now may still land.
+            intent = dataclasses.replace(intent, deadline_at=later)
+        nxt = yield from decide_steps(e, t, intent, c)
+        if not isinstance(nxt, Intent):
+            return nxt
+        try:
+            _, kwargs = t.validate(json.loads(nxt.args))
+        except (ArgumentError, ValueError, RecursionError) as exc:
+            # The tool's signature changed since the dispatch, or the row is damaged.
+            log.error("intent %s: recorded arguments no longer validate: %s", nxt.id, exc)
+            return (yield from indeterminate_steps(e, nxt, "arguments_no_longer_valid"))
+        return (yield from run_steps(e, t, nxt, kwargs, c))
+    finally:
+        e.holds.drop(intent.id)
+
+
+def run_steps(
+    e: Engine, t: Tool, intent: Intent, kwargs: dict[str, Any], c: CallState
+) -> Steps[Outcome]:
+    """Run a held intent's attempt and whatever its class allows after it, to an outcome."""
+    retry = e.retry(t)
+    in_place = 0  # tries of this attempt that sent nothing
+    while True:
+        if c.cancelled:
+            return Pending(intent.id, "cancelled")
+        c.runs += 1
+        run: Run = yield Invoke(t, intent, kwargs)
+        _crashpoints.hit("after_effect")
+        if run.kind == "not_sent":
+            in_place += 1
+            wait = retry.delay(in_place)
+            if not c.cancelled and in_place < retry.attempts and _within(c, retry, wait):
+                log.info(
+                    "intent %s: not sent (%s); trying again in %.2fs", intent.id, run.error, wait
+                )
+                yield Sleep(wait)
+                continue
+            run = Run("failed", error=f"not sent: {run.error}")
+        if run.kind in ("completed", "failed"):
+            return (yield from _write_outcome(e, intent, run))
+        now = e.store.now()
+        deadline = None
+        if isinstance(t.registration.effects, Queryable):
+            # A request sent until now may still land within its timeout.
+            deadline = max(
+                intent.deadline_at or 0.0,
+                attempt_deadline(now, intent.timeout_s, e.deadline_margin),
+            )
+            intent = dataclasses.replace(intent, deadline_at=deadline)
+        yield Block(
+            e.store.record_unknown, (intent.id, intent.fence, run.error or "unknown", now, deadline)
+        )
+        if run.kind == "denied_after_write":
+            return (yield from indeterminate_steps(e, intent, "capability_denied_after_write"))
+        nxt = yield from decide_steps(e, t, intent, c)
+        if not isinstance(nxt, Intent):
+            return nxt
+        intent = nxt
+        in_place = 0
+
+
+def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outcome | Intent]:
+    """Decide a held intent whose outcome is unknown and carry the decision out; returns an
+    Outcome, or the Intent of a claimed new attempt for the caller to run."""
+    policy = e.policy(t)
+    effects = t.registration.effects
+    got: Answer = Unasked()
+    while True:
+        now = e.store.now()
+        d = decide(effects, intent, got, now, policy)
+        match d:
+            case Ask(what="key"):
+                assert isinstance(effects, Idempotent)
+                try:
+                    got = KeyDerived(effects.key.derive(t.id, json.loads(intent.args)))
+                except Exception as exc:  # a user's derivation may raise anything
+                    log.warning("intent %s: key derivation failed: %s", intent.id, exc)
+                    got = KeyFailed(f"{type(exc).__name__}: {exc}")
+            case Ask(what="lookup"):
+                if c.cancelled or intent.request_id is None:
+                    return Pending(intent.id, "cancelled" if c.cancelled else "no_request_id")
+                got = yield Lookup(t, intent.request_id)
+                if c.cancelled:
+                    return Pending(intent.id, "cancelled")
+            case Complete(result=result):
+                # The provider says it landed: that decides, even if its answer does not
+                # encode (then, as on the call path, no result is recorded).
+                text = _encode_result(result, intent.id, "<lookup result>")
+                ok = yield Block(e.store.complete_landed, (intent.id, intent.fence, text, now))
+                if ok:
+                    return Completed(intent.id, None if text is None else json.loads(text))
+                return (yield from answer_current(e, intent.id))
+            case Defer(at=at, unknown_count=n, reason=reason):
+                ok = yield Block(_defer, (e.store, intent.id, intent.fence, at, n, reason, now))
+                if ok:
+                    return Pending(intent.id, reason)
+                return (yield from answer_current(e, intent.id))
+            case MarkIndeterminate(reason=reason):
+                return (yield from indeterminate_steps(e, intent, reason))
+            case Retry():
+                return (yield from _retry(e, t, intent, c, policy))
+
+
+def _retry(
+    e: Engine, t: Tool, intent: Intent, c: CallState, policy: Policy
+) -> Steps[Outcome | Intent]:
+    if c.cancelled:
+        return Pending(intent.id, "cancelled")
+    retry = e.retry(t)
+    # An orphan's first retry waits for nothing: its attempt ended long enough ago.
+    wait = retry.delay(c.runs) if c.runs else 0.0
+    if not _within(c, retry, wait):
+        # Out of time for this caller: recovery takes the next attempt.
+        now = e.store.now()
+        at = now + wait
+        ok = yield Block(
+            _defer,
+            (e.store, intent.id, intent.fence, at, intent.unknown_count, "retry_deferred", now),
+        )
+        return (
+            Pending(intent.id, "retry_deferred")
+            if ok
+            else (yield from answer_current(e, intent.id))
+        )
+    if wait > 0:
+        yield Sleep(wait)
+        if c.cancelled:
+            return Pending(intent.id, "cancelled")
+    now = e.store.now()
+    timeout = intent.timeout_s
+    claimed = yield Block(
+        _claim,
+        (
+            e.store,
+            intent.id,
+            intent.fence,
+            e.owner,
+            now + max(e.lease_ttl, timeout),
+            attempt_deadline(now, timeout, e.deadline_margin),
+            now,
+        ),
+    )
+    if claimed is None:
+        return Pending(intent.id, "lost_race")
+    return (yield from _stamp_deadline(e, t, claimed, now))
+
+
+def indeterminate_steps(e: Engine, intent: Intent, reason: str) -> Steps[Outcome]:
+    now = e.store.now()
+    ok = yield Block(
+        e.store.mark_indeterminate,
+        (intent.id, intent.fence, reason, indeterminate_note(intent, reason), now),
+    )
+    if ok:
+        e.notify()
+        return Indeterminate(intent.id, reason)
+    return (yield from answer_current(e, intent.id))
+
+
+def answer_current(e: Engine, intent_id: str) -> Steps[Outcome]:
+    current = yield Block(e.store.get_intent, (intent_id,))
+    if current is None:
+        raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+    return answer(current)
+
+
+def _write_outcome(e: Engine, intent: Intent, run: Run) -> Steps[Outcome]:
+    w = _Write.of(run, intent.id)
+    store = e.store
+    ok = yield Block(
+        store.record_outcome,
+        (intent.id, intent.fence, w.state),
+        getattr(store, "arecord_outcome", None),
+        {"result": w.result, "error": w.error, "now": store.now()},
+    )
+    if ok:
+        return w.outcome(intent.id)
+    return (yield from answer_current(e, intent.id))
+
+
+def _stamp_deadline(
+    e: Engine, t: Tool, intent: Intent, stamped_at: float
+) -> Steps[Intent | Outcome]:
+    """A Queryable attempt's deadline counts from when it starts: if its commit took long,
+    the deadline stamped before the commit would let "not landed" be trusted too early.
+    Returns the intent to run, or an outcome if it was taken over meanwhile."""
+    if not isinstance(t.registration.effects, Queryable):
+        return intent
+    for _ in range(3):
+        now = e.store.now()
+        needed = attempt_deadline(now, intent.timeout_s, e.deadline_margin - e.slack())
+        if intent.deadline_at is not None and intent.deadline_at >= needed:
+            return intent
+        later = attempt_deadline(now, intent.timeout_s, e.deadline_margin) + (now - stamped_at)
+        ok = yield Block(e.store.extend_deadline, (intent.id, intent.fence, later, now))
+        if not ok:  # fenced out meanwhile: someone else drives it now
+            current = yield Block(e.store.get_intent, (intent.id,))
+            if current is not None and current.state != S.DISPATCHED:
+                return answer(current)
+            return Pending(intent.id, "lost_race")
+        intent = dataclasses.replace(intent, deadline_at=later)
+        stamped_at = now
+    log.warning("intent %s: the log is slow; the attempt starts on a late deadline", intent.id)
+    return intent
+
+
+def _within(c: CallState, retry: RetryPolicy, wait: float) -> bool:
+    return time.monotonic() - c.began + wait <= retry.budget
+
+
+def _claim(
+    store: Store,
+    intent_id: str,
+    fence: int,
+    owner: Owner,
+    lease: float,
+    deadline: float,
+    now: float,
+) -> Intent | None:
+    return store.claim(
+        intent_id,
+        fence,
+        owner,
+        lease_expires_at=lease,
+        new_attempt=True,
+        deadline_at=deadline,
+        now=now,
+    )
+
+
+def _defer(
+    store: Store, intent_id: str, fence: int, at: float, n: int, reason: str, now: float
+) -> bool:
+    return store.defer(intent_id, fence, next_check_at=at, unknown_count=n, reason=reason, now=now)
+
+
+def answer(intent: Intent) -> Outcome:
+    """What the log says of an intent, as a caller's outcome."""
+    match intent.state:
+        case S.COMPLETED:
+            return Completed(intent.id, _loads(intent.result))
+        case S.FAILED:
+            return Failed(intent.id, intent.error or "")
+        case S.INDETERMINATE:
+            return Indeterminate(intent.id, intent.reason or "")
+        case S.RESOLVED_LANDED | S.RESOLVED_NOT_LANDED:
+            return Resolved(intent.id, intent.state == S.RESOLVED_LANDED, _loads(intent.result))
+        case S.DISPATCHED:
+            return Pending(intent.id, intent.reason or "in_flight")
+    raise AssertionError(intent.state)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+# Outcomes of a run, as the log records them.
+
+
+def _encode_result(value: Any, intent_id: str, what: str) -> str | None:
+    """The canonical JSON of a result, or None (logged) when it cannot be recorded: the call
+    landed all the same, and losing its result must not lose the outcome."""
+    try:
+        text = canonical(to_json_value(value, what))
+        text.encode("utf-8")  # lone surrogates pass json but not the database
+    except (PoimenError, ValueError, TypeError, RecursionError) as exc:
+        log.warning("intent %s: result not recorded: %s", intent_id, exc)
+        return None
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """What a definite outcome writes, and what the caller gets once it is written."""
+
+    state: IntentState
+    result: str | None
+    error: str | None
+    value: Any
+
+    @classmethod
+    def of(cls, run: Run, intent_id: str) -> _Write:
+        if run.kind == "failed":
+            return cls(S.FAILED, None, _printable(run.error or ""), None)
+        try:
+            text = canonical(to_json_value(run.value, "<result>"))
+            text.encode("utf-8")
+        except (PoimenError, ValueError, TypeError, RecursionError) as exc:
+            # The call still landed: complete it, and say what was lost.
+            return cls(S.COMPLETED, None, _printable(f"result not recorded: {exc}"), run.value)
+        return cls(S.COMPLETED, text, None, None)
+
+    def outcome(self, intent_id: str) -> Outcome:
+        if self.state == S.FAILED:
+            return Failed(intent_id, self.error or "")
+        return Completed(intent_id, self.value if self.result is None else json.loads(self.result))
+
+
+def _printable(text: str) -> str:
+    """Text the log can store: lone surrogates (from a tool's exception) replaced."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# Invoking a tool.
+
+
+def context(e: Engine, t: Tool, intent: Intent) -> ToolContext:
+    reg = t.registration
+    key = intent.key
+    # Only an Idempotent call is guarded: its handles carry a token for this attempt.
+    scope = (
+        e.issuer.scope(t.id, intent.id, intent.attempts, key, reg.caps)
+        if key is not None and isinstance(reg.effects, Idempotent)
+        else None
+    )
+    return ToolContext(
+        tool_id=t.id,
+        intent_id=intent.id,
+        call_id=intent.call_id,
+        attempt=intent.attempts,
+        key=key,
+        request_id=intent.request_id,
+        issuer=e.issuer,
+        scope=scope,
+        timeout=reg.timeout,
+    )
+
+
+def invoke_sync(e: Engine, step: Invoke) -> Run:
+    t = step.tool
+    ctx = context(e, t, step.intent)
+    scope = ctx._scope
+    try:
+        if t.is_async:
+            value = asyncio.run(_tool_coroutine(t, ctx, step.kwargs))
+        elif scope is not None:
+            value = _guard.run(scope, t.fn, ctx, step.kwargs)
+        else:
+            # A sync tool cannot be preempted; its timeout sets the lease and deadline.
+            value = t.fn(ctx, **step.kwargs)
+    except Exception as exc:  # timeouts included: the outcome is unknown
+        return classify(exc, ctx)
+    finally:
+        if scope is not None:
+            scope.end()
+    return Run("completed", value=value)
+
+
+async def _tool_coroutine(t: Tool, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
+    coro = t.fn(ctx, **kwargs)
+    scope = ctx._scope
+    if scope is not None:
+        coro = _guard.arun(scope, coro)
+    try:
+        return await asyncio.wait_for(coro, t.registration.timeout)
+    finally:
+        # A request of ctx.ahttp runs in a thread that a timeout or cancellation cannot stop:
+        # the attempt is not over until it returns.
+        await ctx._flight.drain()
+
+
+async def invoke_async(e: Engine, step: Invoke) -> Run:
+    """An async tool, awaited in the caller's task (so a cancelled caller cancels it)."""
+    t = step.tool
+    ctx = context(e, t, step.intent)
+    scope = ctx._scope
+    try:
+        value = await _tool_coroutine(t, ctx, step.kwargs)
+    except Exception as exc:
+        return classify(exc, ctx)
+    finally:
+        if scope is not None:
+            scope.end()
+    return Run("completed", value=value)
+
+
+def classify(exc: BaseException, ctx: ToolContext) -> Run:
+    """How a tool's exception leaves its call: never sent, refused, or unknown."""
+    scope = ctx._scope
+    flight = ctx._flight
+    chain = _chain(exc)
+    if (
+        any(isinstance(x, NotSent) for x in chain)
+        and flight.writes == 0
+        and (scope is None or scope.writes == 0)
+    ):
+        return Run("not_sent", error=_failure(exc))
+    if isinstance(exc, DefiniteFailure | CapabilityDeniedError) and not isinstance(exc, NotSent):
+        return _refused(exc, scope)
+    # A library that wrapped a denial (raise ... from it) hides a write that never left.
+    for seen in chain[1:]:
+        if isinstance(seen, CapabilityDeniedError):
+            return _refused(seen, scope)
+    return Run("unknown", error=_printable(f"{type(exc).__name__}: {exc}"))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(out) < 9 and seen not in out:
+        out.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return out
+
+
+def _refused(exc: BaseException, scope: CallScope | None) -> Run:
+    """A provider's refusal, or a write the kernel denied: FAILED, never retried (a retry would
+    be denied the same way), unless an earlier write of this attempt went out under the key:
+    then the effect may have landed, and an operator decides."""
+    if isinstance(exc, CapabilityDeniedError) and scope is not None and scope.writes:
+        return Run("denied_after_write", error=_failure(exc))
+    return Run("failed", error=_failure(exc))
+
+
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, CapabilityDeniedError):
+        return _printable(f"capability denied: {exc}")
+    return _printable(str(exc) or type(exc).__name__)
+
+
+def lookup_sync(e: Engine, step: Lookup) -> LookupAnswer:
+    """Ask the provider, bounded by the tool's timeout: a lookup that hangs must not hang
+    recovery (its thread is left to finish on its own)."""
+    effects = step.tool.registration.effects
+    assert isinstance(effects, Queryable)
+    timeout = step.tool.registration.timeout
+    ctx = contextvars.copy_context()
+    fut = e.pool("lookup", 32).submit(ctx.run, effects.lookup, step.request_id)
+    try:
+        got = fut.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        return Unknown(f"lookup gave no answer within {timeout:g}s")
+    except Exception as exc:  # a provider error is an Unknown answer
+        return Unknown(_printable(f"{type(exc).__name__}: {exc}")[:300])
+    if not isinstance(got, Landed | NotLanded | Unknown):
+        return Unknown(f"lookup answered {type(got).__name__}, not Landed, NotLanded or Unknown")
+    return got
+
+
+# The runners.
+
+
+def run_sync(e: Engine, gen: Steps[T], first: Any = None, *, started: bool = False) -> T:
+    """Execute a protocol's steps in this thread. `started`: the generator waits at a step
+    whose result is `first` (a continuation of an async run)."""
+    value: Any = first
+    exc: BaseException | None = None
+    if not started:
+        value = None
+    while True:
+        try:
+            step = gen.send(value) if exc is None else gen.throw(exc)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value, exc = None, None
+        try:
+            if isinstance(step, Block):
+                value = step.fn(*step.args, **step.kw)
+            elif isinstance(step, Invoke):
+                value = invoke_sync(e, step)
+            elif isinstance(step, Lookup):
+                value = lookup_sync(e, step)
+            else:
+                time.sleep(step.seconds)
+        except BaseException as err:
+            exc = err
+
+
+async def run_async(e: Engine, gen: Steps[T], c: CallState) -> T:
+    """Execute a protocol's steps on the running loop: commits without a thread where the
+    store can, blocking steps on the kernel's pools, async tools in the caller's task."""
+    value: Any = None
+    exc: BaseException | None = None
+    while True:
+        try:
+            step = gen.send(value) if exc is None else gen.throw(exc)
+        except StopIteration as stop:
+            if c.cancelled:
+                raise asyncio.CancelledError from None
+            return stop.value  # type: ignore[no-any-return]
+        value, exc = None, None
+        try:
+            if isinstance(step, Invoke) and step.tool.is_async:
+                value = await _invoke_async_step(e, step, c)
+            elif isinstance(step, Invoke):
+                cf = e.pool("tool", 256).submit(
+                    contextvars.copy_context().run, invoke_sync, e, step
+                )
+                try:
+                    value = await asyncio.shield(asyncio.wrap_future(cf))
+                except asyncio.CancelledError:
+                    # The tool's thread goes on: follow it from a thread of our own, settle
+                    # when it returns, and let the caller go now.
+                    c.cancelled = True
+                    _continue_in_thread(e, gen, cf)
+                    raise
+            elif isinstance(step, Sleep):
+                try:
+                    await asyncio.sleep(step.seconds)
+                except asyncio.CancelledError:
+                    c.cancelled = True
+            elif isinstance(step, Lookup):
+                lf = e.pool("store", 64).submit(
+                    contextvars.copy_context().run, lookup_sync, e, step
+                )
+                try:
+                    value = await asyncio.shield(asyncio.wrap_future(lf))
+                except asyncio.CancelledError:
+                    c.cancelled = True  # the answer is only evidence: not needed any more
+                    value = Unknown("cancelled")
+            else:
+                value = await _block_async(e, step, c)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:
+            exc = err
+
+
+async def _invoke_async_step(e: Engine, step: Invoke, c: CallState) -> Run:
+    try:
+        return await invoke_async(e, step)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or not task.cancelling():
+            return Run("unknown", error="CancelledError: the tool was cancelled")
+        c.cancelled = True
+        return Run("unknown", error="CancelledError: the caller was cancelled")
+
+
+async def _block_async(e: Engine, step: Block, c: CallState) -> Any:
+    if step.afn is not None:
+        fut: asyncio.Future[Any] = asyncio.ensure_future(step.afn(*step.args, **step.kw))
+    else:
+        ctx = contextvars.copy_context()
+        call = functools.partial(step.fn, *step.args, **step.kw)
+        fut = asyncio.wrap_future(e.pool("store", 64).submit(ctx.run, call))
+    while True:
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if fut.cancelled():
+                raise
+            # A commit in flight is quick and its answer decides what comes next: wait.
+            c.cancelled = True
+
+
+def _continue_in_thread(e: Engine, gen: Steps[Any], cf: concurrent.futures.Future[Any]) -> None:
+    def follow() -> None:
+        try:
+            run = cf.result()
+            run_sync(e, gen, run, started=True)
+        except BaseException:
+            log.exception("poimen: settling a cancelled call failed; recovery will settle it")
+        finally:
+            e.continuations.discard(threading.current_thread())
+
+    th = threading.Thread(target=follow, name="poimen-settle", daemon=True)
+    e.continuations.add(th)
+    th.start()
+
+
+def wait_continuations(e: Engine, within: float) -> None:
+    end = time.monotonic() + within
+    for th in list(e.continuations):
+        th.join(max(0.0, end - time.monotonic()))
+        if th.is_alive():
+            log.warning("poimen: a cancelled call's tool is still running at close")

@@ -1,0 +1,711 @@
+"""The call protocol under real process conditions: cancellation, a stuck webhook, a failing
+background pass, slow commits, fork, a class changed between crash and restart, provider key
+windows, connections that never opened.
+
+Effects are counted outside the log: by the provider process's ledger, or by a test HTTP server
+that records how many requests it serves at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from poimen import (
+    Caps,
+    Completed,
+    Failed,
+    Idempotent,
+    Indeterminate,
+    IntentState,
+    Kernel,
+    KeyDerivation,
+    NotLanded,
+    Pending,
+    Queryable,
+    ToolContext,
+    Unsafe,
+    WebhookNotifier,
+)
+from poimen._intents import Intent, Owner
+from poimen._keys import args_digest, canonical
+from poimen.errors import PoimenError
+from poimen.store._base import NewDispatch
+from poimen.testing import ProviderClient, ProviderProcess, provider_lookup
+
+S = IntentState
+
+
+def wait_for(pred: Callable[[], object], what: str, within: float = 30.0) -> None:
+    """Wait for an event in the log or the world, polling; fail naming it."""
+    end = time.monotonic() + within
+    while not pred():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {within}s waiting for: {what}")
+        time.sleep(0.01)
+
+
+def intent_of(k: Kernel, call_id: str) -> Intent:
+    it = k.store.get_by_call_id(call_id)
+    assert it is not None, f"no intent for {call_id!r}"
+    return it
+
+
+def settled(k: Kernel, call_id: str) -> bool:
+    it = k.store.get_by_call_id(call_id)
+    return it is not None and it.state != S.DISPATCHED
+
+
+def orphan(
+    k: Kernel,
+    tool: str,
+    effect: str,
+    args: dict[str, Any],
+    call_id: str,
+    *,
+    key: str | None = None,
+    request_id: str | None = None,
+    raw_args: str | None = None,
+    age: float = 0.0,
+    timeout: float = 0.2,
+) -> str:
+    """An intent left DISPATCHED by an owner on a host that is gone (its lease expired)."""
+    now = k.store.now()
+    text = raw_args if raw_args is not None else canonical(args)
+    d = NewDispatch(
+        intent_id=f"in_{call_id}",
+        call_id=call_id,
+        tool_id=tool,
+        effect=effect,
+        args=text,
+        args_hash=args_digest(text),
+        key=key,
+        request_id=request_id,
+        owner=Owner("w-gone", "gone-host", 1, "1"),
+        lease_expires_at=now - 1,
+        timeout_s=timeout,
+        deadline_at=now - age - 1,
+        now=now - age,
+    )
+    intent, created = k.store.record_dispatch(d)
+    assert created
+    return intent.id
+
+
+class _Slow(BaseHTTPRequestHandler):
+    server: SlowServer
+
+    def do_POST(self) -> None:
+        srv = self.server
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with srv.lock:
+            srv.inflight += 1
+            srv.served += 1
+            srv.most = max(srv.most, srv.inflight)
+        time.sleep(srv.delay)
+        with srv.lock:
+            srv.inflight -= 1
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class SlowServer(ThreadingHTTPServer):
+    """Answers each POST after `delay` seconds and counts requests served at once."""
+
+    daemon_threads = True
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(("127.0.0.1", 0), _Slow)
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.inflight = self.most = self.served = 0
+
+
+@contextmanager
+def slow_server(delay: float) -> Iterator[SlowServer]:
+    srv = SlowServer(delay)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def closed_port() -> int:
+    """A local port nothing listens on: a connection to it is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# 1. A cancelled acall.
+
+
+def test_a_cancelled_acall_holds_its_sync_tool_until_it_returns_then_settles(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    gate, started, cancelled = threading.Event(), threading.Event(), threading.Event()
+    runs: list[int] = []
+    client = httpx.Client(base_url=provider.url, timeout=10)
+    k = Kernel(store_url, notifiers=[], deadline_margin=0.0)
+    k.on_close(client.close)
+
+    @k.tool(id="ship", effects=Queryable(lookup=provider_lookup(provider.url)), caps=Caps(),
+            timeout=0.2)
+    def ship(ctx: ToolContext, order: str) -> dict[str, Any]:
+        runs.append(ctx.attempt)
+        if len(runs) == 1:  # the first run is slow: its caller gives up meanwhile
+            started.set()
+            gate.wait(30)
+        assert ctx.request_id is not None
+        r = client.post("/requests", json={"order": order},
+                        headers={"X-Request-Id": ctx.request_id})
+        return dict(r.json())
+
+    errors: list[BaseException] = []
+
+    async def caller() -> None:
+        task = asyncio.create_task(k.acall("ship", {"order": "o1"}, call_id="c1"))
+        await asyncio.to_thread(started.wait, 30)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            cancelled.set()
+
+    def loop() -> None:
+        try:
+            asyncio.run(caller())
+        except BaseException as exc:
+            errors.append(exc)
+
+    th = threading.Thread(target=loop)
+    th.start()
+    try:
+        wait_for(cancelled.is_set, "the caller to get CancelledError")
+        it = intent_of(k, "c1")
+        assert it.deadline_at is not None
+        # Past the deadline a "not landed" answer would be trusted: this kernel's own pass
+        # must still leave the call alone, its tool is running.
+        wait_for(lambda: k.store.now() > it.deadline_at + 0.05, "the deadline to pass")  # type: ignore[operator]
+        report = k.recover()
+        assert report.completed == 0
+        gate.set()
+        wait_for(lambda: settled(k, "c1"), "the cancelled call to settle")
+        th.join(30)
+        assert not errors
+        final = intent_of(k, "c1")
+        assert final.state == S.COMPLETED
+        assert final.attempts == 1
+        assert runs == [1]
+        assert ledger.count(kind="request", request_id=final.request_id) == 1
+    finally:
+        gate.set()
+        th.join(30)
+        k.close()
+
+
+def test_a_timed_out_async_tool_is_retried_only_after_its_request_returned(
+    store_url: str,
+) -> None:
+    # The tool gives up after 0.15 s; its ctx.ahttp request (its own timeout 5 s) takes 0.6 s
+    # in its thread. A retry sent while that request still runs would double it.
+    with slow_server(0.6) as srv:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/pay"
+        k = Kernel(store_url, notifiers=[], max_attempts=3)
+        try:
+            @k.tool(id="pay", effects=Idempotent(key=KeyDerivation.fields("order")),
+                    caps=Caps(hosts=(f"127.0.0.1:{srv.server_address[1]}",)), timeout=0.15)
+            async def pay(ctx: ToolContext, order: str) -> Any:
+                r = await ctx.ahttp.post(url, json={"order": order}, timeout=5)
+                return r.json()
+
+            out = asyncio.run(k.acall("pay", {"order": "o1"}, call_id="c1"))
+            assert isinstance(out, Indeterminate) and out.reason == "retries_exhausted"
+            assert srv.served == 3
+            assert srv.most == 1, f"{srv.most} requests of one call ran side by side"
+        finally:
+            k.close()
+
+
+# 2. Background recovery survives a bad intent; a result the log cannot store.
+
+
+def test_background_recovery_goes_on_after_intents_it_cannot_settle(store_url: str) -> None:
+    k = Kernel(store_url, notifiers=[], recover_interval=0.1, deadline_margin=0.0)
+    done: list[str] = []
+
+    @k.tool(id="q", effects=Queryable(lookup=lambda rid: NotLanded()), caps=Caps(), timeout=0.2)
+    def q(ctx: ToolContext, x: int) -> int:
+        return x
+
+    @k.tool(id="pay", effects=Idempotent(key=KeyDerivation.custom(lambda a: a["missing"])),
+            caps=Caps(), timeout=1)
+    def pay(ctx: ToolContext, order: str) -> str:
+        return order
+
+    @k.tool(id="ok", effects=Idempotent(key=KeyDerivation.fields("order")), caps=Caps(),
+            timeout=1)
+    def ok(ctx: ToolContext, order: str) -> str:
+        done.append(order)
+        return order
+
+    try:
+        k.launch(background=True)
+        # Recorded Unsafe, registered Queryable now; a derivation that raises KeyError;
+        # recorded arguments that are not JSON.
+        orphan(k, "q", "unsafe", {"x": 1}, "bad-class")
+        orphan(k, "pay", "idempotent", {"order": "o"}, "bad-key", key="pk1_x")
+        orphan(k, "q", "queryable", {}, "bad-json", request_id="rq_1", raw_args="{not json")
+        wait_for(lambda: all(settled(k, c) for c in ("bad-class", "bad-key", "bad-json")),
+                 "the background pass to settle the bad intents")
+        assert (intent_of(k, "bad-class").reason, intent_of(k, "bad-key").reason,
+                intent_of(k, "bad-json").reason) == (
+            "effect_changed", "key_derivation_failed", "arguments_no_longer_valid")
+        key = KeyDerivation.fields("order").derive("ok", {"order": "o9"})
+        orphan(k, "ok", "idempotent", {"order": "o9"}, "good", key=key)
+        wait_for(lambda: settled(k, "good"), "background recovery of a later intent")
+        assert intent_of(k, "good").state == S.COMPLETED and done == ["o9"]
+    finally:
+        k.close()
+
+
+def test_a_result_the_log_cannot_store_completes_with_the_error_recorded(
+    store_url: str,
+) -> None:
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="read", effects=Unsafe(), caps=Caps(), timeout=1)
+        def read(ctx: ToolContext) -> dict[str, str]:
+            return {"text": "half a pair: \ud800"}
+
+        out = k.call("read", {}, call_id="c1")
+        assert isinstance(out, Completed)
+        assert out.result == {"text": "half a pair: \ud800"}
+        it = intent_of(k, "c1")
+        assert it.state == S.COMPLETED and it.result is None
+        assert it.error is not None and it.error.startswith("result not recorded")
+
+
+# 3. Lease renewal.
+
+
+def test_a_webhook_that_never_answers_does_not_stop_lease_renewal(store_url: str) -> None:
+    # A receiver that accepts connections and never answers: delivery hangs for its timeout.
+    sink = socket.socket()
+    sink.bind(("127.0.0.1", 0))
+    sink.listen(16)
+    hook = WebhookNotifier(f"http://127.0.0.1:{sink.getsockname()[1]}/hook", secret="s",
+                           timeout=20)
+    gate, running = threading.Event(), threading.Event()
+    a = Kernel(store_url, host="host-a", lease_ttl=1.5, notifiers=[hook])
+    b = Kernel(store_url, host="host-b", notifiers=[])
+
+    for k in (a, b):
+        @k.tool(id="slow", effects=Unsafe(), caps=Caps(), timeout=0.5)
+        def slow(ctx: ToolContext) -> str:
+            running.set()
+            gate.wait(60)
+            return "done"
+
+        @k.tool(id="boom", effects=Unsafe(), caps=Caps(), timeout=0.5)
+        def boom(ctx: ToolContext) -> str:
+            raise RuntimeError("connection reset")
+
+    th = threading.Thread(target=a.call, args=("slow", {}), kwargs={"call_id": "long"})
+    try:
+        th.start()
+        wait_for(running.is_set, "the long call to start")
+        first = intent_of(a, "long").lease_expires_at
+        assert first is not None
+        # An Indeterminate call: its notification goes to the receiver that never answers.
+        assert isinstance(a.call("boom", {}, call_id="boom"), Indeterminate)
+        conn, _ = sink.accept()  # delivery is now stuck in the receiver
+        try:
+            wait_for(lambda: (intent_of(a, "long").lease_expires_at or 0) > first + 1.5,
+                     "the lease of the running call to be renewed while delivery hangs",
+                     within=10)
+            report = b.recover()
+            assert report.busy >= 1
+            assert intent_of(a, "long").state == S.DISPATCHED
+        finally:
+            conn.close()
+        gate.set()
+        th.join(30)
+        assert intent_of(a, "long").state == S.COMPLETED
+    finally:
+        gate.set()
+        th.join(30)
+        a.close()
+        b.close()
+        sink.close()
+        hook.close()
+
+
+def test_renewal_never_shortens_a_long_tools_lease(store_url: str) -> None:
+    gate, running = threading.Event(), threading.Event()
+    with Kernel(store_url, notifiers=[], lease_ttl=0.6) as k:
+        @k.tool(id="long", effects=Unsafe(), caps=Caps(), timeout=60)
+        def long(ctx: ToolContext) -> str:
+            running.set()
+            gate.wait(60)
+            return "done"
+
+        th = threading.Thread(target=k.call, args=("long", {}), kwargs={"call_id": "c1"})
+        th.start()
+        try:
+            wait_for(running.is_set, "the tool to start")
+            first = intent_of(k, "c1").lease_expires_at
+            assert first is not None
+            k._renew()  # a renewal round, as the renewal duty runs it every lease_ttl / 3
+            assert (intent_of(k, "c1").lease_expires_at or 0) >= first
+        finally:
+            gate.set()
+            th.join(30)
+
+
+# 4. A Queryable deadline counts from when the attempt starts.
+
+
+@contextmanager
+def write_lock_held(store_url: str, seconds: float) -> Iterator[threading.Event]:
+    """Another writer holds the log's write lock for `seconds`; the event is set once it holds it."""
+    held = threading.Event()
+
+    def hold() -> None:
+        if store_url.startswith("sqlite"):
+            import sqlite3
+
+            conn = sqlite3.connect(store_url[len("sqlite:///"):], isolation_level=None)
+            conn.execute("BEGIN IMMEDIATE")
+            held.set()
+            time.sleep(seconds)
+            conn.execute("COMMIT")
+            conn.close()
+        else:
+            import psycopg
+
+            with psycopg.connect(store_url) as conn:
+                conn.execute("LOCK TABLE intents IN SHARE ROW EXCLUSIVE MODE")
+                held.set()
+                time.sleep(seconds)
+
+    th = threading.Thread(target=hold)
+    th.start()
+    try:
+        yield held
+    finally:
+        th.join(60)
+
+
+def test_a_slow_dispatch_commit_does_not_eat_the_queryable_deadline(store_url: str) -> None:
+    started: list[float] = []
+    with Kernel(store_url, notifiers=[], deadline_margin=0.4) as k:
+        @k.tool(id="q", effects=Queryable(lookup=lambda rid: NotLanded()), caps=Caps(),
+                timeout=0.5)
+        def q(ctx: ToolContext) -> str:
+            started.append(k.store.now())
+            return "ok"
+
+        k.call("q", {}, call_id="warm")  # the log exists and is migrated before the lock
+        with write_lock_held(store_url, 1.5) as held:
+            held.wait(30)
+            assert isinstance(k.call("q", {}, call_id="c1"), Completed)
+        it = intent_of(k, "c1")
+        assert it.deadline_at is not None
+        # Whatever the attempt sent can land until its start + timeout: the margin stands.
+        assert it.deadline_at >= started[-1] + 0.5 + 0.4 * 0.75, (it.deadline_at, started[-1])
+
+
+def test_an_unknown_outcome_moves_the_deadline_past_the_attempts_end(store_url: str) -> None:
+    ended: list[float] = []
+    with Kernel(store_url, notifiers=[], deadline_margin=0.1) as k:
+        @k.tool(id="q", effects=Queryable(lookup=lambda rid: NotLanded()), caps=Caps(),
+                timeout=0.2)
+        def q(ctx: ToolContext) -> str:
+            time.sleep(0.5)  # a sync tool overruns its timeout: it cannot be preempted
+            ended.append(k.store.now())
+            raise TimeoutError("read timed out")
+
+        out = k.call("q", {}, call_id="c1")
+        assert isinstance(out, Pending) and out.reason == "awaiting_deadline"
+        it = intent_of(k, "c1")
+        assert it.deadline_at is not None and it.deadline_at >= ended[0] + 0.2 + 0.1
+
+
+def test_a_dead_owners_queryable_call_waits_a_timeout_before_not_landed_is_trusted(
+    store_url: str,
+) -> None:
+    with Kernel(store_url, notifiers=[], deadline_margin=0.1) as k:
+        runs: list[int] = []
+
+        @k.tool(id="q", effects=Queryable(lookup=lambda rid: NotLanded()), caps=Caps(),
+                timeout=0.5)
+        def q(ctx: ToolContext) -> str:
+            runs.append(ctx.attempt)
+            return "ok"
+
+        # Its recorded deadline passed long ago, but the owner was only now found gone: a
+        # request it sent just before it died may still land.
+        orphan(k, "q", "queryable", {}, "c1", request_id="rq_1", age=60, timeout=0.5)
+        found = k.store.now()
+        k.recover()
+        it = intent_of(k, "c1")
+        assert runs == []
+        assert it.state == S.DISPATCHED and it.reason == "awaiting_deadline"
+        assert it.next_check_at is not None and it.next_check_at >= found + 0.5 + 0.1
+        wait_for(lambda: k.store.now() >= it.next_check_at, "the extended deadline")  # type: ignore[operator]
+        k.recover()
+        assert intent_of(k, "c1").state == S.COMPLETED and runs == [2]
+
+
+# 5. Identity after fork; one identity per kernel.
+
+
+def test_a_forked_child_is_a_new_owner_and_its_calls_are_not_taken_over(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    gate = tmp_path / "gate"
+    k = Kernel(url, notifiers=[], worker_id="api")
+
+    @k.tool(id="slow", effects=Unsafe(), caps=Caps(), timeout=1)
+    def slow(ctx: ToolContext) -> str:
+        while not gate.exists():
+            time.sleep(0.01)
+        return "done"
+
+    try:
+        parent = k.owner
+        pid = os.fork()
+        if pid == 0:  # the child: never return into pytest
+            code = 1
+            try:
+                me = k.owner
+                assert me.pid == os.getpid() and me.worker_id != parent.worker_id, me
+                assert me.worker_id.startswith("api")
+                out = k.call("slow", {}, call_id="child-call")
+                assert isinstance(out, Completed), out
+                assert k._upkeep.renewal.running()
+                code = 0
+            except BaseException as exc:
+                print("child failed:", repr(exc), flush=True)
+            finally:
+                os._exit(code)
+        wait_for(lambda: k.store.get_by_call_id("child-call") is not None,
+                 "the child's call to be recorded")
+        child_intent = intent_of(k, "child-call")
+        assert child_intent.owner is not None and child_intent.owner.pid == pid
+        report = k.recover()  # the parent's pass: the child is alive, its call is live
+        assert report.busy == 1 and report.indeterminate == 0
+        gate.touch()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert intent_of(k, "child-call").state == S.COMPLETED
+    finally:
+        gate.touch()
+        k.close()
+
+
+def test_a_second_live_kernel_with_the_same_worker_id_is_refused(tmp_path: Path) -> None:
+    from poimen.errors import DuplicateWorkerError
+
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    first = Kernel(url, notifiers=[], worker_id="w1")
+    try:
+        with pytest.raises(DuplicateWorkerError, match="w1"):
+            Kernel(url, notifiers=[], worker_id="w1")
+    finally:
+        first.close()
+    Kernel(url, notifiers=[], worker_id="w1").close()  # free again once the first is closed
+
+
+# 9. An async tool through Kernel.call inside a running loop.
+
+
+def test_call_of_an_async_tool_inside_a_running_loop_is_refused_before_recording(
+    store_url: str,
+) -> None:
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="a", effects=Unsafe(), caps=Caps(), timeout=1)
+        async def a(ctx: ToolContext) -> str:
+            return "ok"
+
+        async def inside() -> None:
+            with pytest.raises(PoimenError, match="acall"):
+                k.call("a", {}, call_id="c1")
+
+        asyncio.run(inside())
+        assert k.store.get_by_call_id("c1") is None
+        assert k.store.notifications() == []
+
+
+# 10. The recorded class decides; a changed class is an operator's call.
+
+
+@pytest.mark.parametrize(
+    ("recorded", "now_registered"),
+    [("unsafe", "queryable"), ("queryable", "unsafe"), ("unsafe", "idempotent"),
+     ("idempotent", "unsafe")],
+)
+def test_a_class_changed_between_crash_and_restart_is_indeterminate(
+    store_url: str, recorded: str, now_registered: str
+) -> None:
+    runs: list[int] = []
+    effects: Any = {
+        "unsafe": Unsafe(),
+        "queryable": Queryable(lookup=lambda rid: NotLanded()),
+        "idempotent": Idempotent(key=KeyDerivation.fields("x")),
+    }[now_registered]
+    with Kernel(store_url, notifiers=[], deadline_margin=0.0) as k:
+        @k.tool(id="t", effects=effects, caps=Caps(), timeout=0.2)
+        def t(ctx: ToolContext, x: int) -> int:
+            runs.append(x)
+            return x
+
+        key = KeyDerivation.fields("x").derive("t", {"x": 1}) if recorded == "idempotent" else None
+        orphan(k, "t", recorded, {"x": 1}, "c1", key=key,
+               request_id="rq_1" if recorded == "queryable" else None)
+        k.recover()
+        it = intent_of(k, "c1")
+        assert (it.state, it.reason) == (S.INDETERMINATE, "effect_changed")
+        assert runs == []
+
+
+def test_a_changed_key_derivation_is_key_drift(store_url: str) -> None:
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="t", effects=Idempotent(key=KeyDerivation.fields("x", version=2)),
+                caps=Caps(), timeout=0.2)
+        def t(ctx: ToolContext, x: int) -> int:
+            return x
+
+        old = KeyDerivation.fields("x").derive("t", {"x": 1})
+        orphan(k, "t", "idempotent", {"x": 1}, "c1", key=old)
+        k.recover()
+        it = intent_of(k, "c1")
+        assert (it.state, it.reason) == (S.INDETERMINATE, "key_drift")
+
+
+# 11. Provider key windows.
+
+
+def test_an_orphan_older_than_its_key_window_is_not_retried(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="charge", effects=Idempotent(key=KeyDerivation.fields("order"), key_ttl=60),
+                caps=Caps(hosts=(f"127.0.0.1:{httpx.URL(provider.url).port}",)), timeout=2)
+        def charge(ctx: ToolContext, order: str) -> Any:
+            return ctx.http.post(f"{provider.url}/keyed", json={"order": order}).json()
+
+        derive = KeyDerivation.fields("order").derive
+        orphan(k, "charge", "idempotent", {"order": "old"}, "old", key=derive("charge", {"order": "old"}), age=120)
+        orphan(k, "charge", "idempotent", {"order": "new"}, "new", key=derive("charge", {"order": "new"}), age=10)
+        k.recover()
+        assert (intent_of(k, "old").state, intent_of(k, "old").reason) == (
+            S.INDETERMINATE, "key_expired")
+        assert intent_of(k, "new").state == S.COMPLETED
+        assert ledger.count(kind="keyed") == 1
+
+
+# 12. A connection that never opened is not an unknown outcome.
+
+
+def test_a_refused_connection_fails_an_unsafe_call_after_spaced_retries(store_url: str) -> None:
+    from poimen import Retry
+
+    port = closed_port()
+    runs: list[float] = []
+    seen: list[Any] = []
+    from poimen import CallbackNotifier
+
+    with Kernel(store_url, notifiers=[CallbackNotifier(seen.append)]) as k:
+        @k.tool(id="send", effects=Unsafe(), caps=Caps(), timeout=1,
+                retry=Retry(attempts=3, initial=0.05, maximum=0.05, budget=30))
+        def send(ctx: ToolContext) -> Any:
+            runs.append(time.monotonic())
+            return ctx.http.post(f"http://127.0.0.1:{port}/send", json={}).json()
+
+        out = k.call("send", {}, call_id="c1")
+        assert isinstance(out, Failed) and out.error.startswith("not sent")
+        assert len(runs) == 3
+        it = intent_of(k, "c1")
+        assert it.state == S.FAILED and it.attempts == 1
+        k.deliver_notifications()
+        assert seen == [] and k.store.notifications() == []
+
+
+def test_a_refused_connection_after_a_write_went_out_stays_unknown(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    port = closed_port()
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="send", effects=Unsafe(), caps=Caps(), timeout=2)
+        def send(ctx: ToolContext) -> Any:
+            ctx.http.post(f"{provider.url}/plain", json={"n": 1})  # this one lands
+            return ctx.http.post(f"http://127.0.0.1:{port}/audit", json={}).json()
+
+        out = k.call("send", {}, call_id="c1")
+        assert isinstance(out, Indeterminate) and out.reason == "unsafe_unknown_outcome"
+        assert ledger.count(kind="plain") == 1
+
+
+def test_the_retry_budget_bounds_the_call_path(store_url: str) -> None:
+    from poimen import Retry
+
+    port = closed_port()
+    runs: list[int] = []
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="send", effects=Unsafe(), caps=Caps(), timeout=1,
+                retry=Retry(attempts=10, initial=5.0, maximum=5.0, budget=0.0))
+        def send(ctx: ToolContext) -> Any:
+            runs.append(1)
+            return ctx.http.post(f"http://127.0.0.1:{port}/send", json={}).json()
+
+        out = k.call("send", {}, call_id="c1")
+        assert isinstance(out, Failed) and runs == [1]
+
+
+def test_retry_policy_values_are_checked() -> None:
+    from poimen import Retry
+    from poimen.errors import RegistrationError
+
+    for bad in ({"attempts": 0}, {"attempts": True}, {"initial": -1.0},
+                {"budget": float("nan")}, {"maximum": "1"}):
+        with pytest.raises(RegistrationError):
+            Retry(**bad)
+    with pytest.raises(RegistrationError, match="key_ttl"):
+        Idempotent(key=KeyDerivation.fields("x"), key_ttl=0)
+
+
+def test_json_of_retry_events_round_trips(store_url: str) -> None:
+    # The history shows why a deadline moved: the event carries the new deadline.
+    with Kernel(store_url, notifiers=[], deadline_margin=0.1) as k:
+        @k.tool(id="q", effects=Queryable(lookup=lambda rid: NotLanded()), caps=Caps(),
+                timeout=0.2)
+        def q(ctx: ToolContext) -> str:
+            raise TimeoutError("read timed out")
+
+        k.call("q", {}, call_id="c1")
+        kinds = {e.kind: json.loads(e.detail or "{}") for e in k.store.events(intent_of(k, "c1").id)}
+        assert "deadline_at" in kinds["outcome_unknown"]
