@@ -1,0 +1,222 @@
+"""The pure decision rules, as a table and as properties over every input Hypothesis finds."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from poimen import (
+    Idempotent,
+    IntentState,
+    KeyDerivation,
+    Landed,
+    NotLanded,
+    Queryable,
+    Unknown,
+    Unsafe,
+)
+from poimen._decide import (
+    Ask,
+    Complete,
+    Defer,
+    KeyDerived,
+    KeyFailed,
+    MarkIndeterminate,
+    Policy,
+    Retry,
+    Unasked,
+    claimability,
+    decide,
+    takeover_deadline,
+)
+from poimen._effects import effect_name
+from poimen._intents import Intent, Owner
+
+S = IntentState
+POLICY = Policy(max_attempts=5, lookup_limit=8, lookup_backoff=1.0, max_backoff=300.0)
+KEY = "pk1_k"
+ME = Owner("w-me", "host-a", 100, "7")
+
+
+def _lookup(rid: str) -> Any:
+    return NotLanded()
+
+
+IDEMPOTENT = Idempotent(key=KeyDerivation.fields("x"))
+EXPIRING = Idempotent(key=KeyDerivation.fields("x"), key_ttl=60.0)
+QUERYABLE = Queryable(lookup=_lookup)
+UNSAFE = Unsafe()
+
+
+def intent(effect: str = "idempotent", **kw: Any) -> Intent:
+    base = Intent(
+        id="in_1", call_id="c1", tool_id="t", effect=effect, args='{"x":1}', args_hash="h",
+        key=KEY if effect == "idempotent" else None,
+        request_id="rq_1" if effect == "queryable" else None, state=S.DISPATCHED, fence=1,
+        owner=Owner("w-dead", "host-a", 99, "1"), lease_expires_at=1000.0, timeout_s=10.0,
+        deadline_at=1011.0, next_check_at=None, unknown_count=0, attempts=1, result=None,
+        error=None, reason=None, created_at=1000.0, updated_at=1000.0,
+    )
+    return dataclasses.replace(base, **kw)
+
+
+@pytest.mark.parametrize(
+    ("current", "it", "answer", "now", "expected"),
+    [
+        # Idempotent: ask for the key, retry on the same key, anything else is an operator's.
+        (IDEMPOTENT, intent(), Unasked(), 2000.0, Ask("key")),
+        (IDEMPOTENT, intent(), KeyDerived(KEY), 2000.0, Retry()),
+        (IDEMPOTENT, intent(), KeyDerived("pk1_other"), 2000.0, MarkIndeterminate("key_drift")),
+        (IDEMPOTENT, intent(), KeyFailed("KeyError"), 2000.0,
+         MarkIndeterminate("key_derivation_failed")),
+        (IDEMPOTENT, intent(attempts=5), KeyDerived(KEY), 2000.0,
+         MarkIndeterminate("retries_exhausted")),
+        (EXPIRING, intent(), KeyDerived(KEY), 1059.0, Retry()),
+        (EXPIRING, intent(), Unasked(), 1061.0, MarkIndeterminate("key_expired")),
+        # Queryable: landed completes; not landed is trusted only after the deadline.
+        (QUERYABLE, intent("queryable"), Unasked(), 1005.0, Ask("lookup")),
+        (QUERYABLE, intent("queryable"), Landed({"id": 7}), 1005.0, Complete({"id": 7})),
+        (QUERYABLE, intent("queryable"), NotLanded(), 1005.0,
+         Defer(1011.0, 0, "awaiting_deadline")),
+        (QUERYABLE, intent("queryable"), NotLanded(), 1011.0, Retry()),
+        (QUERYABLE, intent("queryable", attempts=5), NotLanded(), 1011.0,
+         MarkIndeterminate("retries_exhausted")),
+        (QUERYABLE, intent("queryable", unknown_count=2), Unknown("503"), 1020.0,
+         Defer(1024.0, 3, "lookup_unknown: 503")),
+        (QUERYABLE, intent("queryable", unknown_count=7), Unknown("503"), 1020.0,
+         MarkIndeterminate("lookup_unknown_limit")),
+        # Unsafe: never retried.
+        (UNSAFE, intent("unsafe"), Unasked(), 2000.0, MarkIndeterminate("unsafe_unknown_outcome")),
+        # The recorded class decides: a changed one is an operator's call.
+        (QUERYABLE, intent("unsafe"), Unasked(), 2000.0, MarkIndeterminate("effect_changed")),
+        (UNSAFE, intent("queryable"), Unasked(), 2000.0, MarkIndeterminate("effect_changed")),
+        (IDEMPOTENT, intent("unsafe"), Unasked(), 2000.0, MarkIndeterminate("effect_changed")),
+        (UNSAFE, intent("idempotent"), Unasked(), 2000.0, MarkIndeterminate("effect_changed")),
+    ],
+)
+def test_decision_table(current: Any, it: Intent, answer: Any, now: float, expected: Any) -> None:
+    assert decide(current, it, answer, now, POLICY) == expected
+
+
+def test_an_answer_of_the_wrong_kind_is_a_programming_error() -> None:
+    with pytest.raises(TypeError):
+        decide(IDEMPOTENT, intent(), NotLanded(), 2000.0, POLICY)
+
+
+# Properties.
+
+effects = st.sampled_from([IDEMPOTENT, EXPIRING, QUERYABLE, UNSAFE])
+times = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+answers = st.one_of(
+    st.just(Unasked()),
+    st.builds(KeyDerived, st.sampled_from([KEY, "pk1_other"])),
+    st.builds(KeyFailed, st.text(max_size=5)),
+    st.builds(Landed, st.integers()),
+    st.just(NotLanded()),
+    st.builds(Unknown, st.text(max_size=5)),
+)
+intents = st.builds(
+    intent,
+    effect=st.sampled_from(["idempotent", "queryable", "unsafe"]),
+    attempts=st.integers(1, 8),
+    unknown_count=st.integers(0, 10),
+    deadline_at=st.one_of(st.none(), times),
+    created_at=times,
+)
+policies = st.builds(
+    Policy,
+    max_attempts=st.integers(1, 6),
+    lookup_limit=st.integers(1, 9),
+    lookup_backoff=st.floats(0.01, 10),
+    max_backoff=st.floats(0.01, 600),
+)
+
+_FOR = {
+    "idempotent": (Unasked, KeyDerived, KeyFailed),
+    "queryable": (Unasked, Landed, NotLanded, Unknown),
+    "unsafe": (Unasked,),
+}
+
+
+@settings(max_examples=2000, deadline=None)
+@given(current=effects, it=intents, answer=answers, now=times, policy=policies)
+def test_no_rule_ever_risks_a_second_effect(
+    current: Any, it: Intent, answer: Any, now: float, policy: Policy
+) -> None:
+    if effect_name(current) == it.effect and not isinstance(answer, _FOR[it.effect]):
+        # An answer of another class is a programming error, unless no answer was needed.
+        try:
+            d = decide(current, it, answer, now, policy)
+        except TypeError:
+            return
+        assert isinstance(d, MarkIndeterminate)
+        return
+    d = decide(current, it, answer, now, policy)
+    assert d == decide(current, it, answer, now, policy)  # pure: the same input, the same answer
+    if effect_name(current) != it.effect:
+        assert d == MarkIndeterminate("effect_changed")
+    if isinstance(d, Retry):
+        # A retry only where the class makes it safe, and within every bound.
+        assert effect_name(current) == it.effect
+        assert it.attempts < policy.max_attempts
+        assert not isinstance(current, Unsafe)
+        if isinstance(current, Idempotent):
+            assert answer == KeyDerived(it.key or "")
+            assert current.key_ttl is None or now - it.created_at <= current.key_ttl
+        else:
+            assert isinstance(answer, NotLanded)
+            assert it.deadline_at is None or now >= it.deadline_at
+    if isinstance(d, Complete):
+        assert isinstance(current, Queryable) and isinstance(answer, Landed)
+    if isinstance(d, Defer):
+        assert d.at >= now or d.reason == "awaiting_deadline"
+        if isinstance(answer, Unknown):
+            assert d.unknown_count == it.unknown_count + 1 < policy.lookup_limit
+    if isinstance(current, Unsafe):
+        assert isinstance(d, MarkIndeterminate)
+
+
+owners = st.builds(
+    Owner, st.sampled_from(["w-me", "w-b"]), st.sampled_from(["host-a", "host-b"]),
+    st.sampled_from([100, 101]), st.sampled_from(["7", "8"]),
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    it=intents, owner=st.one_of(st.none(), owners), held=st.booleans(), alive=st.booleans(),
+    now=times, lease=st.one_of(st.none(), times), next_check=st.one_of(st.none(), times),
+    state=st.sampled_from(list(S)),
+)
+def test_a_live_call_is_never_claimable(
+    it: Intent, owner: Owner | None, held: bool, alive: bool, now: float, lease: float | None,
+    next_check: float | None, state: S,
+) -> None:
+    it = dataclasses.replace(
+        it, owner=owner, lease_expires_at=lease, next_check_at=next_check, state=state
+    )
+    c = claimability(it, ME, held=held, now=now, alive=lambda o: alive)
+    if c != "claimable":
+        return
+    assert state == S.DISPATCHED and not held
+    assert next_check is None or next_check <= now
+    if owner is not None and owner != ME:
+        # Someone else's: only once its lease ran out, or its process is gone (same host).
+        assert (lease is not None and lease <= now) or (owner.host == ME.host and not alive)
+
+
+@given(it=intents, now=times, margin=st.floats(0, 5))
+def test_taking_over_a_stopped_attempt_never_moves_its_deadline_earlier(
+    it: Intent, now: float, margin: float
+) -> None:
+    later = takeover_deadline(it, now, margin)
+    if later is None:
+        return
+    assert later >= now + it.timeout_s + margin - 1e-6
+    assert it.deadline_at is None or later > it.deadline_at
+    deferred = dataclasses.replace(it, next_check_at=now)
+    assert takeover_deadline(deferred, now, margin) is None
