@@ -4,7 +4,7 @@
 
 Each worker process opens its own Kernel on one shared, fresh database and makes sequential
 calls to a tool that does nothing, so the figure is the kernel's own cost: two durable commits
-per call (the dispatch record and the outcome), the physical floor DESIGN section 3 names.
+per call (the dispatch record and the outcome), the physical floor docs/design.md §4 names.
 PostgreSQL runs as configured on the machine (fsync and synchronous_commit as found; both are
 reported). The database is created from template0 and dropped afterwards.
 

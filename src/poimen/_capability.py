@@ -1,4 +1,4 @@
-"""The context the kernel hands every tool, and its keyed write handles (DESIGN §5, layer 2).
+"""The context the kernel hands every tool, and its keyed write handles (layer 2, docs/capability.md).
 
 For an Idempotent tool every handle carries a write token: an HMAC over (tool id, intent,
 attempt, key) with a per-kernel secret the tool never receives, live only while its call runs.

@@ -1,4 +1,4 @@
-"""The three effect classes and what each one's recovery needs (DESIGN §2)."""
+"""The three effect classes and what each one's recovery needs (docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Out-of-band writes: a PEP 578 audit hook scoped to the running Idempotent tool (DESIGN §5).
+"""Out-of-band writes: a PEP 578 audit hook scoped to the running Idempotent tool (docs/capability.md).
 
 The hook is installed once per process and costs one context-variable read per audit event
 when no guarded tool runs. The kernel sets the variable only around an Idempotent tool's body,

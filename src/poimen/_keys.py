@@ -1,4 +1,4 @@
-"""Canonical encoding of recorded arguments and key hashing (DESIGN §2)."""
+"""Canonical encoding of recorded arguments and key hashing (docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The operator path over any Store: status, list, show, resolve, audit (DESIGN §8).
+"""The operator path over any Store: status, list, show, resolve, audit (docs/resolve-indeterminate.md).
 
 The CLI and the web console both call these functions, so the two never disagree about
 what an intent looks like, what is redacted, or when a resolution is refused.

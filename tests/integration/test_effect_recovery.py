@@ -1,4 +1,4 @@
-"""Recovery by class after a real SIGKILL; effects counted in the provider's ledger (DESIGN §9)."""
+"""Recovery by class after a real SIGKILL; effects counted in the provider's ledger (docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Keyed capability (DESIGN §5, issue 3): the kernel supplies the key; unkeyed writes are denied
+"""Keyed capability (docs/capability.md): the kernel supplies the key; unkeyed writes are denied
 and audited. Effects are counted in the provider process's ledger, which deduplicates on the
 supplied key only. Run with `pytest -k keyed_capability`."""
 

@@ -1,4 +1,4 @@
-"""Canonical encoding and key derivation (DESIGN §2)."""
+"""Canonical encoding and key derivation (docs/design.md §2)."""
 
 from __future__ import annotations
 
