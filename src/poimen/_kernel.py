@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-from poimen import _guard, _protocol
+from poimen import _guard, _runners
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, Unsafe, effect_name
 from poimen._intents import Denial, Intent, Outcome
@@ -27,9 +27,10 @@ from poimen._keys import args_digest, canonical, encode_args
 from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver
 from poimen._operator import resolve as operator_resolve
-from poimen._protocol import CallState, Engine, call_steps, run_async, run_sync
+from poimen._protocol import CallState, Engine, call_steps
 from poimen._recovery import RecoveryReport, recover_pass
 from poimen._retry import Retry
+from poimen._runners import run_async, run_sync
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen._upkeep import Upkeep
 from poimen.errors import (
@@ -236,7 +237,7 @@ class Kernel:
             return
         self._closed = True
         self._upkeep.stop(within=10.0)
-        _protocol.wait_continuations(self._engine, within=30.0)
+        _runners.wait_continuations(self._engine, within=30.0)
         while self._on_close:
             try:
                 self._on_close.pop()()
@@ -380,7 +381,7 @@ class Kernel:
         return t, d, kwargs
 
     def _context(self, t: Tool, intent: Intent) -> ToolContext:
-        return _protocol.context(self._engine, t, intent)
+        return _runners.context(self._engine, t, intent)
 
     # Recovery and the operator path.
 

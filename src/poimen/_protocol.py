@@ -3,8 +3,8 @@
 Every path an intent takes (a first call, a call id seen again, a retry, recovery of an
 orphan) is a generator that yields the steps it needs done (`Block`: a commit or a read;
 `Invoke`: run the tool; `Lookup`: ask the provider; `Sleep`) and receives their results.
-Two runners execute the steps: `run_sync` for `Kernel.call` and recovery, `run_async` for
-`Kernel.acall`. What to decide lives in `poimen._decide`; what a step costs lives in the
+Two runners (`poimen._runners`) execute the steps: `run_sync` for `Kernel.call` and recovery,
+`run_async` for `Kernel.acall`. What to decide lives in `poimen._decide`; what a step costs lives in the
 runners. See docs/design.md §3 to §5.
 
 A cancelled async caller never abandons the protocol: a commit in flight is waited for, a sync
@@ -15,11 +15,8 @@ stays held (never claimable by this kernel's recovery) until nothing of it runs 
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextvars
 import dataclasses
-import functools
 import json
 import logging
 import threading
@@ -28,8 +25,8 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from poimen import _crashpoints, _guard
-from poimen._capability import CallScope, Issuer, ToolContext
+from poimen import _crashpoints
+from poimen._capability import Issuer
 from poimen._decide import (
     Answer,
     Ask,
@@ -46,7 +43,7 @@ from poimen._decide import (
     decide,
     takeover_deadline,
 )
-from poimen._effects import Idempotent, Landed, LookupAnswer, NotLanded, Queryable, Unknown
+from poimen._effects import Idempotent, Queryable
 from poimen._intents import (
     Completed,
     Failed,
@@ -65,10 +62,7 @@ from poimen._retry import Retry as RetryPolicy
 from poimen._tools import Tool
 from poimen.errors import (
     ArgumentError,
-    CapabilityDeniedError,
-    DefiniteFailure,
     IntentNotFoundError,
-    NotSent,
     PoimenError,
 )
 from poimen.store import Store
@@ -596,13 +590,13 @@ class _Write:
     @classmethod
     def of(cls, run: Run, intent_id: str) -> _Write:
         if run.kind == "failed":
-            return cls(S.FAILED, None, _printable(run.error or ""), None)
+            return cls(S.FAILED, None, printable(run.error or ""), None)
         try:
             text = canonical(to_json_value(run.value, "<result>"))
             text.encode("utf-8")
         except (PoimenError, ValueError, TypeError, RecursionError) as exc:
             # The call still landed: complete it, and say what was lost.
-            return cls(S.COMPLETED, None, _printable(f"result not recorded: {exc}"), run.value)
+            return cls(S.COMPLETED, None, printable(f"result not recorded: {exc}"), run.value)
         return cls(S.COMPLETED, text, None, None)
 
     def outcome(self, intent_id: str) -> Outcome:
@@ -611,272 +605,6 @@ class _Write:
         return Completed(intent_id, self.value if self.result is None else json.loads(self.result))
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """Text the log can store: lone surrogates (from a tool's exception) replaced."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-# Invoking a tool.
-
-
-def context(e: Engine, t: Tool, intent: Intent) -> ToolContext:
-    reg = t.registration
-    key = intent.key
-    # Only an Idempotent call is guarded: its handles carry a token for this attempt.
-    scope = (
-        e.issuer.scope(t.id, intent.id, intent.attempts, key, reg.caps)
-        if key is not None and isinstance(reg.effects, Idempotent)
-        else None
-    )
-    return ToolContext(
-        tool_id=t.id,
-        intent_id=intent.id,
-        call_id=intent.call_id,
-        attempt=intent.attempts,
-        key=key,
-        request_id=intent.request_id,
-        issuer=e.issuer,
-        scope=scope,
-        timeout=reg.timeout,
-    )
-
-
-def invoke_sync(e: Engine, step: Invoke) -> Run:
-    t = step.tool
-    ctx = context(e, t, step.intent)
-    scope = ctx._scope
-    try:
-        if t.is_async:
-            value = asyncio.run(_tool_coroutine(t, ctx, step.kwargs))
-        elif scope is not None:
-            value = _guard.run(scope, t.fn, ctx, step.kwargs)
-        else:
-            # A sync tool cannot be preempted; its timeout sets the lease and deadline.
-            value = t.fn(ctx, **step.kwargs)
-    except Exception as exc:  # timeouts included: the outcome is unknown
-        return classify(exc, ctx)
-    finally:
-        if scope is not None:
-            scope.end()
-    return Run("completed", value=value)
-
-
-async def _tool_coroutine(t: Tool, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
-    coro = t.fn(ctx, **kwargs)
-    scope = ctx._scope
-    if scope is not None:
-        coro = _guard.arun(scope, coro)
-    try:
-        return await asyncio.wait_for(coro, t.registration.timeout)
-    finally:
-        # A request of ctx.ahttp runs in a thread that a timeout or cancellation cannot stop:
-        # the attempt is not over until it returns.
-        await ctx._flight.drain()
-
-
-async def invoke_async(e: Engine, step: Invoke) -> Run:
-    """An async tool, awaited in the caller's task (so a cancelled caller cancels it)."""
-    t = step.tool
-    ctx = context(e, t, step.intent)
-    scope = ctx._scope
-    try:
-        value = await _tool_coroutine(t, ctx, step.kwargs)
-    except Exception as exc:
-        return classify(exc, ctx)
-    finally:
-        if scope is not None:
-            scope.end()
-    return Run("completed", value=value)
-
-
-def classify(exc: BaseException, ctx: ToolContext) -> Run:
-    """How a tool's exception leaves its call: never sent, refused, or unknown."""
-    scope = ctx._scope
-    flight = ctx._flight
-    chain = _chain(exc)
-    if (
-        any(isinstance(x, NotSent) for x in chain)
-        and flight.writes == 0
-        and (scope is None or scope.writes == 0)
-    ):
-        return Run("not_sent", error=_failure(exc))
-    if isinstance(exc, DefiniteFailure | CapabilityDeniedError) and not isinstance(exc, NotSent):
-        return _refused(exc, scope)
-    # A library that wrapped a denial (raise ... from it) hides a write that never left.
-    for seen in chain[1:]:
-        if isinstance(seen, CapabilityDeniedError):
-            return _refused(seen, scope)
-    return Run("unknown", error=_printable(f"{type(exc).__name__}: {exc}"))
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    out: list[BaseException] = []
-    seen: BaseException | None = exc
-    while seen is not None and len(out) < 9 and seen not in out:
-        out.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    return out
-
-
-def _refused(exc: BaseException, scope: CallScope | None) -> Run:
-    """A provider's refusal, or a write the kernel denied: FAILED, never retried (a retry would
-    be denied the same way), unless an earlier write of this attempt went out under the key:
-    then the effect may have landed, and an operator decides."""
-    if isinstance(exc, CapabilityDeniedError) and scope is not None and scope.writes:
-        return Run("denied_after_write", error=_failure(exc))
-    return Run("failed", error=_failure(exc))
-
-
-def _failure(exc: BaseException) -> str:
-    if isinstance(exc, CapabilityDeniedError):
-        return _printable(f"capability denied: {exc}")
-    return _printable(str(exc) or type(exc).__name__)
-
-
-def lookup_sync(e: Engine, step: Lookup) -> LookupAnswer:
-    """Ask the provider, bounded by the tool's timeout: a lookup that hangs must not hang
-    recovery (its thread is left to finish on its own)."""
-    effects = step.tool.registration.effects
-    assert isinstance(effects, Queryable)
-    timeout = step.tool.registration.timeout
-    ctx = contextvars.copy_context()
-    fut = e.pool("lookup", 32).submit(ctx.run, effects.lookup, step.request_id)
-    try:
-        got = fut.result(timeout=timeout)
-    except concurrent.futures.TimeoutError:
-        return Unknown(f"lookup gave no answer within {timeout:g}s")
-    except Exception as exc:  # a provider error is an Unknown answer
-        return Unknown(_printable(f"{type(exc).__name__}: {exc}")[:300])
-    if not isinstance(got, Landed | NotLanded | Unknown):
-        return Unknown(f"lookup answered {type(got).__name__}, not Landed, NotLanded or Unknown")
-    return got
-
-
-# The runners.
-
-
-def run_sync(e: Engine, gen: Steps[T], first: Any = None, *, started: bool = False) -> T:
-    """Execute a protocol's steps in this thread. `started`: the generator waits at a step
-    whose result is `first` (a continuation of an async run)."""
-    value: Any = first
-    exc: BaseException | None = None
-    if not started:
-        value = None
-    while True:
-        try:
-            step = gen.send(value) if exc is None else gen.throw(exc)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        value, exc = None, None
-        try:
-            if isinstance(step, Block):
-                value = step.fn(*step.args, **step.kw)
-            elif isinstance(step, Invoke):
-                value = invoke_sync(e, step)
-            elif isinstance(step, Lookup):
-                value = lookup_sync(e, step)
-            else:
-                time.sleep(step.seconds)
-        except BaseException as err:
-            exc = err
-
-
-async def run_async(e: Engine, gen: Steps[T], c: CallState) -> T:
-    """Execute a protocol's steps on the running loop: commits without a thread where the
-    store can, blocking steps on the kernel's pools, async tools in the caller's task."""
-    value: Any = None
-    exc: BaseException | None = None
-    while True:
-        try:
-            step = gen.send(value) if exc is None else gen.throw(exc)
-        except StopIteration as stop:
-            if c.cancelled:
-                raise asyncio.CancelledError from None
-            return stop.value  # type: ignore[no-any-return]
-        value, exc = None, None
-        try:
-            if isinstance(step, Invoke) and step.tool.is_async:
-                value = await _invoke_async_step(e, step, c)
-            elif isinstance(step, Invoke):
-                cf = e.pool("tool", 256).submit(
-                    contextvars.copy_context().run, invoke_sync, e, step
-                )
-                try:
-                    value = await asyncio.shield(asyncio.wrap_future(cf))
-                except asyncio.CancelledError:
-                    # The tool's thread goes on: follow it from a thread of our own, settle
-                    # when it returns, and let the caller go now.
-                    c.cancelled = True
-                    _continue_in_thread(e, gen, cf)
-                    raise
-            elif isinstance(step, Sleep):
-                try:
-                    await asyncio.sleep(step.seconds)
-                except asyncio.CancelledError:
-                    c.cancelled = True
-            elif isinstance(step, Lookup):
-                lf = e.pool("store", 64).submit(
-                    contextvars.copy_context().run, lookup_sync, e, step
-                )
-                try:
-                    value = await asyncio.shield(asyncio.wrap_future(lf))
-                except asyncio.CancelledError:
-                    c.cancelled = True  # the answer is only evidence: not needed any more
-                    value = Unknown("cancelled")
-            else:
-                value = await _block_async(e, step, c)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as err:
-            exc = err
-
-
-async def _invoke_async_step(e: Engine, step: Invoke, c: CallState) -> Run:
-    try:
-        return await invoke_async(e, step)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is None or not task.cancelling():
-            return Run("unknown", error="CancelledError: the tool was cancelled")
-        c.cancelled = True
-        return Run("unknown", error="CancelledError: the caller was cancelled")
-
-
-async def _block_async(e: Engine, step: Block, c: CallState) -> Any:
-    if step.afn is not None:
-        fut: asyncio.Future[Any] = asyncio.ensure_future(step.afn(*step.args, **step.kw))
-    else:
-        ctx = contextvars.copy_context()
-        call = functools.partial(step.fn, *step.args, **step.kw)
-        fut = asyncio.wrap_future(e.pool("store", 64).submit(ctx.run, call))
-    while True:
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            if fut.cancelled():
-                raise
-            # A commit in flight is quick and its answer decides what comes next: wait.
-            c.cancelled = True
-
-
-def _continue_in_thread(e: Engine, gen: Steps[Any], cf: concurrent.futures.Future[Any]) -> None:
-    def follow() -> None:
-        try:
-            run = cf.result()
-            run_sync(e, gen, run, started=True)
-        except BaseException:
-            log.exception("poimen: settling a cancelled call failed; recovery will settle it")
-        finally:
-            e.continuations.discard(threading.current_thread())
-
-    th = threading.Thread(target=follow, name="poimen-settle", daemon=True)
-    e.continuations.add(th)
-    th.start()
-
-
-def wait_continuations(e: Engine, within: float) -> None:
-    end = time.monotonic() + within
-    for th in list(e.continuations):
-        th.join(max(0.0, end - time.monotonic()))
-        if th.is_alive():
-            log.warning("poimen: a cancelled call's tool is still running at close")

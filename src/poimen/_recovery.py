@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import assert_never
 
 from poimen._intents import Completed, Failed, Indeterminate, Intent, Outcome, Pending, Resolved
-from poimen._protocol import CallState, Engine, orphan_steps, run_sync
+from poimen._protocol import CallState, Engine, orphan_steps
+from poimen._runners import run_sync
 from poimen._tools import Tool
 from poimen.errors import CorruptRowError
 

@@ -84,15 +84,15 @@ def test_a_pass_between_the_dispatch_commit_and_the_tool_leaves_the_call_alone(
         seen.append((to, intent.state))
         return "sent"
 
-    from poimen import _protocol
+    from poimen import _runners
 
-    real = _protocol.invoke_sync
+    real = _runners.invoke_sync
 
     def pass_first(*a: Any) -> Any:
         _recover_now(kernel)
         return real(*a)
 
-    monkeypatch.setattr(_protocol, "invoke_sync", pass_first)
+    monkeypatch.setattr(_runners, "invoke_sync", pass_first)
     assert isinstance(kernel.call("send", {"to": "bob"}, call_id="c1"), Completed)
     assert seen == [("bob", S.DISPATCHED)]
 
