@@ -483,11 +483,10 @@ def test_a_dead_owners_queryable_call_waits_a_timeout_before_not_landed_is_trust
 
 
 def test_a_forked_child_is_a_new_owner_and_its_calls_are_not_taken_over(
-    tmp_path: Path,
+    tmp_path: Path, store_url: str
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'log.db'}"
     gate = tmp_path / "gate"
-    k = Kernel(url, notifiers=[], worker_id="api")
+    k = Kernel(store_url, notifiers=[], worker_id="api")
 
     @k.tool(id="slow", effects=Unsafe(), caps=Caps(), timeout=1)
     def slow(ctx: ToolContext) -> str:
@@ -522,6 +521,8 @@ def test_a_forked_child_is_a_new_owner_and_its_calls_are_not_taken_over(
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert intent_of(k, "child-call").state == S.COMPLETED
+        # The parent's own connections were left alone by the child.
+        assert isinstance(k.call("slow", {}, call_id="parent-call"), Completed)
     finally:
         gate.touch()
         k.close()

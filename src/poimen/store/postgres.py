@@ -141,6 +141,8 @@ class PostgresStore(SqlStore):
             weakref.WeakKeyDictionary()
         )
         self._sizes = (min_size, max_size)
+        self._pool_lock = threading.Lock()
+        self._forked = False
         self._pool = self._open_pool()
         try:
             if migrate:
@@ -180,8 +182,16 @@ class PostgresStore(SqlStore):
         _INHERITED.append(self._pool)
         self._prepared = weakref.WeakKeyDictionary()
         self._clock_lock = threading.Lock()
-        if not self._closed:
-            self._pool = self._open_pool()
+        self._pool_lock = threading.Lock()
+        self._forked = True  # the child's pool opens on its first use
+
+    def _pool_open(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        if self._forked:
+            with self._pool_lock:
+                if self._forked:
+                    self._pool = self._open_pool()
+                    self._forked = False
+        return self._pool
 
     def _run(self, what: str, fn: Callable[[Cursor, bool], T], *, transaction: bool = True) -> T:
         """Run `fn` in one transaction; retry it while the database is unreachable.
@@ -233,7 +243,8 @@ class PostgresStore(SqlStore):
             with psycopg.connect(self.url, **self._params) as conn:
                 yield conn
             return
-        conn = self._pool.getconn(timeout=wait)
+        pool = self._pool_open()
+        conn = pool.getconn(timeout=wait)
         try:
             with conn:
                 yield conn
@@ -243,7 +254,7 @@ class PostgresStore(SqlStore):
             conn.close()
             raise
         finally:
-            self._pool.putconn(conn)
+            pool.putconn(conn)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         def op(cur: Cursor, _retrying: bool) -> list[Any]:
@@ -259,7 +270,8 @@ class PostgresStore(SqlStore):
         if self._closed:
             return
         self._closed = True
-        self._pool.close()
+        if not self._forked:
+            self._pool.close()
 
     def now(self) -> float:
         """The database server's clock, from the measured offset (no round trip)."""

@@ -521,6 +521,8 @@ class SqliteStore(SqlStore):
         self._reads = threading.Condition()  # reads running, waited for by close()
         self._reading = 0
         self._writer = _GroupCommit(self._connect(writer=True))
+        self._writer_lock = threading.Lock()
+        self._forked = False
         if migrate:
             self.migrate()
         else:
@@ -586,7 +588,7 @@ class SqliteStore(SqlStore):
         self._closed = True
         # A connection closed under a running statement can crash the interpreter: wait for
         # the writes already accepted.
-        drained = self._writer.stop(within=30.0)
+        drained = self._forked or self._writer.stop(within=30.0)
         with self._reads:  # reads are short: wait for those running
             self._reads.wait_for(lambda: not self._reading, 30.0)
         with self._conns_lock:
@@ -611,8 +613,8 @@ class SqliteStore(SqlStore):
         self._local = threading.local()
         self._reads = threading.Condition()
         self._reading = 0
-        if not self._closed:
-            self._writer = _GroupCommit(self._connect(writer=True))
+        self._writer_lock = threading.Lock()
+        self._forked = True  # the child's writer connection opens on its first write
 
     # Schema.
 
@@ -718,6 +720,11 @@ class SqliteStore(SqlStore):
     def _writer_open(self) -> _GroupCommit:
         if self._closed:
             raise StoreUnavailableError("the store is closed")
+        if self._forked:
+            with self._writer_lock:
+                if self._forked:
+                    self._writer = _GroupCommit(self._connect(writer=True))
+                    self._forked = False
         return self._writer
 
     # Recovery.
