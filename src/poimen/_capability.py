@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from poimen._tools import Caps
     from poimen.store import Store
 
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Methods that change nothing on the server (RFC 9110 "safe"); every other method is a write.
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -138,7 +139,16 @@ class CallScope:
     """One running attempt of an Idempotent call: what its handles may do, and its denials."""
 
     __slots__ = (
-        "_issuer", "_token", "attempt", "caps", "ended", "intent_id", "key", "tool_id", "writes"
+        "_issuer",
+        "_token",
+        "attempt",
+        "caps",
+        "ended",
+        "intent_id",
+        "key",
+        "tool_id",
+        "unseen",
+        "writes",
     )
 
     def __init__(
@@ -153,6 +163,9 @@ class CallScope:
         self.ended = False
         # Writes let through: after one, a denied write no longer means "nothing happened".
         self.writes = 0
+        # A denial raised where the tool cannot see it (inside SQLite): the error the tool
+        # does see is then this denial's.
+        self.unseen: CapabilityDeniedError | None = None
         self._token: WriteToken | None = None
 
     def token(self) -> WriteToken:
@@ -256,9 +269,10 @@ def _host_allowed(url: httpx.URL, hosts: tuple[str, ...]) -> bool:
 
 
 class HttpHandle:
-    """`ctx.http`: an httpx-based client. For an Idempotent tool every write method (POST, PUT,
-    PATCH, DELETE) carries the registration's key header set to the kernel key, and every
-    request must go to a host in the registration's caps. Redirects are never followed."""
+    """`ctx.http`: an httpx-based client. For an Idempotent tool every write (any method but
+    GET, HEAD, OPTIONS and TRACE) carries the registration's key header set to the kernel key,
+    and every request must go to a host in the registration's caps. Redirects are never
+    followed."""
 
     __slots__ = ("_issuer", "_scope", "_timeout", "_token")
 
@@ -328,7 +342,7 @@ class HttpHandle:
                 f"host_not_in_caps: {u.host}:{u.port or _DEFAULT_PORTS.get(u.scheme)} "
                 f"is not in the registration's caps.hosts {list(scope.caps.hosts)}",
             )
-        if method not in WRITE_METHODS:
+        if method in READ_METHODS:
             return None
         scope.writes += 1
         return key

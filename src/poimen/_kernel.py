@@ -32,7 +32,7 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._keys import args_digest, canonical, encode_args, to_json_value
+from poimen._keys import args_digest, canonical, check_call_id, encode_args, encode_value
 from poimen._liveness import current_owner, process_alive
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver
 from poimen._operator import resolve as operator_resolve
@@ -81,7 +81,7 @@ class _Write:
         if run.kind == "failed":
             return cls(S.FAILED, None, run.error, None)
         try:
-            text = canonical(to_json_value(run.value, "<result>"))
+            text = encode_value(run.value, "<result>")
         except PoimenError as exc:  # the call still landed: complete it, say what was lost
             return cls(S.COMPLETED, None, f"result not recorded: {exc}", run.value)
         return cls(S.COMPLETED, text, None, None)
@@ -117,6 +117,10 @@ class Kernel:
         recover_interval: float = 5.0,
         renotify_after: float | None = None,
     ) -> None:
+        if not isinstance(store, str) and not callable(getattr(store, "record_dispatch", None)):
+            raise PoimenError(
+                f"store must be a URL string or a Store, not {store!r}", field="store"
+            )
         if mode not in ("live", "shadow", "replay"):
             raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}", field="mode")
         _check_settings(
@@ -374,10 +378,7 @@ class Kernel:
         t = self._tools.get(tool) if isinstance(tool, str) else None
         if t is None:
             raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
-        if not isinstance(call_id, str) or not call_id:
-            raise PoimenError(
-                f"call_id must be a non-empty string, got {call_id!r}", field="call_id"
-            )
+        check_call_id(call_id)
         effects = t.registration.effects
         if self.mode != "live" and isinstance(effects, Unsafe):
             self.store.record_denial(
@@ -693,6 +694,8 @@ def _unknown(exc: Exception, scope: CallScope | None) -> _Run:
         seen = seen.__cause__ or seen.__context__ if seen is not None else None
         if isinstance(seen, CapabilityDeniedError):
             return _refused(seen, scope)
+    if scope is not None and scope.unseen is not None:  # a denial SQLite turned into its own
+        return _refused(scope.unseen, scope)
     return _Run("unknown", error=f"{type(exc).__name__}: {exc}")
 
 

@@ -19,7 +19,7 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._keys import canonical, to_json_value
+from poimen._keys import encode_value
 from poimen._notify import indeterminate_note
 from poimen._tools import Tool
 from poimen.errors import CorruptRowError, PoimenError
@@ -98,7 +98,7 @@ def resolve_unknown(k: Kernel, tool: Tool, intent: Intent) -> Outcome | Intent:
                     # The provider says it landed: that decides, even if its answer does
                     # not encode (then, as in the call path, no result is recorded).
                     try:
-                        text: str | None = canonical(to_json_value(result, "<lookup result>"))
+                        text: str | None = encode_value(result, "<lookup result>")
                     except PoimenError as exc:
                         log.warning("intent %s: landed result not recorded: %s", intent.id, exc)
                         text = None
