@@ -234,6 +234,8 @@ class CallScope:
 
     def deny(self, action: str, target: str, reason: str) -> NoReturn:
         """Commit the denial row, then raise. The audit write itself must pass the guard."""
+        # A name that is not UTF-8 text, or holds a NUL, must still fit in the denial row.
+        target = target.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
         msg = (
             f"tool {self.tool_id!r} (intent {self.intent_id}, attempt {self.attempt}): "
             f"{action} {target} denied: {reason}"

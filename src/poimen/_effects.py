@@ -127,7 +127,7 @@ class KeyDerivation:
 
     def derive(self, tool_id: str, args: Mapping[str, JSONValue]) -> str:
         selected = self.select(args, tool_id)
-        return hash_key(tool_id, self.version, selected, _RESULT if self.func else "<key>")
+        return hash_key(tool_id, self.version, selected, _RESULT if self.mode == "custom" else "<key>")
 
 
 _RESULT = "<key derivation result>"

@@ -44,10 +44,7 @@ def to_json_value(value: Any, path: str, depth: int = 0) -> JSONValue:
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ArgumentEncodingError(
-                f"argument {path!r} is {value!r}: NaN and Infinity have no canonical encoding",
-                argument=path,
-            )
+            raise _not_finite(path, value)
         return value
     if t is dict or isinstance(value, Mapping):
         _check_depth(path, depth)
@@ -91,11 +88,22 @@ def to_json_value(value: Any, path: str, depth: int = 0) -> JSONValue:
 
 def _check_depth(path: str, depth: int) -> None:
     if depth >= MAX_NESTING:
-        raise ArgumentEncodingError(
-            f"argument {path!r} is nested more than {MAX_NESTING} containers deep",
-            argument=path,
-            limit=MAX_NESTING,
-        )
+        raise _too_deep(path)
+
+
+def _not_finite(path: str, value: float) -> ArgumentEncodingError:
+    return ArgumentEncodingError(
+        f"argument {path!r} is {value!r}: NaN and Infinity have no canonical encoding",
+        argument=path,
+    )
+
+
+def _too_deep(path: str) -> ArgumentEncodingError:
+    return ArgumentEncodingError(
+        f"argument {path!r} is nested more than {MAX_NESTING} containers deep",
+        argument=path,
+        limit=MAX_NESTING,
+    )
 
 
 # One encoder for every call: json.dumps with options builds a new one each time.
@@ -146,17 +154,10 @@ def _unencodable(
                 )
         elif isinstance(v, float):
             if not math.isfinite(v):
-                return ArgumentEncodingError(
-                    f"argument {where!r} is {v!r}: NaN and Infinity have no canonical encoding",
-                    argument=where,
-                )
+                return _not_finite(where, v)
         elif isinstance(v, dict | list | tuple):
             if depth >= MAX_NESTING:
-                return ArgumentEncodingError(
-                    f"argument {where!r} is nested more than {MAX_NESTING} containers deep",
-                    argument=where,
-                    limit=MAX_NESTING,
-                )
+                return _too_deep(where)
             if isinstance(v, dict):
                 for k in v:
                     if isinstance(k, str) and not _is_utf8(k):
@@ -227,15 +228,13 @@ def check_call_id(call_id: object) -> None:
     """Refuse a call id the log cannot store and index alike on every backend."""
     if not isinstance(call_id, str) or not call_id:
         raise ArgumentError(f"call_id must be a non-empty string, got {call_id!r}", field="call_id")
-    if call_id.isascii():
-        size = len(call_id)
-    elif not _is_utf8(call_id):
+    try:
+        size = len(call_id) if call_id.isascii() else len(call_id.encode())
+    except UnicodeEncodeError:
         raise ArgumentEncodingError(
             "call_id has a lone surrogate (\\ud800-\\udfff), which is not UTF-8 text",
             field="call_id",
-        )
-    else:
-        size = len(call_id.encode())
+        ) from None
     if "\x00" in call_id:
         raise ArgumentEncodingError("call_id contains a NUL character", field="call_id")
     if size > MAX_CALL_ID_BYTES:

@@ -383,6 +383,35 @@ def test_documented_blind_spots_are_blind(guard_kernel: Kernel, tmp_path: Path, 
     assert guard_kernel.denials() == []
 
 
+def test_a_denial_of_an_undecodable_name_is_recorded(store_url: str, tmp_path: Path) -> None:
+    """A file name that is not UTF-8 still makes a denial row the store can hold."""
+    target = bytes(tmp_path / "w") + b"\xff"
+    with Kernel(store_url) as k:
+
+        @k.tool(id="w", effects=Idempotent(key=KeyDerivation.all_args()), caps=Caps(), timeout=5)
+        def write(ctx: ToolContext) -> None:
+            with open(target, "wb"):
+                pass
+
+        out = k.call("w", {}, call_id="c")
+        assert isinstance(out, Failed) and "capability denied" in out.error, out
+        [denial] = k.denials()
+        assert denial.action == "file_write" and denial.target.endswith("w\\udcff")
+    assert not os.path.exists(target)
+
+
+def test_a_denied_sink_name_that_is_not_text_is_recorded(store_url: str) -> None:
+    with Kernel(store_url) as k:
+
+        @k.tool(id="s", effects=Idempotent(key=KeyDerivation.all_args()), caps=Caps(), timeout=5)
+        def sink(ctx: ToolContext) -> None:
+            ctx.sink("orders\udc80\x00")
+
+        out = k.call("s", {}, call_id="c")
+        assert isinstance(out, Failed) and "sink_not_in_caps" in out.error, out
+        assert [d.target for d in k.denials()] == ["orders\\udc80\\x00"]
+
+
 # 4 and 5. Arguments with no canonical UTF-8 JSON form, and the size limit in bytes.
 
 DEEP: list[Any] = []
