@@ -84,7 +84,7 @@ def test_a_log_that_is_never_saved_is_refused(url: str) -> None:
 
 @pytest.mark.parametrize("url", NEVER_SAVED)
 def test_migrate_refuses_a_log_that_is_never_saved(url: str) -> None:
-    r = poimen("migrate", db=url)
+    r = poimen("migrate", "--db", url)
     assert r.returncode != 0, r.stdout
     assert "never saved" in r.stderr and "schema is current" not in r.stdout
 
