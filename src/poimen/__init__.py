@@ -28,7 +28,7 @@ from poimen._intents import (
     Resolved,
 )
 from poimen._kernel import Kernel
-from poimen._keys import MAX_ARGS_BYTES
+from poimen._keys import MAX_ARGS_BYTES, MAX_CALL_ID_BYTES, MAX_NESTING, MAX_TOOL_ID_BYTES
 from poimen._notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
 from poimen._recovery import RecoveryReport
 from poimen._retry import Retry
@@ -37,6 +37,9 @@ from poimen.errors import DefiniteFailure, NotSent
 
 __all__ = [
     "MAX_ARGS_BYTES",
+    "MAX_CALL_ID_BYTES",
+    "MAX_NESTING",
+    "MAX_TOOL_ID_BYTES",
     "AsyncHttpHandle",
     "Attempt",
     "CallbackNotifier",

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from poimen._tools import Caps
     from poimen.store import Store
 
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Methods that change nothing on the server (RFC 9110 "safe"); every other method is a write.
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -164,7 +165,16 @@ class CallScope:
     """One running attempt of an Idempotent call: what its handles may do, and its denials."""
 
     __slots__ = (
-        "_issuer", "_token", "attempt", "caps", "ended", "intent_id", "key", "tool_id", "writes"
+        "_issuer",
+        "_token",
+        "attempt",
+        "caps",
+        "ended",
+        "intent_id",
+        "key",
+        "tool_id",
+        "unseen",
+        "writes",
     )
 
     def __init__(
@@ -179,6 +189,9 @@ class CallScope:
         self.ended = False
         # Writes let through: after one, a denied write no longer means "nothing happened".
         self.writes = 0
+        # A denial raised where the tool cannot see it (inside SQLite): the error the tool
+        # does see is then this denial's.
+        self.unseen: CapabilityDeniedError | None = None
         self._token: WriteToken | None = None
 
     def token(self) -> WriteToken:
@@ -247,6 +260,8 @@ class CallScope:
 
     def deny(self, action: str, target: str, reason: str) -> NoReturn:
         """Commit the denial row, then raise. The audit write itself must pass the guard."""
+        # A name that is not UTF-8 text, or holds a NUL, must still fit in the denial row.
+        target = target.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
         msg = (
             f"tool {self.tool_id!r} (intent {self.intent_id}, attempt {self.attempt}): "
             f"{action} {target} denied: {reason}"
@@ -324,9 +339,10 @@ class Flight:
 
 
 class HttpHandle:
-    """`ctx.http`: an httpx-based client. For an Idempotent tool every write method (POST, PUT,
-    PATCH, DELETE) carries the registration's key header set to the kernel key, and every
-    request must go to a host in the registration's caps. Redirects are never followed."""
+    """`ctx.http`: an httpx-based client. For an Idempotent tool every write (any method but
+    GET, HEAD, OPTIONS and TRACE) carries the registration's key header set to the kernel key,
+    and every request must go to a host in the registration's caps. Redirects are never
+    followed."""
 
     __slots__ = ("_flight", "_issuer", "_scope", "_timeout", "_token")
 
@@ -375,7 +391,7 @@ class HttpHandle:
         if data is not None and not isinstance(data, Mapping):
             raise PoimenError("ctx.http: data must be a mapping", argument="data")
         t = timeout if timeout is not None else self._timeout
-        write = m in WRITE_METHODS
+        write = m not in READ_METHODS
         guard = _guard.suspend()
         try:
             with self._sent(write):
@@ -423,7 +439,7 @@ class HttpHandle:
                 f"host_not_in_caps: {u.host}:{u.port or _DEFAULT_PORTS.get(u.scheme)} "
                 f"is not in the registration's caps.hosts {list(scope.caps.hosts)}",
             )
-        if method not in WRITE_METHODS:
+        if method in READ_METHODS:
             return None
         scope.writes += 1
         return key
@@ -471,7 +487,7 @@ class _HandleTransport(httpx.BaseTransport):
                 request.headers[name] = key
         guard = _guard.suspend()
         try:
-            with handle._sent(request.method.upper() in WRITE_METHODS):
+            with handle._sent(request.method.upper() not in READ_METHODS):
                 r = handle._issuer.client().send(request, stream=True)
             try:
                 raw = b"".join(r.iter_raw())

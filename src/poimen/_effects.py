@@ -8,7 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, assert_never
 
 from poimen._keys import JSONValue, hash_key, to_json_value
-from poimen.errors import ArgumentError, NondeterministicKeyError, RegistrationError
+from poimen.errors import (
+    ArgumentError,
+    KeyDerivationError,
+    NondeterministicKeyError,
+    RegistrationError,
+)
 
 # Names whose presence in a custom derivation means it reads a clock, a counter or randomness.
 _IMPURE_NAMES = frozenset(
@@ -56,6 +61,20 @@ class KeyDerivation:
     func: Callable[[Mapping[str, JSONValue]], Any] | None = field(default=None, compare=False)
     version: int = 1
 
+    def __post_init__(self) -> None:
+        v = self.version
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise RegistrationError(
+                f"key derivation version must be a positive whole number, not {v!r}",
+                field="version",
+            )
+        if self.mode == "custom" and not callable(self.func):
+            raise RegistrationError("KeyDerivation.custom() needs a callable", field="func")
+        if not all(isinstance(name, str) for name in self.exclude):
+            raise RegistrationError(
+                f"excluded names must be strings, got {self.exclude!r}", field="exclude"
+            )
+
     @classmethod
     def fields(cls, *paths: str, version: int = 1) -> KeyDerivation:
         if not paths:
@@ -67,6 +86,11 @@ class KeyDerivation:
 
     @classmethod
     def all_args(cls, *, exclude: Iterable[str] = (), version: int = 1) -> KeyDerivation:
+        if isinstance(exclude, str):
+            raise RegistrationError(
+                f"exclude must be a collection of names, not the string {exclude!r}",
+                field="exclude",
+            )
         return cls("all_args", exclude=tuple(exclude), version=version)
 
     @classmethod
@@ -83,17 +107,30 @@ class KeyDerivation:
             )
         return cls("custom", func=func, version=version)
 
-    def select(self, args: Mapping[str, JSONValue]) -> JSONValue:
+    def select(self, args: Mapping[str, JSONValue], tool_id: str = "") -> JSONValue:
         """The values the key is computed over."""
         if self.mode == "fields":
             return {p: _pick(args, p) for p in self.paths}
         if self.mode == "all_args":
             return {k: v for k, v in args.items() if k not in self.exclude}
         assert self.func is not None
-        return to_json_value(self.func(args), "<key derivation result>")
+        try:
+            result = self.func(args)
+        except Exception as exc:  # the user's code: whatever it raises refuses the call
+            name = getattr(self.func, "__qualname__", repr(self.func))
+            raise KeyDerivationError(
+                f"tool {tool_id!r}: key derivation {name!r} raised {type(exc).__name__}: {exc}",
+                argument="<key derivation>",
+                tool_id=tool_id,
+            ) from exc
+        return to_json_value(result, _RESULT)
 
     def derive(self, tool_id: str, args: Mapping[str, JSONValue]) -> str:
-        return hash_key(tool_id, self.version, self.select(args))
+        selected = self.select(args, tool_id)
+        return hash_key(tool_id, self.version, selected, _RESULT if self.mode == "custom" else "<key>")
+
+
+_RESULT = "<key derivation result>"
 
 
 def _pick(args: Mapping[str, JSONValue], path: str) -> JSONValue:

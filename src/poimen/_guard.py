@@ -12,11 +12,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sqlite3
 import sys
 import threading
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote
+
+from poimen.errors import CapabilityDeniedError
 
 if TYPE_CHECKING:
     from poimen._capability import CallScope
@@ -167,12 +171,111 @@ def _spawn(index: int) -> Callable[[tuple[Any, ...]], tuple[str, str] | None]:
 
 
 def _sqlite(args: tuple[Any, ...]) -> tuple[str, str] | None:
-    db = _text(args[0]) if args else ""
-    if db in ("", ":memory:") or (
-        db.startswith("file:") and ("mode=ro" in db or "mode=memory" in db)
-    ):
+    name = _fsname(args[0]) if args else ""
+    if not sqlite_writes(name):
         return None
-    return "file_write", f"sqlite3 {db}"
+    return "file_write", f"sqlite3 {_text(name)}"
+
+
+def _fsname(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return os.fsdecode(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def sqlite_writes(name: str) -> bool:
+    """Whether SQLite may create or change a file when it opens (or attaches) `name`.
+
+    URIs are read as SQLite reads them: the scheme in any case, the URI ending at '#',
+    parameters split on '&' and '=' before %-decoding, a decoded NUL ending a name or value,
+    and the last `mode` winning. Only ``mode=ro`` and ``mode=memory`` (or an in-memory or
+    temporary database) write nothing.
+    """
+    if name in ("", ":memory:"):
+        return False
+    if name[:5].lower() != "file:":
+        return True
+    path, _, query = name[5:].split("#", 1)[0].partition("?")
+    mode = None
+    for param in query.split("&"):
+        key, _, value = param.partition("=")
+        if _decoded(key) == "mode":
+            mode = _decoded(value)
+    if mode in ("ro", "memory"):
+        return False
+    if path.startswith("//"):  # file://host/path: only an empty or local host opens
+        path = "/" + path[2:].partition("/")[2]
+        if path == "/":
+            return True
+    return _decoded(path) not in ("", ":memory:")
+
+
+def _decoded(part: str) -> str:
+    return unquote(part, errors="surrogateescape").split("\x00", 1)[0]
+
+
+def _sqlite_handle(args: tuple[Any, ...]) -> tuple[str, str] | None:
+    # ATTACH and VACUUM INTO open files from within SQL, unseen by audit events; SQLite's
+    # authorizer sees both as an attach of the file. The connection is announced before its
+    # __init__ has finished, when no authorizer can be set yet: a profile function sets it on
+    # this thread's next event after __init__, which comes before any statement can run.
+    if not args or sys.getprofile() is not None:  # a profiler runs: leave it alone
+        return None
+    _pending.conns = [*getattr(_pending, "conns", ()), args[0]]
+    _pending.events = 0
+    sys.setprofile(_set_authorizers)
+    return None
+
+
+_pending = threading.local()
+
+# SQLite's authorizer codes (sqlite3.h), stable across versions.
+_SQLITE_OK, _SQLITE_DENY, _SQLITE_ATTACH = 0, 1, 24
+
+
+def _set_authorizers(frame: Any, event: str, arg: Any) -> None:
+    waiting = []
+    for conn in _pending.conns:
+        try:
+            conn.set_authorizer(_authorize)
+        except sqlite3.ProgrammingError:  # its __init__ is still running
+            waiting.append(conn)
+        except Exception:  # not a connection we can guard
+            pass
+    _pending.events += 1
+    # A connection whose __init__ failed never becomes usable: stop waiting for it.
+    _pending.conns = waiting if _pending.events < 100 else []
+    if not _pending.conns:
+        sys.setprofile(None)
+
+
+def _authorize(action: int, arg1: str | None, *_: object) -> int:
+    if action != _SQLITE_ATTACH:
+        return _SQLITE_OK
+    scope = _active.get()
+    # A parameter's value is not known when the statement is prepared: arg1 is None.
+    if scope is None or (arg1 is not None and not sqlite_writes(arg1)):
+        return _SQLITE_OK
+    try:
+        scope.deny_out_of_band("file_write", f"sqlite3 ATTACH {_text(arg1 or '<a parameter>')}")
+    except CapabilityDeniedError as exc:
+        # SQLite swallows what its authorizer raises; the kernel finds the denial here.
+        scope.unseen = exc
+    return _SQLITE_DENY
+
+
+def _enable_load_extension(args: tuple[Any, ...]) -> tuple[str, str] | None:
+    # A loaded extension is native code: its writes raise no audit event.
+    if len(args) > 1 and not args[1]:
+        return None  # switching loading off
+    return "load_extension", "sqlite3 enable_load_extension(True)"
+
+
+def _load_extension(args: tuple[Any, ...]) -> tuple[str, str] | None:
+    return "load_extension", f"sqlite3 {_text(args[1]) if len(args) > 1 else ''}"
 
 
 _CHECKS: dict[str, Callable[[tuple[Any, ...]], tuple[str, str] | None]] = {
@@ -184,11 +287,16 @@ _CHECKS: dict[str, Callable[[tuple[Any, ...]], tuple[str, str] | None]] = {
     "os.chmod": _path_op("file_chmod"),
     "os.chown": _path_op("file_chmod"),
     "os.utime": _path_op("file_write"),
+    "os.setxattr": _path_op("file_write"),
+    "os.removexattr": _path_op("file_write"),
     "os.link": _path_op("file_link"),
     "os.symlink": _path_op("file_link"),
     "os.rename": _rename,
     "shutil.rmtree": _path_op("file_remove"),
     "sqlite3.connect": _sqlite,
+    "sqlite3.connect/handle": _sqlite_handle,
+    "sqlite3.enable_load_extension": _enable_load_extension,
+    "sqlite3.load_extension": _load_extension,
     "socket.connect": _connect,
     "socket.sendto": _send,
     "socket.sendmsg": _send,

@@ -23,7 +23,7 @@ from poimen import _guard, _runners
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, Unsafe, effect_name
 from poimen._intents import Denial, Intent, Outcome
-from poimen._keys import args_digest, canonical, encode_args
+from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver
 from poimen._operator import resolve as operator_resolve
@@ -77,6 +77,10 @@ class Kernel:
         recover_interval: float = 5.0,
         renotify_after: float | None = None,
     ) -> None:
+        if not isinstance(store, str) and not callable(getattr(store, "record_dispatch", None)):
+            raise PoimenError(
+                f"store must be a URL string or a Store, not {store!r}", field="store"
+            )
         if mode not in ("live", "shadow", "replay"):
             raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}", field="mode")
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id.strip()):
@@ -330,10 +334,7 @@ class Kernel:
         t = e.tools.get(tool) if isinstance(tool, str) else None
         if t is None:
             raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
-        if not isinstance(call_id, str) or not call_id:
-            raise PoimenError(
-                f"call_id must be a non-empty string, got {call_id!r}", field="call_id"
-            )
+        check_call_id(call_id)
         effects = t.registration.effects
         if self.mode != "live" and isinstance(effects, Unsafe):
             self.store.record_denial(

@@ -7,14 +7,20 @@ import enum
 import hashlib
 import json
 import math
+import sys
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from poimen.errors import ArgumentEncodingError, ArgumentTooLargeError
+from poimen.errors import ArgumentEncodingError, ArgumentError, ArgumentTooLargeError
 
 #: Encoded arguments larger than this are refused: the intent log is not a blob store.
 MAX_ARGS_BYTES = 1 << 20
+#: Containers nested deeper than this are refused.
+MAX_NESTING = 100
+#: Call ids and tool ids are indexed: PostgreSQL cannot index a value over 2,704 bytes.
+MAX_CALL_ID_BYTES = 512
+MAX_TOOL_ID_BYTES = 200
 
 KEY_DOMAIN = b"poimen.key.v1"
 KEY_PREFIX = "pk1_"
@@ -24,10 +30,11 @@ JSONValue = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSO
 _SCALARS = (str, bool, int, type(None))
 
 
-def to_json_value(value: Any, path: str) -> JSONValue:
+def to_json_value(value: Any, path: str, depth: int = 0) -> JSONValue:
     """Convert an argument to plain JSON data, refusing what has no canonical form.
 
-    `path` names the argument in the error (``order.items[2].price``).
+    `path` names the argument in the error (``order.items[2].price``); `depth` counts the
+    containers around `value`.
     """
     t = type(value)
     if t is str or t is int or t is bool or value is None:  # the common case, checked cheaply
@@ -37,12 +44,10 @@ def to_json_value(value: Any, path: str) -> JSONValue:
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ArgumentEncodingError(
-                f"argument {path!r} is {value!r}: NaN and Infinity have no canonical encoding",
-                argument=path,
-            )
+            raise _not_finite(path, value)
         return value
     if t is dict or isinstance(value, Mapping):
+        _check_depth(path, depth)
         out: dict[str, JSONValue] = {}
         for k, v in value.items():
             if not isinstance(k, str):
@@ -54,11 +59,12 @@ def to_json_value(value: Any, path: str) -> JSONValue:
             out[k] = (
                 v
                 if tv is str or tv is int or tv is bool or v is None
-                else to_json_value(v, f"{path}.{k}")
+                else to_json_value(v, f"{path}.{k}", depth + 1)
             )
         return out
     if isinstance(value, list | tuple):
-        return [to_json_value(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        _check_depth(path, depth)
+        return [to_json_value(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, bytes | bytearray | memoryview):
         raise ArgumentEncodingError(
             f"argument {path!r} is bytes without a declared encoding: "
@@ -66,17 +72,37 @@ def to_json_value(value: Any, path: str) -> JSONValue:
             argument=path,
         )
     if isinstance(value, enum.Enum):
-        return to_json_value(value.value, path)
+        return to_json_value(value.value, path, depth)
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, uuid.UUID):
         return str(value)
     dump = getattr(value, "model_dump", None)
     if callable(dump):  # a pydantic model: its JSON form is its canonical form
-        return to_json_value(dump(mode="json"), path)
+        return to_json_value(dump(mode="json"), path, depth)
     raise ArgumentEncodingError(
         f"argument {path!r} is a {type(value).__name__}, which has no canonical encoding",
         argument=path,
+    )
+
+
+def _check_depth(path: str, depth: int) -> None:
+    if depth >= MAX_NESTING:
+        raise _too_deep(path)
+
+
+def _not_finite(path: str, value: float) -> ArgumentEncodingError:
+    return ArgumentEncodingError(
+        f"argument {path!r} is {value!r}: NaN and Infinity have no canonical encoding",
+        argument=path,
+    )
+
+
+def _too_deep(path: str) -> ArgumentEncodingError:
+    return ArgumentEncodingError(
+        f"argument {path!r} is nested more than {MAX_NESTING} containers deep",
+        argument=path,
+        limit=MAX_NESTING,
     )
 
 
@@ -86,9 +112,85 @@ _CANONICAL = json.JSONEncoder(
 )
 
 
-def canonical(value: JSONValue) -> str:
-    """Sorted keys, no whitespace, UTF-8 text, NaN refused."""
-    return _CANONICAL.encode(value)
+def canonical(value: JSONValue, path: str = "") -> str:
+    """Sorted keys, no whitespace, UTF-8 text, NaN refused.
+
+    A value with no UTF-8 JSON text (a lone surrogate, an integer too long to print, nesting
+    too deep) raises `ArgumentEncodingError` naming its path under `path`.
+    """
+    return _encode(value, path)[0]
+
+
+def _encode(value: JSONValue, path: str, depth: int = 0) -> tuple[str, int]:
+    """The canonical text and its size in UTF-8 bytes."""
+    try:
+        text = _CANONICAL.encode(value)
+        # isascii() is a flag read: only text outside ASCII pays for the encoding.
+        return text, len(text) if text.isascii() else len(text.encode())
+    except (ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        raise _unencodable(value, path, depth, exc) from None
+
+
+def _unencodable(
+    value: JSONValue, path: str, depth: int, exc: BaseException
+) -> ArgumentEncodingError:
+    """Find the value that has no canonical text, to name it (only on the error path)."""
+    stack: list[tuple[str, Any, int]] = [(path, value, depth)]
+    while stack:
+        where, v, depth = stack.pop()
+        if isinstance(v, str):
+            if not _is_utf8(v):
+                return _surrogate(where, "text")
+        elif isinstance(v, bool) or v is None:
+            continue
+        elif isinstance(v, int):
+            try:
+                int.__repr__(v)
+            except ValueError:
+                return ArgumentEncodingError(
+                    f"argument {where!r} is an integer of more than "
+                    f"{sys.get_int_max_str_digits()} digits: pass it as text",
+                    argument=where,
+                )
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                return _not_finite(where, v)
+        elif isinstance(v, dict | list | tuple):
+            if depth >= MAX_NESTING:
+                return _too_deep(where)
+            if isinstance(v, dict):
+                for k in v:
+                    if isinstance(k, str) and not _is_utf8(k):
+                        return _surrogate(where, "a key")
+                items = [(f"{where}.{k}" if where else k, x) for k, x in v.items()]
+            else:
+                items = [(f"{where}[{i}]", x) for i, x in enumerate(v)]
+            stack.extend((w, x, depth + 1) for w, x in reversed(items))
+    return ArgumentEncodingError(
+        f"argument {path!r} has no canonical encoding: {type(exc).__name__}: {exc}",
+        argument=path,
+    )
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate(path: str, what: str) -> ArgumentEncodingError:
+    return ArgumentEncodingError(
+        f"argument {path!r} has {what} with a lone surrogate (\\ud800-\\udfff), which is "
+        "not UTF-8 text",
+        argument=path,
+    )
+
+
+def encode_value(value: Any, path: str) -> str:
+    """The canonical text of any value (a result, an answer), errors naming it as `path`."""
+    return canonical(to_json_value(value, path), path)
 
 
 def encode_args(args: Mapping[str, Any]) -> tuple[dict[str, JSONValue], str]:
@@ -108,17 +210,41 @@ def encode_args(args: Mapping[str, Any]) -> tuple[dict[str, JSONValue], str]:
             if t is str or t is int or t is bool or value is None
             else to_json_value(value, name)
         )
-    text = canonical(data)
-    if len(text) > MAX_ARGS_BYTES and len(text.encode()) > MAX_ARGS_BYTES:
-        largest = max(data, key=lambda n: len(canonical(data[n])))
+    # Paths start at the argument names; the mapping itself is not a level of nesting.
+    text, size = _encode(data, "", -1)
+    if size > MAX_ARGS_BYTES:
+        largest = max(data, key=lambda n: _encode(data[n], n)[1])
         raise ArgumentTooLargeError(
-            f"arguments encode to {len(text.encode())} bytes, over the {MAX_ARGS_BYTES}-byte "
+            f"arguments encode to {size} bytes of UTF-8, over the {MAX_ARGS_BYTES}-byte "
             f"limit; the largest is {largest!r}",
             argument=largest,
-            size=len(text.encode()),
+            size=size,
             limit=MAX_ARGS_BYTES,
         )
     return data, text
+
+
+def check_call_id(call_id: object) -> None:
+    """Refuse a call id the log cannot store and index alike on every backend."""
+    if not isinstance(call_id, str) or not call_id:
+        raise ArgumentError(f"call_id must be a non-empty string, got {call_id!r}", field="call_id")
+    try:
+        size = len(call_id) if call_id.isascii() else len(call_id.encode())
+    except UnicodeEncodeError:
+        raise ArgumentEncodingError(
+            "call_id has a lone surrogate (\\ud800-\\udfff), which is not UTF-8 text",
+            field="call_id",
+        ) from None
+    if "\x00" in call_id:
+        raise ArgumentEncodingError("call_id contains a NUL character", field="call_id")
+    if size > MAX_CALL_ID_BYTES:
+        raise ArgumentTooLargeError(
+            f"call_id is {size} bytes of UTF-8, over the {MAX_CALL_ID_BYTES}-byte limit: "
+            "derive a shorter id (e.g. a hash) from what identifies the call",
+            field="call_id",
+            size=size,
+            limit=MAX_CALL_ID_BYTES,
+        )
 
 
 def args_digest(canonical_text: str) -> str:
@@ -135,8 +261,10 @@ def _framed(h: Any, part: bytes) -> None:
 _PREFIXES: dict[tuple[str, int], Any] = {}
 
 
-def hash_key(tool_id: str, version: int, selected: JSONValue) -> str:
-    """The key: sha256 over domain tag, tool id, derivation version and the selected values."""
+def hash_key(tool_id: str, version: int, selected: JSONValue, path: str = "<key>") -> str:
+    """The key: sha256 over domain tag, tool id, derivation version and the selected values.
+
+    `path` names the selected values in an encoding error."""
     cacheable = type(version) is int and type(tool_id) is str
     prefix = _PREFIXES.get((tool_id, version)) if cacheable else None
     if prefix is None:
@@ -146,5 +274,5 @@ def hash_key(tool_id: str, version: int, selected: JSONValue) -> str:
         if cacheable and len(_PREFIXES) < 4096:
             _PREFIXES[tool_id, version] = prefix
     h = prefix.copy()
-    _framed(h, canonical(selected).encode())
+    _framed(h, canonical(selected, path).encode())
     return KEY_PREFIX + h.hexdigest()[:48]

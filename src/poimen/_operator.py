@@ -24,7 +24,7 @@ from poimen._intents import (
     Notification,
     Owner,
 )
-from poimen._keys import canonical, to_json_value
+from poimen._keys import encode_value
 from poimen.errors import IntentNotFoundError, PoimenError
 from poimen.store._base import Store
 
@@ -343,7 +343,7 @@ def resolve(
         raise OperatorInputError(f"reason is longer than {MAX_REASON} characters", field="reason")
     if not landed and result is not None:
         raise OperatorInputError("a result makes sense only for a landed call", field="result")
-    text = None if result is None else canonical(to_json_value(result, "result"))
+    text = None if result is None else encode_value(result, "result")
     return store.resolve(
         intent_id,
         landed=landed,

@@ -55,7 +55,7 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._keys import canonical, to_json_value
+from poimen._keys import encode_value
 from poimen._liveness import owner_alive
 from poimen._notify import indeterminate_note
 from poimen._retry import Retry as RetryPolicy
@@ -570,12 +570,10 @@ def _encode_result(value: Any, intent_id: str, what: str) -> str | None:
     """The canonical JSON of a result, or None (logged) when it cannot be recorded: the call
     landed all the same, and losing its result must not lose the outcome."""
     try:
-        text = canonical(to_json_value(value, what))
-        text.encode("utf-8")  # lone surrogates pass json but not the database
-    except (PoimenError, ValueError, TypeError, RecursionError) as exc:
+        return encode_value(value, what)
+    except PoimenError as exc:
         log.warning("intent %s: result not recorded: %s", intent_id, exc)
         return None
-    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -592,9 +590,8 @@ class _Write:
         if run.kind == "failed":
             return cls(S.FAILED, None, printable(run.error or ""), None)
         try:
-            text = canonical(to_json_value(run.value, "<result>"))
-            text.encode("utf-8")
-        except (PoimenError, ValueError, TypeError, RecursionError) as exc:
+            text = encode_value(run.value, "<result>")
+        except PoimenError as exc:
             # The call still landed: complete it, and say what was lost.
             return cls(S.COMPLETED, None, printable(f"result not recorded: {exc}"), run.value)
         return cls(S.COMPLETED, text, None, None)

@@ -126,6 +126,8 @@ def classify(exc: BaseException, ctx: ToolContext) -> Run:
     for seen in chain[1:]:
         if isinstance(seen, CapabilityDeniedError):
             return _refused(seen, scope)
+    if scope is not None and scope.unseen is not None:  # a denial SQLite turned into its own
+        return _refused(scope.unseen, scope)
     return Run("unknown", error=printable(f"{type(exc).__name__}: {exc}"))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import math
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -14,7 +15,7 @@ from typing import Any
 import pydantic
 
 from poimen._effects import EffectClass, Idempotent, KeyDerivation, Queryable, Unsafe
-from poimen._keys import JSONValue
+from poimen._keys import MAX_TOOL_ID_BYTES, JSONValue
 from poimen.errors import ArgumentError, RegistrationError
 
 _TIME_LIKE = (dt.datetime, dt.date, dt.time)
@@ -28,6 +29,43 @@ class Caps:
     sinks: tuple[str, ...] = ()
     key_header: str = "Idempotency-Key"
 
+    def __post_init__(self) -> None:
+        for name in ("hosts", "sinks"):
+            object.__setattr__(self, name, _names(name, getattr(self, name)))
+        bad_host = next((h for h in self.hosts if _NOT_IN_HOST.search(h)), None)
+        if bad_host is not None:
+            raise RegistrationError(
+                f"caps.hosts entry {bad_host!r} is not a host or host:port "
+                "(no scheme, path or spaces): e.g. 'api.example.com' or 'localhost:8080'",
+                field="hosts",
+            )
+        header = self.key_header
+        if not isinstance(header, str) or not _TOKEN.fullmatch(header):
+            raise RegistrationError(
+                f"caps.key_header must be an HTTP header name, not {header!r}",
+                field="key_header",
+            )
+
+
+# An HTTP header name is a token (RFC 9110 section 5.6.2).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_NOT_IN_HOST = re.compile(r"[/?#@\s]")
+
+
+def _names(field: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, tuple | list):
+        raise RegistrationError(
+            f"caps.{field} must be a tuple of strings, not {value!r}"
+            + (f": write {field}=({value!r},)" if isinstance(value, str) else ""),
+            field=field,
+        )
+    for item in value:
+        if not isinstance(item, str) or not item.strip():
+            raise RegistrationError(
+                f"caps.{field} entries must be non-empty strings, not {item!r}", field=field
+            )
+    return tuple(value)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolRegistration:
@@ -39,8 +77,7 @@ class ToolRegistration:
     timeout: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id.strip():
-            raise RegistrationError(f"tool id must be a non-empty string, got {self.id!r}")
+        check_tool_id(self.id)
         if not isinstance(self.effects, Idempotent | Queryable | Unsafe):
             raise RegistrationError(
                 f"tool {self.id!r}: effects must be Idempotent(key=...), Queryable(lookup=...) "
@@ -68,6 +105,28 @@ class ToolRegistration:
                 f"got {self.timeout!r}",
                 tool_id=self.id,
             )
+
+
+def check_tool_id(tool_id: object) -> None:
+    if not isinstance(tool_id, str) or not tool_id.strip():
+        raise RegistrationError(f"tool id must be a non-empty string, got {tool_id!r}")
+    try:
+        size = len(tool_id.encode())
+    except UnicodeEncodeError:
+        size = -1
+    if size < 0 or "\x00" in tool_id:
+        raise RegistrationError(
+            f"tool id {tool_id!r} is not valid UTF-8 text (a lone surrogate or a NUL)",
+            tool_id=tool_id,
+        )
+    if size > MAX_TOOL_ID_BYTES:
+        raise RegistrationError(
+            f"tool id {tool_id[:40]!r}... is {size} bytes of UTF-8, over the "
+            f"{MAX_TOOL_ID_BYTES} bytes a tool id may have",
+            tool_id=tool_id,
+            size=size,
+            limit=MAX_TOOL_ID_BYTES,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,10 @@ class ArgumentTooLargeError(ArgumentError):
     """The encoded arguments exceed the size limit."""
 
 
+class KeyDerivationError(ArgumentError):
+    """The tool's key derivation failed on these arguments."""
+
+
 class CallIdMismatchError(PoimenError):
     """This call id was recorded with different arguments or another tool."""
 

@@ -11,7 +11,8 @@ fence, events in the same transaction). What PostgreSQL adds:
 - A lost connection (``OperationalError``) is retried with back-off for up to `retry_for`
   seconds. A retry after an unanswered COMMIT checks whether the first try landed, so a write is
   never applied twice. If the write cannot be made, `StoreUnavailableError` is raised and the
-  intent stays DISPATCHED for recovery.
+  intent stays DISPATCHED for recovery. A statement the server refuses for its data or a limit
+  (SQLSTATE classes 22 and 54) is a `StoreError` at once; its session stays in the pool.
 - Migrations run under a transaction-scoped advisory lock: concurrent migrators leave one schema.
 - A call's two commits are one statement each (data-modifying CTEs), prepared once per session
   and sent with their BEGIN and COMMIT in one message: one round trip per durable commit.
@@ -58,6 +59,14 @@ log = logging.getLogger("poimen.store.postgres")
 _TRANSIENT = (psycopg.OperationalError, PoolTimeout)
 # Pools a forked child inherited: never used, never closed (see `PostgresStore.after_fork`).
 _INHERITED: list[Any] = []
+# SQLSTATE classes that judge the statement, not the connection: data exceptions (22) and
+# program limits exceeded (54, e.g. an index row too large). psycopg raises class 54 as an
+# OperationalError, but no retry can succeed and the session is sound.
+_REFUSED = ("22", "54")
+
+
+def _refused(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith(_REFUSED)
 
 
 def describe(url: str) -> str:
@@ -217,6 +226,12 @@ class PostgresStore(SqlStore):
                     with conn.cursor() as cur:
                         return fn(cur, retrying)
             except _TRANSIENT as exc:
+                if _refused(exc):
+                    raise StoreError(
+                        f"{what} refused by PostgreSQL: {_first_line(exc)}",
+                        operation=what,
+                        sqlstate=getattr(exc, "sqlstate", None),
+                    ) from exc
                 if self._closed:
                     raise StoreUnavailableError("the store is closed") from exc
                 if time.monotonic() + delay > deadline:
@@ -248,10 +263,11 @@ class PostgresStore(SqlStore):
         try:
             with conn:
                 yield conn
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
             # A terminated session can still look IDLE to the pool: close it, so the pool
             # replaces it instead of handing the dead socket to the next retry.
-            conn.close()
+            if not _refused(exc):
+                conn.close()
             raise
         finally:
             pool.putconn(conn)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from poimen._guard import sqlite_writes
 from poimen._intents import Denial, Intent, IntentState, Owner
 from poimen.errors import StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
@@ -509,6 +510,14 @@ class SqliteStore(SqlStore):
     def __init__(
         self, path: str | Path, *, synchronous: str = "FULL", migrate: bool = True
     ) -> None:
+        if not sqlite_writes(str(path)):
+            url = f"sqlite:///{path}"
+            raise StoreError(
+                f"{url!r} opens no file SQLite writes (an in-memory, temporary or read-only "
+                "database): an intent log there is never saved, and each connection would see "
+                "its own; use a file, e.g. sqlite:///path/to/intents.db",
+                url=url,
+            )
         if synchronous.upper() not in SYNCHRONOUS:
             raise StoreError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
         self.path = str(path)
