@@ -9,6 +9,7 @@ from poimen._effects import (
     LookupAnswer,
     NotLanded,
     Queryable,
+    ReadOnly,
     RequestIdLookup,
     Unknown,
     Unsafe,
@@ -32,6 +33,7 @@ from poimen._keys import MAX_ARGS_BYTES, MAX_CALL_ID_BYTES, MAX_NESTING, MAX_TOO
 from poimen._notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
 from poimen._recovery import RecoveryReport
 from poimen._retry import Retry
+from poimen._spec import ToolHandle, ToolSpec
 from poimen._tools import Caps, ToolRegistration
 from poimen.errors import DefiniteFailure, NotSent
 
@@ -67,6 +69,7 @@ __all__ = [
     "Outcome",
     "Pending",
     "Queryable",
+    "ReadOnly",
     "RecoveryReport",
     "RequestIdLookup",
     "Resolved",
@@ -74,7 +77,9 @@ __all__ = [
     "Sink",
     "SinkHandle",
     "ToolContext",
+    "ToolHandle",
     "ToolRegistration",
+    "ToolSpec",
     "Unknown",
     "Unsafe",
     "WebhookNotifier",

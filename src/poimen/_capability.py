@@ -157,12 +157,22 @@ class Issuer:
         self._client = None
         self._executor = None
 
-    def scope(self, tool_id: str, intent_id: str, attempt: int, key: str, caps: Caps) -> CallScope:
-        return CallScope(self, tool_id, intent_id, attempt, key, caps)
+    def scope(
+        self,
+        tool_id: str,
+        intent_id: str,
+        attempt: int,
+        key: str,
+        caps: Caps,
+        *,
+        read_only: bool = False,
+    ) -> CallScope:
+        return CallScope(self, tool_id, intent_id, attempt, key, caps, read_only=read_only)
 
 
 class CallScope:
-    """One running attempt of an Idempotent call: what its handles may do, and its denials."""
+    """One running attempt of a guarded call (Idempotent: writes carry its key; ReadOnly: no
+    write at all): what its handles may do, and its denials."""
 
     __slots__ = (
         "_issuer",
@@ -172,15 +182,25 @@ class CallScope:
         "ended",
         "intent_id",
         "key",
+        "read_only",
         "tool_id",
         "unseen",
         "writes",
     )
 
     def __init__(
-        self, issuer: Issuer, tool_id: str, intent_id: str, attempt: int, key: str, caps: Caps
+        self,
+        issuer: Issuer,
+        tool_id: str,
+        intent_id: str,
+        attempt: int,
+        key: str,
+        caps: Caps,
+        *,
+        read_only: bool = False,
     ) -> None:
         self._issuer = issuer
+        self.read_only = read_only
         self.tool_id = tool_id
         self.intent_id = intent_id
         self.attempt = attempt
@@ -252,11 +272,20 @@ class CallScope:
     def deny_out_of_band(self, action: str, target: str) -> NoReturn:
         if self.ended:
             self.deny(action, target, "call_ended: the tool wrote after its call ended")
+        if self.read_only:
+            self.deny(action, target, "read_only: a ReadOnly tool writes nothing")
         self.deny(
             action,
             target,
             "out_of_band: an Idempotent tool writes only through ctx.http or ctx.sink(...)",
         )
+
+    def deny_write(self, action: str, target: str) -> None:
+        """A ReadOnly call's handles refuse every write."""
+        if self.read_only:
+            (_guard.current() or self).deny(
+                action, target, "read_only: a ReadOnly tool writes nothing"
+            )
 
     def deny(self, action: str, target: str, reason: str) -> NoReturn:
         """Commit the denial row, then raise. The audit write itself must pass the guard."""
@@ -441,6 +470,7 @@ class HttpHandle:
             )
         if method in READ_METHODS:
             return None
+        scope.deny_write("http", target)
         scope.writes += 1
         return key
 
@@ -554,6 +584,7 @@ class SinkHandle:
         scope = self._scope
         if scope is not None:
             assert self._token is not None
+            scope.deny_write("sink", self._name)
             key = scope.authorize(self._token, "sink", self._name, key)
             scope.writes += 1
         guard = _guard.suspend()  # the sink is the application's code, trusted to write

@@ -18,6 +18,7 @@ from poimen._effects import (
     Landed,
     NotLanded,
     Queryable,
+    ReadOnly,
     Unknown,
     Unsafe,
     effect_name,
@@ -80,13 +81,20 @@ class Defer:
 
 
 @dataclass(frozen=True, slots=True)
+class Fail:
+    """A call without effect that cannot go on: FAILED, nothing to resolve."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class MarkIndeterminate:
     """Nothing makes a retry safe: an operator decides."""
 
     reason: str
 
 
-Decision = Ask | Retry | Complete | Defer | MarkIndeterminate
+Decision = Ask | Retry | Complete | Defer | Fail | MarkIndeterminate
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +154,11 @@ def decide(
                     return Defer(now + delay, n, f"lookup_unknown: {why}"[:500])
         case Unsafe():
             return MarkIndeterminate("unsafe_unknown_outcome")
+        case ReadOnly():
+            # Nothing happened whatever the outcome: run it again, or give up plainly.
+            if intent.attempts >= policy.max_attempts:
+                return Fail("retries_exhausted")
+            return Retry()
         case _:
             assert_never(current)
     raise TypeError(f"{type(answer).__name__} is no answer for a {intent.effect} intent")

@@ -1,4 +1,4 @@
-"""The three effect classes and what each one's recovery needs (docs/design.md §2)."""
+"""The effect classes and what each one's recovery needs (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -230,10 +230,19 @@ class Unsafe:
     """Nothing makes a retry safe: an unknown outcome becomes Indeterminate."""
 
 
-EffectClass = Idempotent | Queryable | Unsafe
+@dataclass(frozen=True, slots=True)
+class ReadOnly:
+    """The tool has no effect: recovery runs it again freely, and every write it tries
+    (through its handles or out of band) is denied and recorded."""
 
 
-def effect_name(effects: EffectClass) -> Literal["idempotent", "queryable", "unsafe"]:
+EffectClass = Idempotent | Queryable | Unsafe | ReadOnly
+
+
+EffectName = Literal["idempotent", "queryable", "unsafe", "readonly"]
+
+
+def effect_name(effects: EffectClass) -> EffectName:
     match effects:
         case Idempotent():
             return "idempotent"
@@ -241,5 +250,7 @@ def effect_name(effects: EffectClass) -> Literal["idempotent", "queryable", "uns
             return "queryable"
         case Unsafe():
             return "unsafe"
+        case ReadOnly():
+            return "readonly"
         case _:
             assert_never(effects)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from poimen.errors import IllegalTransitionError
 
 
 class IntentState(enum.StrEnum):
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
     DISPATCHED = "DISPATCHED"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
@@ -22,7 +24,9 @@ S = IntentState
 
 #: Every store checks against this table; `None` is "no intent yet".
 TRANSITIONS: dict[IntentState | None, frozenset[IntentState]] = {
-    None: frozenset({S.DISPATCHED}),
+    None: frozenset({S.DISPATCHED, S.AWAITING_APPROVAL}),
+    # Approved: dispatched (fence + 1); rejected or expired: FAILED, nothing was sent.
+    S.AWAITING_APPROVAL: frozenset({S.DISPATCHED, S.FAILED}),
     # DISPATCHED -> DISPATCHED is a claim or a new attempt (fence + 1).
     S.DISPATCHED: frozenset({S.DISPATCHED, S.COMPLETED, S.FAILED, S.INDETERMINATE}),
     S.INDETERMINATE: frozenset({S.RESOLVED_LANDED, S.RESOLVED_NOT_LANDED}),
@@ -132,7 +136,17 @@ class Denial:
     reason: str
 
 
-# What a caller receives. Indeterminate is a value, not an exception.
+# What a caller receives. Indeterminate is a value, not an exception. Each outcome says, for
+# a model, what happened and whether calling the tool again is right (`for_model()`,
+# `retryable`), and whether it is final (`terminal`): one text per outcome, used by every
+# integration, so that no agent is told to retry a call whose effect may have happened.
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +154,28 @@ class Completed:
     intent_id: str
     result: Any
 
+    terminal: ClassVar[bool] = True
+    retryable: ClassVar[bool] = False
+
+    def for_model(self) -> str:
+        return _json(self.result)
+
 
 @dataclass(frozen=True, slots=True)
 class Failed:
+    """The call had no effect: the provider refused it, or it was never sent."""
+
     intent_id: str
     error: str
+
+    terminal: ClassVar[bool] = True
+    retryable: ClassVar[bool] = True
+
+    def for_model(self) -> str:
+        return (
+            f"The action failed and had no effect: {self.error}. You may correct the input "
+            "and call it again."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +184,16 @@ class Indeterminate:
 
     intent_id: str
     reason: str
+
+    terminal: ClassVar[bool] = False
+    retryable: ClassVar[bool] = False
+
+    def for_model(self) -> str:
+        return (
+            "The outcome of this action is unknown: it may or may not have taken effect. "
+            "Do NOT call it again. An operator has been notified and will decide; tell the "
+            f"user it is being checked (reference {self.intent_id})."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,13 +204,45 @@ class Resolved:
     landed: bool
     result: Any
 
+    terminal: ClassVar[bool] = True
+
+    @property
+    def retryable(self) -> bool:
+        return not self.landed
+
+    def for_model(self) -> str:
+        if self.landed:
+            return (
+                "An operator confirmed that the action took effect"
+                + (f": {_json(self.result)}" if self.result is not None else "")
+                + ". Do not call it again."
+            )
+        return (
+            "An operator confirmed that the action did not take effect. Call it again only "
+            "if it is still needed."
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """Still in flight (another live owner) or waiting for its deadline before recovery."""
+    """Still in flight (another live owner), waiting for its deadline before recovery, or
+    awaiting an operator's approval."""
 
     intent_id: str
     reason: str
+
+    terminal: ClassVar[bool] = False
+    retryable: ClassVar[bool] = False
+
+    def for_model(self) -> str:
+        if self.reason == "awaiting_approval":
+            return (
+                "This action awaits an operator's approval and has not been carried out yet. "
+                "Do NOT call it again; its result will follow once it is decided."
+            )
+        return (
+            "This action is still in progress. Do NOT call it again; its result will follow."
+        )
 
 
 Outcome = Completed | Failed | Indeterminate | Resolved | Pending

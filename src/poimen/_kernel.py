@@ -17,11 +17,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
-from poimen import _guard, _runners
+from poimen import _guard, _protocol, _runners
 from poimen._capability import Issuer, Sink, ToolContext
-from poimen._effects import EffectClass, Idempotent, Queryable, Unsafe, effect_name
+from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, Unsafe, effect_name
 from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
@@ -31,10 +31,12 @@ from poimen._protocol import CallState, Engine, call_steps
 from poimen._recovery import RecoveryReport, recover_pass
 from poimen._retry import Retry
 from poimen._runners import run_async, run_sync
+from poimen._spec import ToolHandle, ToolSpec, safe_name, spec_of
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen._upkeep import Upkeep
 from poimen.errors import (
     DuplicateWorkerError,
+    IntentNotFoundError,
     NondeterministicKeyError,
     PoimenError,
     RegistrationError,
@@ -46,7 +48,8 @@ from poimen.store import Store, open_store
 from poimen.store._base import NewDispatch
 
 log = logging.getLogger("poimen")
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 Mode = Literal["live", "shadow", "replay"]
 
 
@@ -146,7 +149,8 @@ class Kernel:
             lease_ttl=lease_ttl,
             recover_interval=recover_interval,
         )
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._names: dict[str, str] = {}  # provider-safe name -> tool id
+        self._specs: dict[str, ToolSpec] = {}
         _LIVE.add(self)
 
     @property
@@ -172,19 +176,28 @@ class Kernel:
         caps: Caps,
         timeout: float,
         retry: Retry | None = None,
-    ) -> Callable[[F], F]:
-        """Register the decorated function. Every argument but `retry` is required; `retry`
-        spaces the call path's own retries (default: `Retry(attempts=max_attempts)`)."""
+        description: str | None = None,
+    ) -> Callable[[Callable[Concatenate[ToolContext, P], R]], ToolHandle[P, R]]:
+        """Register the decorated function; returns a `ToolHandle` (the function, callable as
+        before, with typed `call`/`acall`). Every argument but `retry` and `description` is
+        required; `retry` spaces the call path's own retries (default:
+        `Retry(attempts=max_attempts)`); `description` is what models read (default: the
+        function's docstring)."""
         registration = ToolRegistration(id=id, effects=effects, caps=caps, timeout=timeout)
 
-        def decorate(fn: F) -> F:
-            self.register(registration, fn, retry=retry)
-            return fn
+        def decorate(fn: Callable[Concatenate[ToolContext, P], R]) -> ToolHandle[P, R]:
+            self.register(registration, fn, retry=retry, description=description)
+            return ToolHandle(self, registration.id, fn)
 
         return decorate
 
     def register(
-        self, registration: ToolRegistration, fn: Callable[..., Any], *, retry: Retry | None = None
+        self,
+        registration: ToolRegistration,
+        fn: Callable[..., Any],
+        *,
+        retry: Retry | None = None,
+        description: str | None = None,
     ) -> Tool:
         if not isinstance(registration, ToolRegistration):
             raise RegistrationError(
@@ -200,11 +213,18 @@ class Kernel:
                 f"tool {registration.id!r} is already registered", tool_id=registration.id
             )
         tool = build_tool(registration, fn)
-        if isinstance(registration.effects, Idempotent):
+        if isinstance(registration.effects, Idempotent | ReadOnly):
             _guard.install()
+        if description is not None and not isinstance(description, str):
+            raise RegistrationError(
+                f"tool {registration.id!r}: description must be text", tool_id=registration.id
+            )
         self._engine.tools[registration.id] = tool
         if retry is not None:
             self._engine.retries[registration.id] = retry
+        name = safe_name(registration.id, set(self._names))
+        self._names[name] = registration.id
+        self._specs[registration.id] = spec_of(tool, name, description)
         return tool
 
     def register_sink(self, name: str, sink: Sink) -> None:
@@ -220,6 +240,63 @@ class Kernel:
 
     def registered(self) -> dict[str, ToolRegistration]:
         return {k: t.registration for k, t in self._engine.tools.items()}
+
+    def spec(self, tool: str) -> ToolSpec:
+        """A tool as a model sees it (by id or by its provider-safe name)."""
+        spec = self._specs.get(self.tool_id(tool))
+        assert spec is not None
+        return spec
+
+    def specs(self) -> list[ToolSpec]:
+        """Every registered tool's spec, in registration order."""
+        return list(self._specs.values())
+
+    def tool_id(self, name: str) -> str:
+        """The tool id a spec's name (or an id) stands for."""
+        if isinstance(name, str):
+            if name in self._engine.tools:
+                return name
+            if name in self._names:
+                return self._names[name]
+        raise UnknownToolError(f"no tool is registered as {name!r}", tool_id=name)
+
+    # Outcomes of calls made earlier, for a caller that resumes.
+
+    def outcome(self, call_id: str) -> Outcome | None:
+        """What the log says of this call id now, or None if it was never called."""
+        intent = self.store.get_by_call_id(call_id)
+        return None if intent is None else _protocol.answer(intent)
+
+    async def wait(self, call_id: str, *, timeout: float | None = None) -> Outcome:
+        """Wait until this call's outcome is final (Completed, Failed, or an operator's
+        Resolved); after `timeout` seconds, the outcome as it is then (Pending,
+        Indeterminate). None waits for ever."""
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            out = await asyncio.to_thread(self._outcome_of, call_id)
+            if out.terminal or (end is not None and time.monotonic() >= end):
+                return out
+            left = delay if end is None else min(delay, max(0.0, end - time.monotonic()))
+            await asyncio.sleep(left)
+            delay = min(delay * 2, 1.0)
+
+    def wait_sync(self, call_id: str, *, timeout: float | None = None) -> Outcome:
+        """`wait` for a caller without an event loop."""
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            out = self._outcome_of(call_id)
+            if out.terminal or (end is not None and time.monotonic() >= end):
+                return out
+            time.sleep(delay if end is None else min(delay, max(0.0, end - time.monotonic())))
+            delay = min(delay * 2, 1.0)
+
+    def _outcome_of(self, call_id: str) -> Outcome:
+        out = self.outcome(call_id)
+        if out is None:
+            raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
+        return out
 
     # Life cycle.
 
@@ -276,7 +353,6 @@ class Kernel:
         e.continuations = set()
         e.shutdown_pools(forked=True)
         self._deliver_lock = threading.Lock()
-        self._tasks = set()
         self._issuer.after_fork()
         after_fork = getattr(self.store, "after_fork", None)
         if after_fork is not None:
@@ -398,6 +474,22 @@ class Kernel:
         """An operator's decision on an INDETERMINATE intent; terminal and audited."""
         return operator_resolve(
             self.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
+        )
+
+    async def alaunch(self, *, background: bool = True) -> RecoveryReport:
+        """`launch` for async applications (the pass runs off the event loop)."""
+        return await asyncio.to_thread(self.launch, background=background)
+
+    async def arecover(self) -> RecoveryReport:
+        """`recover` for async applications."""
+        return await asyncio.to_thread(self.recover)
+
+    async def aresolve(
+        self, intent_id: str, *, landed: bool, result: Any = None, operator: str, reason: str
+    ) -> Intent:
+        """`resolve` for async applications."""
+        return await asyncio.to_thread(
+            self.resolve, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
 
     def deliver_notifications(self) -> int:

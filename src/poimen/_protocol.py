@@ -32,6 +32,7 @@ from poimen._decide import (
     Ask,
     Complete,
     Defer,
+    Fail,
     KeyDerived,
     KeyFailed,
     MarkIndeterminate,
@@ -406,6 +407,8 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
                 return (yield from answer_current(e, intent.id))
             case MarkIndeterminate(reason=reason):
                 return (yield from indeterminate_steps(e, intent, reason))
+            case Fail(reason=reason):
+                return (yield from _write_outcome(e, intent, Run("failed", error=reason)))
             case Retry():
                 return (yield from _retry(e, t, intent, c, policy))
 
@@ -556,6 +559,8 @@ def answer(intent: Intent) -> Outcome:
             return Resolved(intent.id, intent.state == S.RESOLVED_LANDED, _loads(intent.result))
         case S.DISPATCHED:
             return Pending(intent.id, intent.reason or "in_flight")
+        case S.AWAITING_APPROVAL:
+            return Pending(intent.id, "awaiting_approval")
     raise AssertionError(intent.state)
 
 

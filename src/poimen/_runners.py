@@ -16,7 +16,15 @@ from typing import Any, TypeVar
 
 from poimen import _guard
 from poimen._capability import CallScope, ToolContext
-from poimen._effects import Idempotent, Landed, LookupAnswer, NotLanded, Queryable, Unknown
+from poimen._effects import (
+    Idempotent,
+    Landed,
+    LookupAnswer,
+    NotLanded,
+    Queryable,
+    ReadOnly,
+    Unknown,
+)
 from poimen._intents import Intent
 from poimen._protocol import (
     Block,
@@ -42,12 +50,12 @@ T = TypeVar("T")
 def context(e: Engine, t: Tool, intent: Intent) -> ToolContext:
     reg = t.registration
     key = intent.key
-    # Only an Idempotent call is guarded: its handles carry a token for this attempt.
-    scope = (
-        e.issuer.scope(t.id, intent.id, intent.attempts, key, reg.caps)
-        if key is not None and isinstance(reg.effects, Idempotent)
-        else None
-    )
+    # Idempotent and ReadOnly calls are guarded: their handles carry a token for this attempt.
+    scope = None
+    if key is not None and isinstance(reg.effects, Idempotent):
+        scope = e.issuer.scope(t.id, intent.id, intent.attempts, key, reg.caps)
+    elif isinstance(reg.effects, ReadOnly):
+        scope = e.issuer.scope(t.id, intent.id, intent.attempts, "", reg.caps, read_only=True)
     return ToolContext(
         tool_id=t.id,
         intent_id=intent.id,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pydantic
 
-from poimen._effects import EffectClass, Idempotent, KeyDerivation, Queryable, Unsafe
+from poimen._effects import EffectClass, Idempotent, KeyDerivation, Queryable, ReadOnly, Unsafe
 from poimen._keys import MAX_TOOL_ID_BYTES, JSONValue
 from poimen.errors import ArgumentError, RegistrationError
 
@@ -78,10 +78,10 @@ class ToolRegistration:
 
     def __post_init__(self) -> None:
         check_tool_id(self.id)
-        if not isinstance(self.effects, Idempotent | Queryable | Unsafe):
+        if not isinstance(self.effects, Idempotent | Queryable | Unsafe | ReadOnly):
             raise RegistrationError(
-                f"tool {self.id!r}: effects must be Idempotent(key=...), Queryable(lookup=...) "
-                f"or Unsafe(), not {self.effects!r}",
+                f"tool {self.id!r}: effects must be Idempotent(key=...), Queryable(lookup=...), "
+                f"Unsafe() or ReadOnly(), not {self.effects!r}",
                 tool_id=self.id,
             )
         if isinstance(self.effects, Idempotent) and not isinstance(self.effects.key, KeyDerivation):

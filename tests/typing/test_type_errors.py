@@ -70,3 +70,43 @@ def test_snippet_fails_mypy_strict_naming_the_field(tmp_path: Path, name: str) -
 def test_well_formed_registrations_pass_mypy_strict(tmp_path: Path) -> None:
     result = _mypy(tmp_path, "passes", PASSES)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+TYPED_TOOL = """\
+from poimen import Kernel, ToolContext
+
+kernel = Kernel("sqlite:///typed.db")
+
+@kernel.tool(id="charge", effects=Idempotent(key=KeyDerivation.fields("order_id")), caps=Caps(),
+             timeout=1.0)
+def charge(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, int]:
+    return {"cents": amount_cents}
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        ('charge.call("c1", order_idd="o", amount_cents=1)', r'Unexpected keyword argument "order_idd"'),
+        ('charge.call("c1", order_id="o", amount_cents="1")', r'Argument "amount_cents" .* "str"'),
+        ('charge.call(order_id="o", amount_cents=1)', r"Too few arguments|Missing positional"),
+    ],
+)
+def test_a_typed_call_is_checked_against_the_tools_signature(
+    tmp_path: Path, call: str, expected: str
+) -> None:
+    result = _mypy(tmp_path, "typed_bad", TYPED_TOOL + f"out = {call}\n")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(expected, result.stdout), result.stdout
+    assert result.stdout.count(": error:") == 1, result.stdout
+
+
+def test_a_typed_call_and_the_function_itself_pass(tmp_path: Path) -> None:
+    body = TYPED_TOOL + (
+        "from poimen import Outcome\n"
+        'out: Outcome = charge.call("c1", order_id="o", amount_cents=1)\n'
+        "def direct(ctx: ToolContext) -> dict[str, int]:\n"
+        '    return charge(ctx, order_id="o", amount_cents=1)\n'
+    )
+    result = _mypy(tmp_path, "typed_ok", body)
+    assert result.returncode == 0, result.stdout + result.stderr

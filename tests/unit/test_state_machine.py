@@ -13,6 +13,9 @@ from poimen.errors import IllegalTransitionError
 S = IntentState
 ALLOWED = {
     (None, S.DISPATCHED),
+    (None, S.AWAITING_APPROVAL),
+    (S.AWAITING_APPROVAL, S.DISPATCHED),
+    (S.AWAITING_APPROVAL, S.FAILED),
     (S.DISPATCHED, S.DISPATCHED),
     (S.DISPATCHED, S.COMPLETED),
     (S.DISPATCHED, S.FAILED),

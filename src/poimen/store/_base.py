@@ -175,7 +175,7 @@ NOTIFICATION_COLUMNS = (
 )
 DENIAL_COLUMNS = "id, at, tool_id, intent_id, attempt, action, target, reason"
 
-_EFFECTS = frozenset({"idempotent", "queryable", "unsafe"})
+_EFFECTS = frozenset({"idempotent", "queryable", "unsafe", "readonly"})
 
 
 def _owner(worker: Any, host: Any, pid: Any, start: Any) -> Owner | None:

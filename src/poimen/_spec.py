@@ -1,0 +1,110 @@
+"""What agent frameworks need to see of a tool: its spec (name, description, argument schema,
+effect class) under a name every model provider accepts, and a typed handle to call it."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from poimen._effects import EffectName, effect_name
+from poimen._tools import Tool
+
+if TYPE_CHECKING:
+    from poimen._capability import ToolContext
+    from poimen._intents import Outcome
+    from poimen._kernel import Kernel
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# What OpenAI, Anthropic and Gemini accept as a function name.
+_SAFE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_UNSAFE_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A registered tool as a model sees it.
+
+    `name` is the tool id if a model provider accepts it as a function name
+    (``[a-zA-Z0-9_-]{1,64}``), else a safe alias (``billing.charge`` -> ``billing_charge``);
+    `Kernel.tool_id(name)` maps it back. `parameters` is the JSON schema of the arguments.
+    """
+
+    id: str
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    effect: EffectName
+    timeout: float
+
+
+def safe_name(tool_id: str, taken: set[str]) -> str:
+    """A provider-safe function name for `tool_id`, distinct from the names in `taken`."""
+    if _SAFE.match(tool_id) and tool_id not in taken:
+        return tool_id
+    base = _UNSAFE_CHARS.sub("_", tool_id)[:55] or "tool"
+    if base not in taken:
+        return base
+    return f"{base}_{hashlib.sha256(tool_id.encode()).hexdigest()[:8]}"
+
+
+def spec_of(t: Tool, name: str, description: str | None) -> ToolSpec:
+    schema = t.model.model_json_schema()
+    schema.pop("title", None)
+    doc = description if description is not None else (inspect.getdoc(t.fn) or "")
+    return ToolSpec(
+        id=t.id,
+        name=name,
+        description=doc,
+        parameters=schema,
+        effect=effect_name(t.registration.effects),
+        timeout=t.registration.timeout,
+    )
+
+
+class ToolHandle(Generic[P, R]):
+    """What `@kernel.tool` returns: the function itself (call it as before), plus `call` and
+    `acall` with the tool's own signature, so a type checker catches a misspelled argument:
+
+        charge.call("run-9/step-3", order_id="o-17", amount_cents=4200)
+    """
+
+    __slots__ = ("__wrapped__", "_kernel", "id")
+
+    def __init__(self, kernel: Kernel, tool_id: str, fn: Callable[..., R]) -> None:
+        self._kernel = kernel
+        self.id = tool_id
+        self.__wrapped__ = fn
+
+    def __call__(self, ctx: ToolContext, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.__wrapped__(ctx, *args, **kwargs)
+
+    def call(self, call_id: str, /, *args: P.args, **kwargs: P.kwargs) -> Outcome:
+        """`kernel.call(id, kwargs, call_id=call_id)`, typed by the tool's signature."""
+        return self._kernel.call(self.id, _named(args, kwargs), call_id=call_id)
+
+    def acall(self, call_id: str, /, *args: P.args, **kwargs: P.kwargs) -> Awaitable[Outcome]:
+        """`kernel.acall(...)`, typed by the tool's signature."""
+        return self._kernel.acall(self.id, _named(args, kwargs), call_id=call_id)
+
+    @property
+    def spec(self) -> ToolSpec:
+        return self._kernel.spec(self.id)
+
+    def __repr__(self) -> str:
+        return f"<poimen tool {self.id!r}>"
+
+
+def _named(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    if args:
+        from poimen.errors import ArgumentError
+
+        raise ArgumentError(
+            "pass a tool's arguments by name: they are recorded by name", argument="<positional>"
+        )
+    return kwargs
