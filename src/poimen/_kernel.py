@@ -146,6 +146,7 @@ class Kernel:
         # Reminders for INDETERMINATE intents still open after this many seconds.
         self._renotifier = Renotifier(renotify_after) if renotify_after is not None else None
         self._tools: dict[str, Tool] = {}
+        self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
         self._inflight: set[str] = set()
         self._inflight_lock = threading.Lock()
         self._stop = threading.Event()
@@ -191,6 +192,10 @@ class Kernel:
             _guard.install()
         self._tools[registration.id] = tool
         return tool
+
+    def describe(self, tool_id: str, *, check: str) -> None:
+        """What an operator should check before resolving `tool_id`'s Indeterminate calls."""
+        self.checks[tool_id] = check
 
     def register_sink(self, name: str, sink: Sink) -> None:
         """Make `sink` available to tools as `ctx.sink(name)`; Idempotent tools also need

@@ -19,7 +19,12 @@ from poimen._intents import (
     Owner,
     check_transition,
 )
-from poimen.errors import IntentNotFoundError, NotIndeterminateError, SchemaTooNewError
+from poimen.errors import (
+    IntentNotFoundError,
+    NotDispatchedError,
+    NotIndeterminateError,
+    SchemaTooNewError,
+)
 from poimen.store._base import (
     ATTEMPT_COLUMNS,
     DENIAL_COLUMNS,
@@ -37,6 +42,8 @@ from poimen.store._base import (
 
 T = TypeVar("T")
 S = IntentState
+#: The reason of an intent an operator moved from DISPATCHED to INDETERMINATE.
+ABANDONED = "abandoned_by_operator"
 OUTCOMES = {S.COMPLETED: "completed", S.FAILED: "failed"}
 
 
@@ -135,6 +142,12 @@ class Sql:
         self.resolve = q(
             "UPDATE intents SET state = ?, result = ?, updated_at = ? "
             "WHERE id = ? AND state = 'INDETERMINATE'"
+        )
+        # The fence moves on: a worker that comes back after all only adds late evidence.
+        self.abandon = q(
+            f"UPDATE intents SET state = 'INDETERMINATE', reason = '{ABANDONED}', "
+            "fence = fence + 1, lease_expires_at = NULL, next_check_at = NULL, updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
         )
         self.insert_event = q(
             "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
@@ -333,6 +346,10 @@ class SqlStore:
         raise NotImplementedError
 
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
+        raise NotImplementedError
+
+    def _prefix_match(self, prefix: str) -> tuple[str, tuple[Any, ...]]:
+        """A condition on call_id that holds for the call ids starting with `prefix`."""
         raise NotImplementedError
 
     # Statements used inside a write transaction.
@@ -566,6 +583,56 @@ class SqlStore:
         return self._tx("defer", op)
 
     # The operator path.
+
+    def abandon(self, intent_id: str, *, operator: str, reason: str, now: float) -> Intent:
+        """DISPATCHED -> INDETERMINATE by an operator, bumping the fence; one winner."""
+        check_transition(S.DISPATCHED, S.INDETERMINATE)
+
+        def op(ex: Executor, retrying: bool) -> Intent:
+            it = self._intent_or_none(ex, intent_id)
+            if it is None:
+                raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+            if retrying and it.state == S.INDETERMINATE and it.updated_at == now:
+                return it  # our own earlier try, whose answer the lost connection swallowed
+            if it.state == S.DISPATCHED:
+                cur = ex.execute(self._sql.abandon, (now, intent_id, it.fence))
+                if cur.rowcount == 1:
+                    self._event(
+                        ex,
+                        intent_id,
+                        now,
+                        "abandoned",
+                        S.DISPATCHED,
+                        S.INDETERMINATE,
+                        operator,
+                        {
+                            "operator": operator,
+                            "reason": reason,
+                            "fence": it.fence + 1,
+                            "owner": None if it.owner is None else it.owner.worker_id,
+                        },
+                    )
+                    done = self._intent_or_none(ex, intent_id)
+                    assert done is not None
+                    return done
+                it = self._intent_or_none(ex, intent_id) or it  # another operator won
+            raise NotDispatchedError(
+                f"intent {intent_id!r} is {it.state}; only a DISPATCHED intent can be abandoned",
+                intent_id=intent_id,
+                state=it.state.value,
+            )
+
+        return self._tx("abandon", op)
+
+    def search_call_id(self, prefix: str, *, limit: int) -> list[Intent]:
+        """Intents whose call id starts with `prefix`, newest first."""
+        cond, params = self._prefix_match(prefix)
+        rows = self._read(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE {cond} ORDER BY id DESC "
+            f"LIMIT {self._sql.p}",
+            (*params, limit),
+        )
+        return [intent_from_row(r) for r in rows]
 
     def get_intent(self, intent_id: str) -> Intent | None:
         rows = self._read(self._sql.intent_by_id, (intent_id,))
