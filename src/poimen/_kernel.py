@@ -34,7 +34,7 @@ from poimen._intents import (
 )
 from poimen._keys import args_digest, canonical, encode_args, to_json_value
 from poimen._liveness import current_owner, process_alive
-from poimen._notify import LogNotifier, Notifier, Renotifier, deliver
+from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
 from poimen._operator import resolve as operator_resolve
 from poimen._recovery import RecoveryReport, indeterminate, recover_pass, resolve_unknown
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
@@ -136,6 +136,7 @@ class Kernel:
         self.notifiers: list[Notifier] = (
             list(notifiers) if notifiers is not None else [LogNotifier()]
         )
+        notifier_names(self.notifiers)  # one name each, refused here rather than mid-recovery
         self.max_attempts = max_attempts
         self.lookup_limit = lookup_limit
         self.lookup_backoff = lookup_backoff
@@ -642,7 +643,7 @@ class Kernel:
     def deliver_notifications(self) -> int:
         with self._deliver_lock:
             if self._renotifier is not None:
-                self._renotifier.maybe_run(self.store)
+                self._renotifier.maybe_run(self.store, self.notifiers)
             return deliver(self.store, self.notifiers)
 
     def _notify_soon(self) -> None:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from poimen._intents import (
     TERMINAL,
     Attempt,
+    Delivery,
     Denial,
     Event,
     Intent,
@@ -403,6 +404,7 @@ class IntentDetail:
     attempts: list[Attempt]
     events: list[Event]
     notifications: list[Notification]
+    deliveries: list[Delivery]
     now: float
 
     @property
@@ -435,8 +437,13 @@ class IntentDetail:
             "age_s": self.now - self.intent.created_at,
             "attempts": [attempt_json(a) for a in self.attempts],
             "events": [event_json(e) for e in self.events],
-            "notifications": [notification_json(n) for n in self.notifications],
+            "notifications": [
+                notification_json(n, self.deliveries_of(n)) for n in self.notifications
+            ],
         }
+
+    def deliveries_of(self, n: Notification) -> list[Delivery]:
+        return [d for d in self.deliveries if d.notification_id == n.id]
 
 
 def search(store: Store, prefix: str, *, limit: int = 100) -> list[Intent]:
@@ -478,6 +485,7 @@ def show(store: Store, intent_id: str) -> IntentDetail:
         attempts=store.attempts(intent.id),
         events=store.events(intent.id),
         notifications=store.notifications(intent.id),
+        deliveries=store.deliveries(intent.id),
         now=store.now(),
     )
 
@@ -597,8 +605,21 @@ def event_json(e: Event) -> dict[str, Any]:
     return _plain(e, frozenset({"intent_id"}), detail=_event_detail(e))
 
 
-def notification_json(n: Notification) -> dict[str, Any]:
-    return _plain(n, frozenset({"id", "intent_id", "payload"}))
+def notification_json(n: Notification, deliveries: list[Delivery]) -> dict[str, Any]:
+    # Error texts may quote a webhook's URL, written by an older poimen before redaction.
+    return _plain(
+        n,
+        frozenset({"id", "intent_id", "payload"}),
+        last_error=_error_text(n.last_error),
+        deliveries=[
+            _plain(d, frozenset({"notification_id"}), last_error=_error_text(d.last_error))
+            for d in deliveries
+        ],
+    )
+
+
+def _error_text(text: str | None) -> str | None:
+    return None if text is None else redact_urls(text)
 
 
 def denial_json(d: Denial) -> dict[str, Any]:

@@ -60,7 +60,11 @@ class RecoveryReport:
 
 def indeterminate(k: Kernel, intent: Intent, reason: str) -> Outcome:
     if k.store.mark_indeterminate(
-        intent.id, intent.fence, reason, indeterminate_note(intent, reason), k.store.now()
+        intent.id,
+        intent.fence,
+        reason,
+        indeterminate_note(intent, reason, k.notifiers),
+        k.store.now(),
     ):
         k._notify_soon()
         return Indeterminate(intent.id, reason)

@@ -13,6 +13,7 @@ import shutil
 import socket
 import sqlite3
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,9 @@ from typing import Any
 
 import pytest
 
+from poimen import IntentState
+from poimen import _operator as op
+from poimen.errors import NotDispatchedError
 from poimen.store import open_store
 from poimen.store._base import latest_version
 from poimen.testing import EMAIL, SHIP, ProviderClient, ProviderProcess
@@ -539,3 +543,130 @@ def test_reading_commands_leave_a_read_only_copy_untouched(tmp_path: Path, journ
         assert _snapshot(folder) == before
     finally:
         folder.chmod(0o755)
+
+
+# Operator tools: find by call id, abandon a call whose worker is gone.
+
+
+def test_find_intents_by_call_id_newest_first(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        ids = [dispatch(store, f"run-9/step-{n}") for n in range(3)]
+        other = dispatch(store, "run-90/step-0")
+        exact = dispatch(store, "run-9")
+    finally:
+        store.close()
+    rows = poimen_json("intents", "--call-id", "run-9/", db=store_url)
+    assert [r["id"] for r in rows] == ids[::-1]  # newest first, "run-90/..." left out
+    everything = poimen_json("intents", "--call-id", "run-9", db=store_url)
+    assert {r["id"] for r in everything} == {*ids, other, exact}
+    assert [r["id"] for r in poimen_json("intents", "--call-id", "run-9/step-1", db=store_url)] == [
+        ids[1]
+    ]
+    assert len(poimen_json("intents", "--call-id", "run-9/", "--limit", "2", db=store_url)) == 2
+    text = poimen("intents", "--call-id", "run-9/step-2", db=store_url)
+    assert text.returncode == 0 and ids[2] in text.stdout
+    none = poimen("intents", "--call-id", "run-8/", db=store_url)
+    assert none.returncode == 1 and "no intents match" in none.stdout
+    mixed = poimen("intents", "--call-id", "run-9/", "--state", "DISPATCHED", db=store_url)
+    assert mixed.returncode == 2 and "--call-id" in one_line(mixed.stderr)
+    assert poimen("intents", "--call-id", "%", db=store_url).returncode == 1  # no wildcards
+
+
+def test_abandon_a_dispatched_intent_then_resolve_it(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        stuck = dispatch(store, "run-3/stuck", effect="unsafe")
+        done = dispatch(store, "run-3/done")
+        assert store.record_outcome(
+            done, 1, IntentState.COMPLETED, result="1", error=None, now=store.now()
+        )
+    finally:
+        store.close()
+    for args in (
+        ("abandon", stuck, "--operator", "ana"),
+        ("abandon", stuck, "--reason", "x"),
+        ("abandon", stuck, "--operator", " ", "--reason", "x"),
+    ):
+        assert poimen(*args, db=store_url).returncode == 2, args
+    refused = poimen("abandon", done, "--operator", "ana", "--reason", "x", db=store_url)
+    assert refused.returncode == 1 and "COMPLETED" in one_line(refused.stderr)
+    assert (
+        poimen("abandon", "in_nope", "--operator", "a", "--reason", "x", db=store_url).returncode
+        == 1
+    )
+
+    out = poimen_json(
+        "abandon", "run-3/stuck", "--operator", "ana", "--reason", "host h1 is gone", db=store_url
+    )
+    assert out["state"] == "INDETERMINATE" and out["reason"] == "abandoned_by_operator"
+    assert out["fence"] == 2
+    shown = poimen_json("show", stuck, db=store_url)
+    last = shown["events"][-1]
+    assert (last["kind"], last["actor"], last["from_state"], last["to_state"]) == (
+        "abandoned",
+        "ana",
+        "DISPATCHED",
+        "INDETERMINATE",
+    )
+    assert last["detail"]["reason"] == "host h1 is gone" and last["detail"]["owner"] == "worker-a"
+    again = poimen("abandon", stuck, "--operator", "bo", "--reason", "x", db=store_url)
+    assert again.returncode == 1 and "INDETERMINATE" in again.stderr
+
+    # The worker comes back after all: its outcome is evidence only, never applied.
+    store = open_store(store_url)
+    try:
+        assert not store.record_outcome(
+            stuck, 1, IntentState.COMPLETED, result='{"sent": true}', error=None, now=store.now()
+        )
+        [attempt] = store.attempts(stuck)
+        assert attempt.late_outcome == "completed"
+        it = store.get_intent(stuck)
+        assert it is not None and it.state == IntentState.INDETERMINATE
+    finally:
+        store.close()
+    r = poimen(
+        "resolve", stuck, "--landed", "--operator", "ana", "--reason", "late evidence", db=store_url
+    )
+    assert r.returncode == 0, r.stderr
+    assert poimen_json("show", stuck, db=store_url)["state"] == "RESOLVED_LANDED"
+
+
+def race_abandon(store: Any, target: str, n: int) -> list[str]:
+    """`n` operators abandon `target` at the same moment; what each got."""
+    gate = threading.Barrier(n)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def go(name: str) -> None:
+        gate.wait()
+        try:
+            op.abandon(store, target, operator=name, reason="gone")
+            result = f"won:{name}"
+        except NotDispatchedError:
+            result = "refused"
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=go, args=(f"op{i}",)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def test_two_operators_abandoning_at_once_exactly_one_wins(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        for n in range(5):
+            target = dispatch(store, f"race/{n}", effect="unsafe")
+            outcomes = race_abandon(store, target, 4)
+            winners = [o for o in outcomes if o.startswith("won:")]
+            assert len(winners) == 1 and outcomes.count("refused") == 3, outcomes
+            events = [e for e in store.events(target) if e.kind == "abandoned"]
+            assert [f"won:{e.actor}" for e in events] == winners
+            it = store.get_intent(target)
+            assert it is not None and it.fence == 2 and it.state == IntentState.INDETERMINATE
+    finally:
+        store.close()

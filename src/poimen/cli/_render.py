@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from poimen._intents import Denial, Intent, IntentState
+from poimen._intents import Delivery, Denial, Intent, IntentState, Notification
 from poimen._operator import (
     IntentDetail,
     Status,
@@ -162,17 +162,20 @@ def detail_text(d: IntentDetail) -> str:
         out.append(
             _indent(
                 table(
-                    ["delivery id", "kind", "queued", "delivered", "attempts", "last error"],
+                    ["delivery id", "kind", "notifier", "queued", "delivered", "tries", "error"],
                     [
                         (
                             n.delivery_id,
                             n.kind,
+                            x.notifier,
                             fmt_time(n.created_at),
-                            fmt_time(n.delivered_at),
-                            n.attempts,
-                            None if n.last_error is None else redact_urls(n.last_error),
+                            fmt_time(x.delivered_at),
+                            x.attempts,
+                            None if x.last_error is None else redact_urls(x.last_error),
                         )
                         for n in d.notifications
+                        # A row from before per-notifier delivery has no delivery rows.
+                        for x in d.deliveries_of(n) or [_whole(n)]
                     ],
                 )
             )
@@ -184,6 +187,10 @@ def detail_text(d: IntentDetail) -> str:
             f"{i.id} --landed|--not-landed --operator NAME --reason TEXT",
         ]
     return "\n".join(out)
+
+
+def _whole(n: Notification) -> Delivery:
+    return Delivery(n.id, "-", n.delivered_at, n.attempts, n.last_error, n.next_attempt_at)
 
 
 def denials_text(rows: Sequence[Denial]) -> str:
