@@ -10,6 +10,7 @@ import re
 import select
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ class Console:
     db: str
     hook_id: str
     email_id: str
+    stuck_id: str
 
     def client(self, **kw: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=10, **kw)
@@ -71,36 +73,13 @@ def hook_effects(ledger: ProviderClient) -> int:
     return sum(1 for e in ledger.entries(kind="plain") if e["body"].get("channel") == "ops")
 
 
-@pytest.fixture
-def console(
-    tmp_path: Path, store_url: str, provider: ProviderProcess, ledger: ProviderClient
-) -> Iterator[Console]:
-    """Two Unsafe calls killed after their effect and recovered to INDETERMINATE, a sandbox
-    denial, a capability denial, and `poimen console` serving that log."""
-    args = {"channel": "ops", "api_token": SECRET, "payload": {"text": "hello"}}
-    crash(tmp_path, store_url, provider.url, HOOK, args, "k-hook")
-    crash(
-        tmp_path, store_url, provider.url, EMAIL, {"to": "a@example.com", "subject": "x"}, "k-mail"
-    )
-    shadow_denial(store_url, provider.url, "k-shadow")
-    assert (
-        run_call(store_url, provider.url, ROGUE, {"order_id": "o-7"}, "k-rogue")["type"] == "Failed"
-    )
-    r = poimen("recover", "--app", APP, db=store_url, provider=provider.url)
-    assert r.returncode == 0, r.stderr
-    assert hook_effects(ledger) == 1
-    store = open_store(store_url, migrate=False)
-    try:
-        hook = store.get_by_call_id("k-hook")
-        mail = store.get_by_call_id("k-mail")
-    finally:
-        store.close()
-    assert hook is not None and mail is not None
-    assert hook.state == mail.state == IntentState.INDETERMINATE
-
+@contextlib.contextmanager
+def serve_console(db: str, *args: str, **env_extra: str) -> Iterator[str]:
+    """`poimen console --port 0` on `db` with `args`; yields its base URL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    env.update(env_extra)
     proc = subprocess.Popen(
-        [str(POIMEN), "console", "--db", store_url, "--port", "0", "--token", TOKEN],
+        [str(POIMEN), "console", "--db", db, "--port", "0", "--token", TOKEN, *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -109,12 +88,12 @@ def console(
     )
     try:
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
         assert ready, "poimen console printed no address"
         line = proc.stdout.readline()
-        m = re.search(r"http://127\.0\.0\.1:\d+", line)
-        assert m, (line, proc.poll())
-        yield Console(m.group(0), store_url, hook.id, mail.id)
+        m = re.search(r"https?://127\.0\.0\.1:\d+", line)
+        assert m, (line, proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+        yield m.group(0)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -125,6 +104,48 @@ def console(
         for pipe in (proc.stdout, proc.stderr):
             if pipe:
                 pipe.close()
+
+
+@pytest.fixture
+def console(
+    tmp_path: Path, store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> Iterator[Console]:
+    """Two Unsafe calls of run-7 killed after their effect and recovered to INDETERMINATE, a
+    third killed after recovery ran (still DISPATCHED, its worker gone), a sandbox denial, a
+    capability denial, and `poimen console --app` serving that log."""
+    args = {"channel": "ops", "api_token": SECRET, "payload": {"text": "hello"}}
+    crash(tmp_path, store_url, provider.url, HOOK, args, "run-7/k-hook")
+    crash(
+        tmp_path,
+        store_url,
+        provider.url,
+        EMAIL,
+        {"to": "a@example.com", "subject": "x"},
+        "run-7/k-mail",
+    )
+    shadow_denial(store_url, provider.url, "k-shadow")
+    assert (
+        run_call(store_url, provider.url, ROGUE, {"order_id": "o-7"}, "k-rogue")["type"] == "Failed"
+    )
+    r = poimen("recover", "--app", APP, db=store_url, provider=provider.url)
+    assert r.returncode == 0, r.stderr
+    stuck_args = {"channel": "ops2", "api_token": SECRET, "payload": {"text": "stuck"}}
+    crash(tmp_path, store_url, provider.url, HOOK, stuck_args, "run-7/k-stuck")
+    assert hook_effects(ledger) == 1
+    store = open_store(store_url, migrate=False)
+    try:
+        hook = store.get_by_call_id("run-7/k-hook")
+        mail = store.get_by_call_id("run-7/k-mail")
+        stuck = store.get_by_call_id("run-7/k-stuck")
+    finally:
+        store.close()
+    assert hook is not None and mail is not None and stuck is not None
+    assert hook.state == mail.state == IntentState.INDETERMINATE
+    assert stuck.state == IntentState.DISPATCHED
+
+    app_env = {"POIMEN_DB": store_url, "POIMEN_TEST_PROVIDER": provider.url}
+    with serve_console(store_url, "--app", APP, **app_env) as url:
+        yield Console(url, store_url, hook.id, mail.id, stuck.id)
     assert hook_effects(ledger) == 1  # whatever the console did, nothing was re-issued
 
 
@@ -353,3 +374,165 @@ def test_without_a_token_one_is_generated_printed_and_required(store_url: str) -
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=10)
+
+
+# Hostile requests, sessions, hosts, TLS.
+
+
+def clean_refusal(r: httpx.Response, status: int) -> None:
+    assert r.status_code == status, (r.status_code, r.text[:500])
+    assert r.headers["content-type"].startswith("text/html")
+    assert '<link rel="stylesheet" href="/static/console.css">' in r.text
+    assert "Traceback" not in r.text
+
+
+def test_hostile_requests_get_a_clean_4xx_never_a_500(console: Console) -> None:
+    with console.client() as anon:
+        # A cookie that is not ASCII: no login needed to send it.
+        r = anon.get("/", headers={"Cookie": "poimen_console=s\xe9ssion\u2603".encode()})
+        clean_refusal(r, 401)
+        r = anon.get("/nowhere/at/all")
+        clean_refusal(r, 404)
+        assert "Not found" in r.text and "/nowhere/at/all" in r.text
+    before = console.intent(console.hook_id)
+    target = f"/intents/{console.hook_id}/resolve"
+    form = {"decision": "landed", "operator": "ana", "reason": "x", "step": "review"}
+    with console.logged_in() as c:
+        page = c.get(f"/intents/{console.hook_id}")
+        csrf = csrf_of(page.text)
+        for bad in ("\u00e9" * 64, "\u2603", "x" * 100_000):
+            r = c.post(target, data={**form, "csrf": bad})
+            clean_refusal(r, 403)
+        for limit in ("1e20", "100000000000000000000", "-1", "0", "\u0661\u0662"):
+            clean_refusal(c.get("/intents", params={"limit": limit}), 400)
+        assert c.get("/intents", params={"limit": "5"}).status_code == 200
+        for deep in ("[" * 100_000, "[" * 3000 + "]" * 3000, '{"a":' * 2000 + "1" + "}" * 2000):
+            r = c.post(target, data={**form, "result": deep, "csrf": csrf})
+            assert r.status_code == 400, r.text[:300]
+            assert "nested deeper" in r.text
+        clean_refusal(c.get("/intents/in_nope"), 404)
+        clean_refusal(c.get("/intents/"), 404)  # no slash redirect
+        clean_refusal(c.post("/intents", data={"x": "1"}), 405)
+    assert console.intent(console.hook_id) == before
+
+
+def session_cookie(r: httpx.Response) -> tuple[str, str]:
+    header = r.headers["set-cookie"]
+    m = re.match(r"poimen_console=([^;]+);(.*)", header)
+    assert m, header
+    return m.group(1), m.group(2).lower()
+
+
+def test_sessions_are_random_expire_and_end_at_logout(store_url: str) -> None:
+    assert poimen("migrate", db=store_url).returncode == 0
+    ttl = 5.0
+    with serve_console(store_url, "--session-ttl", f"{ttl:g}s") as url:
+        cookies = []
+        for _ in range(2):
+            with httpx.Client(base_url=url, timeout=10) as c:
+                r = c.post("/login", data={"token": TOKEN})
+                assert r.status_code == 303
+                value, attrs = session_cookie(r)
+                assert TOKEN not in value and len(value) >= 32
+                assert "httponly" in attrs and "samesite=strict" in attrs
+                assert f"max-age={int(ttl)}" in attrs and "secure" not in attrs
+                cookies.append(value)
+        assert cookies[0] != cookies[1]  # a new random id for every login
+
+        # Logging out ends the session on the server: the old cookie is worth nothing.
+        with httpx.Client(base_url=url, timeout=10) as c:
+            c.cookies.set("poimen_console", cookies[0])
+            page = c.get("/")
+            assert page.status_code == 200
+            assert c.post("/logout", data={"csrf": csrf_of(page.text)}).status_code == 303
+        with httpx.Client(base_url=url, timeout=10) as replay:
+            replay.cookies.set("poimen_console", cookies[0])
+            clean_refusal(replay.get("/"), 401)
+
+        # A session expires by itself, on the server (the cookie is sent regardless of its
+        # Max-Age, as a client keeping it too long would).
+        with httpx.Client(base_url=url, timeout=10) as c:
+            started = time.monotonic()
+            value, _ = session_cookie(c.post("/login", data={"token": TOKEN}))
+            sent = {"Cookie": f"poimen_console={value}"}
+            first = c.get("/", headers=sent)
+            if time.monotonic() - started < ttl - 1:  # a stalled machine may be past it
+                assert first.status_code == 200
+            while (r := c.get("/", headers=sent)).status_code == 200:
+                assert time.monotonic() - started < ttl + 60
+                time.sleep(0.2)
+            assert r.status_code == 401 and time.monotonic() - started >= ttl
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_the_cookie_is_secure_over_tls_or_behind_a_trusted_proxy(
+    tmp_path: Path, store_url: str
+) -> None:
+    assert poimen("migrate", db=store_url).returncode == 0
+    cert, key = self_signed(tmp_path)
+    with serve_console(store_url, "--tls-cert", str(cert), "--tls-key", str(key)) as url:
+        assert url.startswith("https://")
+        with httpx.Client(base_url=url, timeout=10, verify=False) as c:
+            r = c.get(f"/?token={TOKEN}")
+            assert r.status_code == 303 and "secure" in session_cookie(r)[1]
+            page = c.get("/")
+            assert page.status_code == 200
+            # The browser's own origin over TLS passes the same-origin check.
+            done = c.post("/logout", data={"csrf": csrf_of(page.text)}, headers={"Origin": url})
+            assert done.status_code == 303
+
+    https = {"X-Forwarded-Proto": "https"}
+    with serve_console(store_url) as url, httpx.Client(base_url=url, timeout=10) as c:
+        r = c.get(f"/?token={TOKEN}", headers=https)
+        assert r.status_code == 303 and "secure" not in session_cookie(r)[1]  # not believed
+    with (
+        serve_console(store_url, "--trust-proxy") as url,
+        httpx.Client(base_url=url, timeout=10) as c,
+    ):
+        r = c.get(f"/?token={TOKEN}", headers=https)
+        assert r.status_code == 303 and "secure" in session_cookie(r)[1]
+        assert c.get(f"/?token={TOKEN}").status_code == 303  # plain requests still work
+
+
+def test_hosts_are_checked_and_no_redirect_carries_the_token(store_url: str) -> None:
+    assert poimen("migrate", db=store_url).returncode == 0
+    with serve_console(store_url, "--allowed-host", "console.example") as url:
+        port = url.rsplit(":", 1)[1]
+        with httpx.Client(base_url=url, timeout=10) as c:
+            for path in (f"/intents/?token={TOKEN}", f"/?token={TOKEN}", "/login"):
+                r = c.get(path, headers={"Host": f"evil.example:{port}"})
+                assert r.status_code == 400, (path, r.status_code, r.headers)
+                assert "location" not in r.headers and TOKEN not in r.text
+            for host in (f"console.example:{port}", f"localhost:{port}", f"127.0.0.1:{port}"):
+                r = c.get(f"/audit?token={TOKEN}&tool=x", headers={"Host": host})
+                assert r.status_code == 303 and r.headers["location"] == "/audit?tool=x", host
+            slash = c.get(f"/intents/?token={TOKEN}")
+            assert slash.status_code in (303, 404)
+            assert TOKEN not in slash.headers.get("location", "")
+            assert not slash.headers.get("location", "/").startswith(("http", "//"))
+            sneaky = c.get(f"//evil.example/?token={TOKEN}")
+            assert not sneaky.headers.get("location", "/").startswith(("http", "//"))
