@@ -11,7 +11,7 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from poimen.store import open_store
 from poimen.testing import EMAIL, ProviderClient, ProviderProcess
 from tests.integration.operator_app import (
     HOOK,
+    HOOK_CHECK,
     POIMEN,
     ROGUE,
     ROOT,
@@ -250,6 +251,21 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+Shot = Callable[[Any, str], None]
+
+
+@pytest.fixture
+def shot(request: pytest.FixtureRequest) -> Shot:
+    """Saves a full-page screenshot to artifacts/, named after the test's backend."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    tag = re.sub(r"[^a-z0-9]+", "-", request.node.callspec.id.lower())
+
+    def take(page: Any, name: str) -> None:
+        page.screenshot(path=str(ARTIFACTS / f"console-{tag}-{name}.png"), full_page=True)
+
+    return take
+
+
 def click_and_load(page: Any, selector: str) -> None:
     # Assert on the page the click leads to, never on the one it leaves.
     with page.expect_navigation(wait_until="load"):
@@ -258,14 +274,8 @@ def click_and_load(page: Any, selector: str) -> None:
 
 @pytest.mark.browser
 def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
-    console: Console, browser: Any, request: pytest.FixtureRequest
+    console: Console, browser: Any, shot: Shot
 ) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    tag = re.sub(r"[^a-z0-9]+", "-", request.node.callspec.id.lower())
-
-    def shot(page: Any, name: str) -> None:
-        page.screenshot(path=str(ARTIFACTS / f"console-{tag}-{name}.png"), full_page=True)
-
     anon = browser.new_page()
     anon.goto(console.url + "/")
     assert anon.locator("h1").inner_text() == "Access token required"
@@ -344,6 +354,86 @@ def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
     page.select_option("#tool", HOOK)
     click_and_load(page, "form.filters button")
     assert page.locator("#no-denials").is_visible()
+    page.close()
+
+
+LINES_OF = """(sel) => Array.from(document.querySelectorAll(sel)).map((el) => {
+    const r = document.createRange(); r.selectNodeContents(el);
+    return new Set(Array.from(r.getClientRects()).map((b) => Math.round(b.top))).size; })"""
+
+
+@pytest.mark.browser
+def test_operator_finds_abandons_and_resolves_a_stuck_call_in_the_browser(
+    console: Console, browser: Any, shot: Shot
+) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{console.url}/?token={TOKEN}")
+
+    # Find the run by its call-id prefix from the search box on every page: newest first.
+    page.fill("#find-call-id", "run-7/")
+    with page.expect_navigation(wait_until="load"):
+        page.press("#find-call-id", "Enter")
+    found = page.locator("#intents tbody tr td.call").all_inner_texts()
+    assert found == ["run-7/k-stuck", "run-7/k-mail", "run-7/k-hook"]
+    assert page.evaluate(LINES_OF, "#intents td.time") == [1, 1, 1]  # dates on one line
+    shot(page, "search-1280")
+
+    page.goto(f"{console.url}/intents")
+    assert set(page.evaluate(LINES_OF, "#intents td.time")) == {1}
+    assert set(page.evaluate(LINES_OF, "#intents td.id")) == {1}
+    shot(page, "intents-1280")
+
+    # The stuck call: its run, what to check, and the abandon form.
+    page.goto(f"{console.url}/intents/{console.stuck_id}")
+    assert "DISPATCHED" in page.locator("#state").inner_text()
+    run = page.locator("#run").inner_text()
+    assert "run-7/k-hook" in run and "run-7/k-mail" in run and "run-7/k-stuck" not in run
+    assert HOOK_CHECK in page.locator("#what-to-check").inner_text()
+    assert page.locator("#resolve").count() == 0
+    page.fill("#abandon-operator", "ana")
+    page.fill("#abandon-reason", "host h1 was decommissioned at 04:50")
+    click_and_load(page, "#review-abandon")
+    assert "abandoned_by_operator" in page.locator("#becomes").inner_text()
+    assert page.locator("#lease").inner_text()
+    assert console.intent(console.stuck_id)[0] == IntentState.DISPATCHED  # not yet
+    shot(page, "abandon-confirm")
+    click_and_load(page, "#confirm-abandon")
+    assert page.locator("#abandoned-banner").is_visible()
+    assert "INDETERMINATE" in page.locator("#state").inner_text()
+    assert "abandoned_by_operator" in page.locator("#state").inner_text()
+    events = page.locator("#events").inner_text()
+    assert "abandoned" in events and "host h1 was decommissioned at 04:50" in events
+    assert page.locator("#abandon").count() == 0
+    assert HOOK_CHECK in page.locator("#resolve #what-to-check").inner_text()
+    shot(page, "abandoned")
+    state, stored = console.intent(console.stuck_id)
+    assert state == IntentState.INDETERMINATE
+    assert stored[-1].kind == "abandoned" and stored[-1].actor == "ana"
+
+    # Then resolved as usual.
+    page.check("#decision-not-landed")
+    page.fill("#operator", "ana")
+    page.fill("#reason", "no message in ops2 after 04:50")
+    click_and_load(page, "#review")
+    click_and_load(page, "#confirm")
+    assert "RESOLVED_NOT_LANDED" in page.locator("#state").inner_text()
+    assert console.intent(console.stuck_id)[0] == IntentState.RESOLVED_NOT_LANDED
+
+    # A page that does not exist is a page of the console.
+    page.goto(f"{console.url}/no/such/page")
+    assert page.locator("h1").inner_text() == "Not found"
+    assert page.locator("header.top nav").is_visible()
+    shot(page, "404")
+
+    # Phone width: nothing wider than the screen; wide tables scroll inside themselves.
+    page.set_viewport_size({"width": 375, "height": 800})
+    for path, name in (("/intents", "intents-375"), (f"/intents/{console.hook_id}", "intent-375")):
+        page.goto(console.url + path)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 375, path
+        box = page.locator("#find-call-id").bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 375
+        shot(page, name)
+    assert page.locator("header.top nav a").first.is_visible()
     page.close()
 
 
