@@ -129,6 +129,7 @@ class Kernel:
             non_negative={"deadline_margin": deadline_margin, "wait_bound": wait_bound},
             counts={"max_attempts": max_attempts, "lookup_limit": lookup_limit},
         )
+        notifier_names(notifiers or ())  # one name each: refused here, not mid-recovery
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.owner = current_owner(worker_id, host)
         self.mode: Mode = mode
@@ -136,7 +137,6 @@ class Kernel:
         self.notifiers: list[Notifier] = (
             list(notifiers) if notifiers is not None else [LogNotifier()]
         )
-        notifier_names(self.notifiers)  # one name each, refused here rather than mid-recovery
         self.max_attempts = max_attempts
         self.lookup_limit = lookup_limit
         self.lookup_backoff = lookup_backoff

@@ -329,9 +329,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = argparse.ArgumentParser(
         prog="poimen",
-        description="Operate the poimen intent log: status, Indeterminate intents, audit, "
+        description="Operate the poimen intent log: status, find, Indeterminate intents, abandon, audit, "
         "recovery.",
-        epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable",
+        epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable, "
+        "4 unexpected error",
     )
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)

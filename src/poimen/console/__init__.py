@@ -53,7 +53,7 @@ def serve(
     generated = token is None
     token = token or secrets.token_urlsafe(24)
     if host not in ("0.0.0.0", "::", ""):
-        options = options.with_hosts(host)
+        options = options.with_hosts(host, f"[{host}]") if ":" in host else options.with_hosts(host)
     app = create_app(store, token=token, options=options)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if sock.family == socket.AF_INET6 else host

@@ -41,7 +41,7 @@ from poimen.store._base import Store
 T = TypeVar("T")
 COOKIE = "poimen_console"
 Handler = Callable[[Request], Awaitable[Response]]
-LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 MAX_SESSIONS = 10_000
 
 _HEADERS = {
