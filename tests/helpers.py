@@ -33,7 +33,9 @@ def recovering_kernel(
 ) -> Iterator[Kernel]:
     from poimen import CallbackNotifier
 
-    notifiers = [CallbackNotifier(seen.append)] if seen is not None else []
+    # The crashed children notify through the default `log` notifier; this kernel stands in
+    # for that same recipient, so it is named alike (a kernel delivers only to its own names).
+    notifiers = [CallbackNotifier(seen.append, name="log")] if seen is not None else []
     k = Kernel(db_url, deadline_margin=MARGIN, notifiers=notifiers, **kw)
     register_test_tools(k, provider_url, timeout=TIMEOUT)
     try:

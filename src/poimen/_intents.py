@@ -125,6 +125,18 @@ class Notification:
 
 
 @dataclass(frozen=True, slots=True)
+class Delivery:
+    """One notifier's delivery of one notification (``*``: any notifier)."""
+
+    notification_id: int
+    notifier: str
+    delivered_at: float | None
+    attempts: int
+    last_error: str | None
+    next_attempt_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Denial:
     id: int
     at: float

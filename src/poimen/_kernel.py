@@ -25,7 +25,7 @@ from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, Unsafe
 from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
-from poimen._notify import LogNotifier, Notifier, Renotifier, deliver
+from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
 from poimen._operator import resolve as operator_resolve
 from poimen._protocol import CallState, Engine, call_steps
 from poimen._recovery import RecoveryReport, recover_pass
@@ -100,6 +100,7 @@ class Kernel:
             non_negative={"deadline_margin": deadline_margin, "wait_bound": wait_bound},
             counts={"max_attempts": max_attempts, "lookup_limit": lookup_limit},
         )
+        notifier_names(notifiers or ())  # one name each: refused here, not mid-recovery
         self._given_worker_id = worker_id
         self._given_host = host
         owner = current_owner(worker_id, host)
@@ -141,6 +142,7 @@ class Kernel:
             lookup_backoff=lookup_backoff,
             max_backoff=max_backoff,
             notify=self._notify_soon,
+            notifiers=self.notifiers,
         )
         self._upkeep = Upkeep(
             renew=self._renew,
@@ -149,6 +151,7 @@ class Kernel:
             lease_ttl=lease_ttl,
             recover_interval=recover_interval,
         )
+        self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
         _LIVE.add(self)
@@ -226,6 +229,10 @@ class Kernel:
         self._names[name] = registration.id
         self._specs[registration.id] = spec_of(tool, name, description)
         return tool
+
+    def describe(self, tool_id: str, *, check: str) -> None:
+        """What an operator should check before resolving `tool_id`'s Indeterminate calls."""
+        self.checks[tool_id] = check
 
     def register_sink(self, name: str, sink: Sink) -> None:
         """Make `sink` available to tools as `ctx.sink(name)`; Idempotent tools also need
@@ -495,7 +502,7 @@ class Kernel:
     def deliver_notifications(self) -> int:
         with self._deliver_lock:
             if self._renotifier is not None:
-                self._renotifier.maybe_run(self.store)
+                self._renotifier.maybe_run(self.store, self.notifiers)
             return deliver(self.store, self.notifiers)
 
     def _notify_soon(self) -> None:

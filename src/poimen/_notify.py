@@ -1,4 +1,10 @@
-"""Operator notifications: a durable outbox, delivered at least once by pluggable notifiers."""
+"""Operator notifications: a durable outbox, delivered at least once by pluggable notifiers.
+
+Each notification is written for the notifiers of the kernel that wrote it, by name (or, if
+that kernel had none, for any notifier). A kernel delivers only to its own notifiers and
+records each notifier's delivery apart, so one notifier's failure never resends another's,
+and a kernel without a notifier a row was written for never marks that row delivered.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +14,26 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
 from poimen._intents import Intent, IntentState, Notification
+from poimen._operator import redact_url, redact_urls
 from poimen.errors import PoimenError
-from poimen.store._base import NewNotification, Store
+from poimen.store._base import ANY_NOTIFIER, NewNotification, Store
 
 log = logging.getLogger("poimen.notify")
 
 
 class Notifier(Protocol):
-    """Delivers one notification; raises to have it retried later."""
+    """Delivers one notification; raises to have it retried later.
+
+    `name` identifies the recipient in the log, across processes and restarts: give one
+    recipient the same name everywhere, and different recipients different names.
+    """
+
+    name: str
 
     def notify(self, notification: Notification) -> None: ...
 
@@ -27,21 +41,48 @@ class Notifier(Protocol):
 class LogNotifier:
     """The default: a WARNING on the ``poimen.notify`` logger."""
 
+    name = "log"
+
     def notify(self, notification: Notification) -> None:
         log.warning("poimen %s: %s", notification.kind, notification.payload)
 
 
 class CallbackNotifier:
-    """Calls a Python function with each notification."""
+    """Calls a Python function with each notification; named ``callback:<function>``
+    unless `name` says otherwise."""
 
-    def __init__(self, fn: Callable[[Notification], object]) -> None:
+    def __init__(self, fn: Callable[[Notification], object], *, name: str | None = None) -> None:
         self._fn = fn
+        self.name = name or f"callback:{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
     def notify(self, notification: Notification) -> None:
         self._fn(notification)
 
 
-def indeterminate_note(intent: Intent, reason: str) -> NewNotification:
+def notifier_names(notifiers: Sequence[Notifier]) -> tuple[str, ...]:
+    """The notifiers' names, refused when one is missing, reserved or given twice."""
+    names: list[str] = []
+    for n in notifiers:
+        name = getattr(n, "name", None)
+        if not isinstance(name, str) or not name or name == ANY_NOTIFIER:
+            raise PoimenError(
+                f"notifier {type(n).__name__} needs a name (a non-empty string, not "
+                f"{ANY_NOTIFIER!r})",
+                field="notifiers",
+            )
+        if name in names:
+            raise PoimenError(
+                f"two notifiers are named {name!r}: pass name= to tell them apart",
+                field="notifiers",
+                name=name,
+            )
+        names.append(name)
+    return tuple(names)
+
+
+def indeterminate_note(
+    intent: Intent, reason: str, notifiers: Sequence[Notifier] = ()
+) -> NewNotification:
     payload = {
         "intent_id": intent.id,
         "call_id": intent.call_id,
@@ -54,6 +95,7 @@ def indeterminate_note(intent: Intent, reason: str) -> NewNotification:
         delivery_id=f"{intent.id}:indeterminate",
         kind="indeterminate",
         payload=json.dumps(payload, sort_keys=True),
+        notifiers=notifier_names(notifiers),
     )
 
 
@@ -65,23 +107,37 @@ def deliver(
     backoff: float = 1.0,
     max_backoff: float = 300.0,
 ) -> int:
-    """Deliver due notifications; returns how many were delivered.
+    """Deliver what is due to these notifiers; returns how many deliveries were made.
 
-    A notification is marked delivered only after every notifier accepted it, so a crash
-    in between delivers it again: at least once, never zero times.
+    Each notifier's delivery is marked only after it accepted the notification, so a crash
+    in between delivers it again: at least once, never zero times. A notification written
+    for any notifier is delivered to all of these, and marked once all of them accepted it.
+    Without notifiers nothing is delivered and nothing is marked.
     """
+    by_name = dict(zip(notifier_names(notifiers), notifiers, strict=True))
+    if not by_name:
+        return 0
     delivered = 0
     now = store.now()
-    for n in store.due_notifications(now, limit):
+    for n, d in store.due_deliveries([*by_name, ANY_NOTIFIER], now, limit):
+        targets = list(by_name.values()) if d.notifier == ANY_NOTIFIER else [by_name[d.notifier]]
         try:
-            for notifier in notifiers:
+            for notifier in targets:
                 notifier.notify(n)
         except Exception as exc:  # a notifier's failure is retried, never lost
-            delay = min(max_backoff, backoff * 2 ** min(n.attempts, 16))
-            store.mark_delivery_failed(n.id, f"{type(exc).__name__}: {exc}", now + delay)
-            log.warning("notification %s failed, retry in %.1fs: %s", n.delivery_id, delay, exc)
+            delay = min(max_backoff, backoff * 2 ** min(d.attempts, 16))
+            # An error text may quote a webhook's URL, which is its credential.
+            error = redact_urls(f"{type(exc).__name__}: {exc}")
+            store.mark_delivery_failed(n.id, d.notifier, error, now + delay)
+            log.warning(
+                "notification %s to %s failed, retry in %.1fs: %s",
+                n.delivery_id,
+                d.notifier,
+                delay,
+                redact_urls(str(exc)),
+            )
             continue
-        store.mark_delivered(n.id, store.now())
+        store.mark_delivered(n.id, d.notifier, store.now())
         delivered += 1
     return delivered
 
@@ -120,8 +176,14 @@ def verify_signature(
     now: float | None = None,
 ) -> bool:
     """What a receiver checks: the signature matches and the timestamp is recent (no replay)."""
-    # Headers are attacker-controlled: anything but ASCII digits and text is simply "no".
-    if not (isinstance(timestamp, str) and timestamp.isascii() and timestamp.isdigit()):
+    # Headers are attacker-controlled: anything but a few ASCII digits is simply "no" (a
+    # long digit string would make int() itself refuse).
+    if not (
+        isinstance(timestamp, str)
+        and timestamp.isascii()
+        and timestamp.isdigit()
+        and len(timestamp) <= 15
+    ):
         return False
     if not isinstance(signature, str) or not isinstance(body, bytes):
         return False
@@ -139,6 +201,10 @@ class WebhookNotifier:
     ``X-Poimen-Signature`` (see `sign`). Anything but a 2xx answer raises, and the durable
     outbox retries with back-off: delivery is at least once.
     `console_url` (the console's base URL) adds a link to the intent's page.
+
+    The URL is often the credential itself (a Slack-style path, a ``?token=``): poimen shows
+    and stores only its scheme and host. The notifier is named ``webhook:<host>`` unless
+    `name` says otherwise (two webhooks on one host need names).
     """
 
     def __init__(
@@ -148,10 +214,15 @@ class WebhookNotifier:
         secret: str | bytes,
         console_url: str | None = None,
         timeout: float = 10.0,
+        name: str | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
-            raise PoimenError(f"webhook url {url!r} must be http:// or https://", field="url")
+            raise PoimenError(
+                f"webhook url {redact_url(url)} must be http:// or https://", field="url"
+            )
         self.url = url
+        self.shown_url = redact_url(url)
+        self.name = name or f"webhook:{urlsplit(url).netloc.rpartition('@')[2]}"
         self._secret = _secret_bytes(secret)
         self.console_url = console_url.rstrip("/") if console_url else None
         self._client = httpx.Client(timeout=timeout)
@@ -192,11 +263,12 @@ class WebhookNotifier:
             r = self._client.post(self.url, content=body, headers=headers)
         except httpx.HTTPError as exc:
             raise WebhookDeliveryError(
-                f"webhook {self.url} unreachable: {exc}", delivery_id=notification.delivery_id
-            ) from exc
+                f"webhook {self.shown_url} unreachable: {redact_urls(str(exc))}",
+                delivery_id=notification.delivery_id,
+            ) from None  # the cause's text may hold the URL
         if not 200 <= r.status_code < 300:
             raise WebhookDeliveryError(
-                f"webhook {self.url} answered {r.status_code}",
+                f"webhook {self.shown_url} answered {r.status_code}",
                 delivery_id=notification.delivery_id,
                 status=r.status_code,
             )
@@ -210,7 +282,9 @@ class WebhookNotifier:
 REMINDER = "indeterminate_reminder"
 
 
-def reminder_note(intent: Intent, number: int, now: float) -> NewNotification:
+def reminder_note(
+    intent: Intent, number: int, now: float, notifiers: Sequence[Notifier] = ()
+) -> NewNotification:
     payload = {
         "intent_id": intent.id,
         "call_id": intent.call_id,
@@ -226,10 +300,13 @@ def reminder_note(intent: Intent, number: int, now: float) -> NewNotification:
         delivery_id=f"{intent.id}:{REMINDER}:{number}",
         kind=REMINDER,
         payload=json.dumps(payload, sort_keys=True),
+        notifiers=notifier_names(notifiers),
     )
 
 
-def renotify(store: Store, *, after: float, limit: int = 10_000) -> int:
+def renotify(
+    store: Store, *, after: float, notifiers: Sequence[Notifier] = (), limit: int = 10_000
+) -> int:
     """Queue a reminder for each INDETERMINATE intent whose latest notification is older
     than `after` seconds; returns how many were queued. Resolved intents get none."""
     if not after > 0:
@@ -242,7 +319,8 @@ def renotify(store: Store, *, after: float, limit: int = 10_000) -> int:
         if now - last < after:
             continue
         number = sum(1 for n in notes if n.kind == REMINDER) + 1
-        if store.add_notification(intent.id, reminder_note(intent, number, now), now):
+        note = reminder_note(intent, number, now, notifiers)
+        if store.add_notification(intent.id, note, now):
             queued += 1
     return queued
 
@@ -257,9 +335,9 @@ class Renotifier:
         self.every = every if every is not None else min(after / 4, 60.0)
         self._next = 0.0
 
-    def maybe_run(self, store: Store) -> int:
+    def maybe_run(self, store: Store, notifiers: Sequence[Notifier] = ()) -> int:
         mono = time.monotonic()
         if mono < self._next:
             return 0
         self._next = mono + self.every
-        return renotify(store, after=self.after)
+        return renotify(store, after=self.after, notifiers=notifiers)

@@ -1,4 +1,5 @@
-"""The operator path over any Store: status, list, show, resolve, audit (docs/resolve-indeterminate.md).
+"""The operator path over any Store: status, list, search, show, resolve, abandon, audit
+(docs/resolve-indeterminate.md).
 
 The CLI and the web console both call these functions, so the two never disagree about
 what an intent looks like, what is redacted, or when a resolution is refused.
@@ -13,10 +14,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from poimen._intents import (
     TERMINAL,
     Attempt,
+    Delivery,
     Denial,
     Event,
     Intent,
@@ -27,16 +30,20 @@ from poimen._intents import (
 from poimen._keys import encode_value
 from poimen.errors import IntentNotFoundError, PoimenError
 from poimen.store._base import Store
+from poimen.store._sql import ABANDONED
 
 S = IntentState
 
 __all__ = [
+    "ABANDONED",
     "REDACTED",
     "SECRET_NAME",
     "IntentDetail",
     "OperatorInputError",
     "Status",
+    "abandon",
     "audit",
+    "escape_text",
     "find",
     "fmt_age",
     "fmt_time",
@@ -45,7 +52,12 @@ __all__ = [
     "parse_since",
     "parse_state",
     "redact",
+    "redact_url",
+    "redact_urls",
     "resolve",
+    "safe_json",
+    "same_run",
+    "search",
     "show",
     "status",
 ]
@@ -60,6 +72,11 @@ REDACTED = "[redacted]"
 
 MAX_OPERATOR = 200
 MAX_REASON = 4000
+#: How deep an operator's JSON result may nest; deeper is refused before it can exhaust
+#: the recursion of the encoders that handle it later.
+MAX_DEPTH = 64
+#: The largest `limit` a listing accepts (the backends' integers end at 2**63).
+MAX_LIMIT = 1_000_000
 
 
 class OperatorInputError(PoimenError):
@@ -95,6 +112,93 @@ def _redacted_json(text: str | None) -> Any:
         return text
 
 
+# Showing recorded text: escapes, never raw control characters.
+
+
+def _escape_char(c: str) -> str:
+    n = ord(c)
+    if c in _NAMED:
+        return _NAMED[c]
+    if n < 0x100:
+        return f"\\x{n:02x}"
+    if n < 0x10000:
+        return f"\\u{n:04x}"
+    return f"\\U{n:08x}"
+
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_text(text: str, *, keep: str = "") -> str:
+    """One line of recorded text (a call id, an error, a reason) safe for a terminal or a
+    page: every character that is not printable, newlines, C0 and C1 controls and the bidi
+    overrides included, becomes a visible escape (except those in `keep`)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else _escape_char(c) for c in text)
+
+
+def escape_lines(text: str) -> str:
+    """`escape_text` for each line of a multi-line text, keeping the line breaks."""
+    return "\n".join(escape_text(line) for line in text.split("\n"))
+
+
+_UNPRINTABLE = re.compile(r"[^\n\x20-\x7e]")
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    c = m.group(0)
+    if c.isprintable():
+        return c
+    n = ord(c)
+    if n < 0x10000:
+        return f"\\u{n:04x}"
+    n -= 0x10000  # beyond the BMP: a surrogate pair, as JSON spells it
+    return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+
+
+def safe_json(value: Any, *, indent: int | None = None) -> str:
+    """JSON text with every unprintable character (C0, C1, bidi controls, line separators)
+    as a ``\\u`` escape; printable non-ASCII text stays readable. The same data."""
+    text = json.dumps(value, indent=indent, sort_keys=True, ensure_ascii=False, default=str)
+    # Outside strings JSON text is ASCII, so every match is inside a string.
+    return _UNPRINTABLE.sub(_json_escape, text)
+
+
+# Showing URLs: a webhook's path or query is often its credential.
+
+_URL = re.compile(r"\bhttps?://[^\s'\"<>]+", re.IGNORECASE)
+_TRAILING = ".,;:!?)]}"
+
+
+def redact_url(url: str) -> str:
+    """Scheme and host (and port) only: ``https://hooks.slack.com/…``. User info, path,
+    query and fragment are dropped, since any of them may be the credential."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "[url]"
+    host = parts.netloc.rpartition("@")[2]
+    if not parts.scheme or not host:
+        return "[url]"
+    base = f"{parts.scheme}://{host}"
+    hidden = "@" in parts.netloc or parts.query or parts.fragment or parts.path not in ("", "/")
+    return base + "/…" if hidden else base + parts.path
+
+
+def redact_urls(text: str) -> str:
+    """`redact_url` applied to every http(s) URL inside a text (an error message)."""
+
+    def one(m: re.Match[str]) -> str:
+        url = m.group(0)
+        tail = ""
+        while url and url[-1] in _TRAILING:
+            url, tail = url[:-1], url[-1] + tail
+        return redact_url(url) + tail
+
+    return _URL.sub(one, text)
+
+
 # Parsing operator input.
 
 
@@ -127,6 +231,20 @@ def parse_since(text: str, now: float) -> float:
     return when.timestamp()
 
 
+def parse_duration(text: str, what: str) -> float:
+    """``90s``, ``15m``, ``12h``, ``7d`` or plain seconds, positive."""
+    m = _RELATIVE.match(text)
+    try:
+        seconds = float(m.group(1)) * _UNIT[m.group(2)] if m else float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise OperatorInputError(
+            f"{what} {text!r} is not a positive duration (90s, 15m, 12h, 7d)", field=what
+        )
+    return seconds
+
+
 def parse_state(text: str) -> IntentState:
     try:
         return IntentState(text.strip().upper())
@@ -141,10 +259,51 @@ def parse_result(text: str) -> Any:
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
+    too_deep = OperatorInputError(
+        f"result is nested deeper than {MAX_DEPTH} levels", field="result"
+    )
     try:
-        return json.loads(text, parse_constant=no_constant)
+        value = json.loads(text, parse_constant=no_constant)
+    except RecursionError:
+        raise too_deep from None
     except ValueError as exc:
         raise OperatorInputError(f"result is not valid JSON: {exc}", field="result") from exc
+    if _depth(value) > MAX_DEPTH:
+        raise too_deep
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deep JSON data nests, without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            if d <= MAX_DEPTH:
+                stack.extend((x, d + 1) for x in v)
+    return deepest
+
+
+def parse_limit(text: str | None, default: int) -> int:
+    """A listing's `limit` as given on a page: a whole number from 1 to MAX_LIMIT."""
+    text = (text or "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit() and len(text) <= 9):
+        raise OperatorInputError(
+            f"limit {text[:40]!r} is not a whole number from 1 to {MAX_LIMIT}", field="limit"
+        )
+    return _check_limit(int(text))
+
+
+def _check_limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_LIMIT:
+        raise OperatorInputError(f"limit must be from 1 to {MAX_LIMIT}, not {limit}", field="limit")
+    return limit
 
 
 # Formatting shared by the CLI and the console.
@@ -232,8 +391,7 @@ def list_intents(
     limit: int = 100,
 ) -> list[Intent]:
     """Intents oldest first, filtered; `limit` bounds the answer."""
-    if limit < 1:
-        raise OperatorInputError(f"limit must be at least 1, not {limit}", field="limit")
+    _check_limit(limit)
     return store.list_intents(state=state, tool_id=tool_id, since=since, limit=limit)
 
 
@@ -247,6 +405,7 @@ class IntentDetail:
     attempts: list[Attempt]
     events: list[Event]
     notifications: list[Notification]
+    deliveries: list[Delivery]
     now: float
 
     @property
@@ -279,8 +438,34 @@ class IntentDetail:
             "age_s": self.now - self.intent.created_at,
             "attempts": [attempt_json(a) for a in self.attempts],
             "events": [event_json(e) for e in self.events],
-            "notifications": [notification_json(n) for n in self.notifications],
+            "notifications": [
+                notification_json(n, self.deliveries_of(n)) for n in self.notifications
+            ],
         }
+
+    def deliveries_of(self, n: Notification) -> list[Delivery]:
+        return [d for d in self.deliveries if d.notification_id == n.id]
+
+
+def search(store: Store, prefix: str, *, limit: int = 100) -> list[Intent]:
+    """Intents whose call id starts with `prefix` (an exact call id included), newest first."""
+    _check_limit(limit)
+    return store.search_call_id(prefix, limit=limit)
+
+
+def run_prefix(call_id: str) -> str | None:
+    """The run a call id belongs to: everything up to its last ``/`` (None without one)."""
+    cut = call_id.rfind("/")
+    return call_id[: cut + 1] if cut > 0 else None
+
+
+def same_run(store: Store, intent: Intent, *, limit: int = 50) -> list[Intent]:
+    """The other calls of `intent`'s run (same call-id prefix up to the last ``/``),
+    newest first."""
+    prefix = run_prefix(intent.call_id)
+    if prefix is None:
+        return []
+    return [i for i in store.search_call_id(prefix, limit=limit + 1) if i.id != intent.id][:limit]
 
 
 def find(store: Store, ident: str) -> Intent:
@@ -301,6 +486,7 @@ def show(store: Store, intent_id: str) -> IntentDetail:
         attempts=store.attempts(intent.id),
         events=store.events(intent.id),
         notifications=store.notifications(intent.id),
+        deliveries=store.deliveries(intent.id),
         now=store.now(),
     )
 
@@ -309,8 +495,7 @@ def audit(
     store: Store, *, tool_id: str | None = None, since: float | None = None, limit: int = 1000
 ) -> list[Denial]:
     """Capability and sandbox denials, oldest first."""
-    if limit < 1:
-        raise OperatorInputError(f"limit must be at least 1, not {limit}", field="limit")
+    _check_limit(limit)
     return store.denials(tool_id=tool_id, since=since, limit=limit)
 
 
@@ -331,16 +516,7 @@ def resolve(
     Terminal and audited: the operator and reason go into the intent's events in the same
     transaction. Any other state is refused (`NotIndeterminateError`); nothing here retries.
     """
-    if not isinstance(operator, str) or not operator.strip():
-        raise OperatorInputError("resolve needs the operator's name", field="operator")
-    if not isinstance(reason, str) or not reason.strip():
-        raise OperatorInputError("resolve needs a reason", field="reason")
-    if len(operator) > MAX_OPERATOR:
-        raise OperatorInputError(
-            f"operator is longer than {MAX_OPERATOR} characters", field="operator"
-        )
-    if len(reason) > MAX_REASON:
-        raise OperatorInputError(f"reason is longer than {MAX_REASON} characters", field="reason")
+    operator, reason = _who_and_why("resolve", operator, reason)
     if not landed and result is not None:
         raise OperatorInputError("a result makes sense only for a landed call", field="result")
     text = None if result is None else encode_value(result, "result")
@@ -348,10 +524,36 @@ def resolve(
         intent_id,
         landed=landed,
         result=text,
-        operator=operator.strip(),
-        reason=reason.strip(),
+        operator=operator,
+        reason=reason,
         now=store.now(),
     )
+
+
+def abandon(store: Store, intent_id: str, *, operator: str, reason: str) -> Intent:
+    """Give up on a DISPATCHED intent whose worker will not come back: it becomes
+    INDETERMINATE (`ABANDONED`) for an operator to resolve as usual.
+
+    The fence moves on, so an outcome the old worker reports after all is kept only as late
+    evidence. Audited like `resolve`; any other state is refused (`NotDispatchedError`),
+    and of two operators abandoning at once exactly one wins.
+    """
+    operator, reason = _who_and_why("abandon", operator, reason)
+    return store.abandon(intent_id, operator=operator, reason=reason, now=store.now())
+
+
+def _who_and_why(what: str, operator: Any, reason: Any) -> tuple[str, str]:
+    if not isinstance(operator, str) or not operator.strip():
+        raise OperatorInputError(f"{what} needs the operator's name", field="operator")
+    if not isinstance(reason, str) or not reason.strip():
+        raise OperatorInputError(f"{what} needs a reason", field="reason")
+    if len(operator) > MAX_OPERATOR:
+        raise OperatorInputError(
+            f"operator is longer than {MAX_OPERATOR} characters", field="operator"
+        )
+    if len(reason) > MAX_REASON:
+        raise OperatorInputError(f"reason is longer than {MAX_REASON} characters", field="reason")
+    return operator.strip(), reason.strip()
 
 
 # JSON shapes, shared by `--json` and the console.
@@ -404,8 +606,21 @@ def event_json(e: Event) -> dict[str, Any]:
     return _plain(e, frozenset({"intent_id"}), detail=_event_detail(e))
 
 
-def notification_json(n: Notification) -> dict[str, Any]:
-    return _plain(n, frozenset({"id", "intent_id", "payload"}))
+def notification_json(n: Notification, deliveries: list[Delivery]) -> dict[str, Any]:
+    # Error texts may quote a webhook's URL, written by an older poimen before redaction.
+    return _plain(
+        n,
+        frozenset({"id", "intent_id", "payload"}),
+        last_error=_error_text(n.last_error),
+        deliveries=[
+            _plain(d, frozenset({"notification_id"}), last_error=_error_text(d.last_error))
+            for d in deliveries
+        ],
+    )
+
+
+def _error_text(text: str | None) -> str | None:
+    return None if text is None else redact_urls(text)
 
 
 def denial_json(d: Denial) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -58,7 +58,7 @@ from poimen._intents import (
 )
 from poimen._keys import encode_value
 from poimen._liveness import owner_alive
-from poimen._notify import indeterminate_note
+from poimen._notify import Notifier, indeterminate_note
 from poimen._retry import Retry as RetryPolicy
 from poimen._tools import Tool
 from poimen.errors import (
@@ -179,6 +179,7 @@ class Engine:
         lookup_backoff: float,
         max_backoff: float,
         notify: Callable[[], None],
+        notifiers: Sequence[Notifier] = (),
     ) -> None:
         self.store = store
         self.owner = owner
@@ -194,6 +195,7 @@ class Engine:
         self.lookup_backoff = lookup_backoff
         self.max_backoff = max_backoff
         self.notify = notify
+        self.notifiers = notifiers  # an outbox row is written for these (their names)
         self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._pools_lock = threading.Lock()
         self.continuations: set[threading.Thread] = set()
@@ -461,7 +463,7 @@ def indeterminate_steps(e: Engine, intent: Intent, reason: str) -> Steps[Outcome
     now = e.store.now()
     ok = yield Block(
         e.store.mark_indeterminate,
-        (intent.id, intent.fence, reason, indeterminate_note(intent, reason), now),
+        (intent.id, intent.fence, reason, indeterminate_note(intent, reason, e.notifiers), now),
     )
     if ok:
         e.notify()

@@ -75,6 +75,14 @@ class NotIndeterminateError(PoimenError):
     """Only an INDETERMINATE intent can be resolved by an operator."""
 
 
+class NotDispatchedError(PoimenError):
+    """Only a DISPATCHED intent can be abandoned by an operator."""
+
+
+class ReadOnlyStoreError(StoreError):
+    """The intent log was opened read-only: nothing can be written through it."""
+
+
 class CapabilityDeniedError(PoimenError):
     """The write was denied: it did not carry the kernel's key for this call."""
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from poimen._intents import IntentState, Owner
-from poimen.errors import StoreError
+from poimen.errors import ReadOnlyStoreError, StoreError
 from poimen.store import open_store
 from poimen.store._base import latest_version, migrations
 from poimen.store.sqlite import _statements
@@ -135,3 +135,91 @@ def test_a_migration_that_fails_names_the_log_and_changes_nothing(tmp_path: Path
         open_store(url)
     assert raw(url, "SELECT MAX(version) FROM poimen_schema") == [(1,)]
     assert raw(url, "SELECT id, state FROM intents ORDER BY id") == before
+
+
+OUTBOX_ROWS = (
+    "INSERT INTO outbox (delivery_id, intent_id, kind, payload, created_at, delivered_at, "
+    "attempts, next_attempt_at, last_error) VALUES "
+    "('in_c:indeterminate', 'in_c', 'indeterminate', '{}', 13.0, 14.0, 1, 13.0, NULL), "
+    "('in_c:indeterminate_reminder:1', 'in_c', 'indeterminate_reminder', '{}', 20.0, NULL, 2, "
+    "25.0, 'WebhookDeliveryError: answered 500')"
+)
+
+
+def write_v2_log(url: str) -> None:
+    """A version-2 log: version 1 filled with V1_ROWS, migration 2 applied, and an outbox
+    with one delivered notification and one still pending after two failed tries."""
+    write_v1_log(url)
+    dialect = "sqlite" if url.startswith("sqlite") else "postgres"
+    [(_, sql)] = [m for m in migrations(dialect) if m[0] == 2]
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            for stmt in _statements(sql):
+                conn.execute(stmt)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute(sql.encode("utf-8"))
+    raw(url, "INSERT INTO poimen_schema (version, applied_at) VALUES (?, ?)", (2, 0.0))
+    raw(url, OUTBOX_ROWS)
+
+
+def test_a_version_2_log_keeps_its_outbox_through_migration_3(store_url: str) -> None:
+    write_v2_log(store_url)
+    before = raw(
+        store_url, "SELECT id, delivery_id, delivered_at, attempts FROM outbox ORDER BY id"
+    )
+    store = open_store(store_url)
+    try:
+        assert store.schema_version() >= 3
+        assert (
+            raw(store_url, "SELECT id, delivery_id, delivered_at, attempts FROM outbox ORDER BY id")
+            == before
+        )
+        assert [i.id for i in store.list_intents()] == ["in_a", "in_b", "in_c"]
+        assert [e.kind for e in store.events("in_c")] == ["dispatched", "indeterminate"]
+        [delivered, pending] = store.notifications("in_c")
+        assert delivered.delivered_at == 14.0 and pending.delivered_at is None
+        # The pending row was written for no notifier in particular: any kernel delivers it.
+        [old] = store.deliveries("in_c")
+        assert (old.notification_id, old.notifier, old.attempts, old.last_error) == (
+            pending.id,
+            "*",
+            2,
+            "WebhookDeliveryError: answered 500",
+        )
+        assert store.due_deliveries(["webhook:x"], 24.0, 10) == []  # not due before 25
+        [(n, d)] = store.due_deliveries(["webhook:x", "*"], 26.0, 10)
+        assert n.id == pending.id and d.notifier == "*"
+        store.mark_delivered(pending.id, "*", 27.0)
+        assert [n.delivered_at for n in store.notifications("in_c")] == [14.0, 27.0]
+    finally:
+        store.close()
+
+
+def test_a_read_only_store_never_migrates_nor_writes(store_url: str) -> None:
+    write_v2_log(store_url)
+    ro = open_store(store_url, readonly=True)
+    try:
+        assert ro.schema_version() == 2  # an older log is read as it is, never migrated
+        assert [i.id for i in ro.list_intents()] == ["in_a", "in_b", "in_c"]
+        with pytest.raises(ReadOnlyStoreError):
+            ro.resolve("in_c", landed=False, result=None, operator="a", reason="x", now=1.0)
+        with pytest.raises(ReadOnlyStoreError):
+            ro.migrate()
+        with pytest.raises(ReadOnlyStoreError):
+            ro.abandon("in_b", operator="a", reason="x", now=1.0)
+    finally:
+        ro.close()
+    it = open_store(store_url, readonly=True)
+    try:
+        c = it.get_intent("in_c")
+        assert c is not None and c.state == S.INDETERMINATE
+    finally:
+        it.close()

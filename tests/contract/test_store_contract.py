@@ -363,7 +363,7 @@ def test_outbox_delivery_bookkeeping(store: Store) -> None:
     due = store.due_notifications(now + 1, 10)
     assert [n.delivery_id for n in due] == [f"{iid}:indeterminate", "extra"]
     first = due[0]
-    store.mark_delivery_failed(first.id, "HTTP 500", now + 100)
+    store.mark_delivery_failed(first.id, "*", "HTTP 500", now + 100)
     [failed] = [n for n in store.notifications(iid) if n.id == first.id]
     assert (failed.attempts, failed.last_error, failed.next_attempt_at) == (
         1,
@@ -371,11 +371,37 @@ def test_outbox_delivery_bookkeeping(store: Store) -> None:
         now + 100,
     )
     assert [n.delivery_id for n in store.due_notifications(now + 1, 10)] == ["extra"]
-    store.mark_delivered(first.id, now + 101)
-    store.mark_delivered(first.id, now + 102)  # delivered once stays delivered once
+    store.mark_delivered(first.id, "*", now + 101)
+    store.mark_delivered(first.id, "*", now + 102)  # delivered once stays delivered once
     [done] = [n for n in store.notifications() if n.id == first.id]
     assert (done.delivered_at, done.attempts) == (now + 101, 2)
     assert [n.delivery_id for n in store.due_notifications(now + 200, 10)] == ["extra"]
+
+
+def test_delivery_is_per_notifier(store: Store) -> None:
+    iid = dispatch(store, effect="unsafe")
+    now = store.now()
+    two = NewNotification(f"{iid}:indeterminate", "indeterminate", "{}", ("log", "webhook:a"))
+    assert store.mark_indeterminate(iid, 1, "unsafe_unknown_outcome", two, now)
+    assert store.due_deliveries([], now + 1, 10) == []  # no notifiers: nothing to deliver
+    assert store.due_deliveries(["other"], now + 1, 10) == []
+    due = store.due_deliveries(["log", "webhook:a", "*"], now + 1, 10)
+    assert sorted(d.notifier for _, d in due) == ["log", "webhook:a"]
+    [(n, _)] = store.due_deliveries(["log"], now + 1, 10)
+    store.mark_delivered(n.id, "log", now + 2)
+    store.mark_delivery_failed(n.id, "webhook:a", "HTTP 500", now + 50)
+    [note_row] = store.notifications(iid)
+    assert note_row.delivered_at is None and note_row.attempts == 2  # webhook:a still owes it
+    assert store.due_deliveries(["log", "webhook:a"], now + 10, 10) == []
+    [(_, again)] = store.due_deliveries(["log", "webhook:a"], now + 60, 10)
+    assert (again.notifier, again.attempts, again.last_error) == ("webhook:a", 1, "HTTP 500")
+    store.mark_delivered(n.id, "webhook:a", now + 61)
+    [note_row] = store.notifications(iid)
+    assert note_row.delivered_at == now + 61 and note_row.attempts == 3
+    assert [(d.notifier, d.delivered_at) for d in store.deliveries(iid)] == [
+        ("log", now + 2),
+        ("webhook:a", now + 61),
+    ]
 
 
 def test_denials_are_recorded_and_filtered(store: Store) -> None:

@@ -36,6 +36,7 @@ from poimen.errors import SandboxDeniedError
 from poimen.testing import register_test_tools
 
 HOOK = "ops.post_hook"
+HOOK_CHECK = "Look for the message in the channel's history (Slack: the channel, or the audit log)."
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 0.5
 
@@ -111,6 +112,7 @@ def make_kernel() -> Kernel:
     register_test_tools(kernel, provider, timeout=TIMEOUT)
     register_ops(kernel, provider)
     register_rogue(kernel, provider)
+    kernel.describe(HOOK, check=HOOK_CHECK)
     return kernel
 
 
@@ -204,7 +206,7 @@ def crash(
     """Run one call in a child and SIGKILL it at `point`; returns the child's pid."""
     from poimen.testing import kill_at_pause
 
-    pause = tmp_path / f"pause-{call_id}"
+    pause = tmp_path / f"pause-{call_id.replace('/', '_')}"
     proc = spawn(
         db_url,
         provider_url,

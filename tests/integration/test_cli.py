@@ -6,8 +6,14 @@ in the provider's ledger, never taken from poimen's own log alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import socket
+import sqlite3
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +21,18 @@ from typing import Any
 
 import pytest
 
+from poimen import IntentState
+from poimen import _operator as op
+from poimen.errors import NotDispatchedError
+from poimen.store import open_store
 from poimen.store._base import latest_version
 from poimen.testing import EMAIL, SHIP, ProviderClient, ProviderProcess
+from tests.contract.test_store_contract import dispatch, note
 from tests.integration.operator_app import (
     HOOK,
+    POIMEN,
     ROGUE,
+    ROOT,
     crash,
     poimen,
     poimen_json,
@@ -336,3 +349,324 @@ def test_database_selection_migrate_and_exit_codes(tmp_path: Path, store_url: st
         provider="http://127.0.0.1:9",
     )
     assert other.returncode == 2 and "is not the app's store" in other.stderr
+
+
+# Hostile input: recorded text, huge numbers, broken apps, busy ports.
+
+SPOOF_ID = "run-9/step-1\nstate: COMPLETED"
+BIDI_ID = "run-9/step-2\u202egnp.exe\x85\x1b[2J"
+
+
+def hostile_log(url: str) -> dict[str, str]:
+    """A migrated log holding call ids with a newline, a bidi override and C1/C0 controls."""
+    store = open_store(url)
+    try:
+        spoof = dispatch(store, SPOOF_ID, effect="unsafe")
+        store.mark_indeterminate(spoof, 1, "unsafe_unknown_outcome", note(spoof), store.now())
+        bidi = dispatch(store, BIDI_ID, effect="unsafe")
+        store.record_denial(
+            tool_id="t.tool",
+            intent_id=bidi,
+            attempt=1,
+            action="http",
+            target="POST http://x/\u202e\ny",
+            reason="key_mismatch",
+            now=store.now(),
+        )
+    finally:
+        store.close()
+    return {"spoof": spoof, "bidi": bidi}
+
+
+def one_line(text: str) -> str:
+    assert text.count("\n") == 1 and text.endswith("\n"), text
+    assert "Traceback" not in text
+    return text
+
+
+def test_recorded_text_cannot_spoof_the_output(store_url: str) -> None:
+    ids = hostile_log(store_url)
+    shown = poimen("show", ids["spoof"], db=store_url)
+    assert shown.returncode == 0, shown.stderr
+    states = [line for line in shown.stdout.splitlines() if line.startswith("state")]
+    assert states == ["state:       INDETERMINATE (unsafe_unknown_outcome)"]
+    assert "run-9/step-1\\nstate: COMPLETED" in shown.stdout
+    for out in (shown.stdout, poimen("show", ids["bidi"], db=store_url).stdout):
+        assert all(c.isprintable() for line in out.splitlines() for c in line), out
+    listed = poimen("intents", db=store_url)
+    assert listed.returncode == 0
+    assert len(listed.stdout.splitlines()) == 3  # a header and one line per intent
+    assert "\\u202e" in listed.stdout and "\\x85" in listed.stdout and "\\x1b" in listed.stdout
+    audit = poimen("audit", db=store_url)
+    assert audit.returncode == 0 and len(audit.stdout.splitlines()) == 2
+
+    for args in (("intents",), ("show", ids["bidi"]), ("audit",), ("status",)):
+        r = poimen(*args, "--json", db=store_url)
+        assert r.returncode == 0, r.stderr
+        assert all(c.isprintable() or c in "\n " for c in r.stdout), args
+        assert "\\u202e" in r.stdout or args == ("status",)
+    rows = json.loads(poimen("intents", "--json", db=store_url).stdout)
+    assert sorted(i["call_id"] for i in rows) == sorted([SPOOF_ID, BIDI_ID])  # same data
+
+    missing = poimen("show", "nope\nstate: RESOLVED_LANDED\u202e", db=store_url)
+    assert missing.returncode == 1
+    line = one_line(missing.stderr)
+    assert "\u202e" not in line and "\\u202e" in line
+
+
+def test_bad_numbers_and_deep_results_are_usage_errors(store_url: str) -> None:
+    ids = hostile_log(store_url)
+    for args in (
+        ("intents", "--limit", "100000000000000000000"),
+        ("intents", "--limit", "0"),
+        ("audit", "--limit", "-5"),
+        ("intents", "--call-id", "run-9/", "--limit", str(10**30)),
+    ):
+        r = poimen(*args, db=store_url)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "limit" in one_line(r.stderr)
+        j = poimen(*args, "--json", db=store_url)
+        assert j.returncode == 2 and json.loads(j.stdout)["error"]["field"] == "limit"
+    for deep in ("[" * 100_000, "[" * 3000 + "]" * 3000):
+        r = poimen(
+            "resolve",
+            ids["spoof"],
+            "--landed",
+            "--result",
+            deep,
+            "--operator",
+            "a",
+            "--reason",
+            "x",
+            db=store_url,
+        )
+        assert r.returncode == 2 and "nested deeper" in one_line(r.stderr)
+    assert poimen_json("show", ids["spoof"], db=store_url)["state"] == "INDETERMINATE"
+
+
+def test_a_broken_app_or_console_address_is_one_line_with_its_exit_code(
+    tmp_path: Path, store_url: str
+) -> None:
+    assert poimen("migrate", db=store_url).returncode == 0
+    apps = tmp_path / "apps"
+    apps.mkdir()
+    (apps / "bad_import.py").write_text('raise RuntimeError("boom at import")\n')
+    (apps / "bad_factory.py").write_text("def make():\n    raise RuntimeError('boom in factory')\n")
+    (apps / "bad_recover.py").write_text(
+        "import os\nfrom poimen import Kernel\n\n"
+        "class Broken(Kernel):\n"
+        "    def recover(self, **kw):\n        raise ZeroDivisionError('bug in the app')\n\n"
+        "def make():\n    return Broken(os.environ['POIMEN_DB'], notifiers=[])\n"
+    )
+    env = {"PYTHONPATH": str(apps)}
+    for spec, words in (
+        ("bad_import:k", ("bad_import", "boom at import")),
+        ("bad_factory:make", ("bad_factory:make", "boom in factory")),
+    ):
+        r = poimen("recover", "--app", spec, db=store_url, **env)
+        assert r.returncode == 2, r.stderr
+        line = one_line(r.stderr)
+        assert all(w in line for w in words), line
+        j = poimen("recover", "--app", spec, "--json", db=store_url, **env)
+        assert j.returncode == 2 and "boom" in json.loads(j.stdout)["error"]["message"]
+    # Anything unforeseen: one line, exit 4, and the traceback only when asked for.
+    r = poimen("recover", "--app", "bad_recover:make", db=store_url, **env)
+    assert r.returncode == 4 and "ZeroDivisionError: bug in the app" in one_line(r.stderr)
+    j = poimen("recover", "--app", "bad_recover:make", "--json", db=store_url, **env)
+    assert j.returncode == 4 and json.loads(j.stdout)["error"]["type"] == "ZeroDivisionError"
+    debug = poimen("recover", "--app", "bad_recover:make", db=store_url, POIMEN_DEBUG="1", **env)
+    assert debug.returncode == 4 and "Traceback" in debug.stderr
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = poimen("console", "--port", str(port), "--token", "t" * 20, db=store_url)
+        assert r.returncode == 2 and f"127.0.0.1:{port}" in one_line(r.stderr)
+    r = poimen("console", "--host", "no-such-host.invalid", "--token", "t" * 20, db=store_url)
+    assert r.returncode == 2 and "no-such-host.invalid" in one_line(r.stderr)
+
+
+# Reading commands never write.
+
+
+def _ro_runner() -> list[str]:
+    """A prefix that runs a command with its first argument's directory mounted read-only,
+    so that even root cannot write there; empty where mount namespaces are not allowed."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return []
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True
+    )
+    if probe.returncode != 0:
+        return []
+    script = 'd="$1"; shift; mount --bind "$d" "$d" && mount -o remount,bind,ro "$d" && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "ro"]
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("journal", ["wal", "delete"])
+def test_reading_commands_leave_a_read_only_copy_untouched(tmp_path: Path, journal: str) -> None:
+    src = tmp_path / "src.db"
+    ids = hostile_log(f"sqlite:///{src}")
+    conn = sqlite3.connect(src)
+    conn.execute(f"PRAGMA journal_mode={journal}")
+    conn.close()
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    shutil.copy(src, folder / "copy.db")
+    (folder / "copy.db").chmod(0o444)
+    folder.chmod(0o555)
+    before = _snapshot(folder)
+    prefix = _ro_runner()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    env["POIMEN_DB"] = f"sqlite:///{folder / 'copy.db'}"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [*prefix, str(folder), str(POIMEN), *args] if prefix else [str(POIMEN), *args]
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+    try:
+        st = run("status", "--json")
+        assert st.returncode == 0, st.stderr
+        assert json.loads(st.stdout)["indeterminate"] == 1
+        for args in (("intents",), ("show", ids["spoof"]), ("audit",), ("status",)):
+            r = run(*args)
+            assert r.returncode == 0, (args, r.stderr)
+        # A write is refused as the store's error, and nothing changes.
+        w = run("resolve", ids["spoof"], "--not-landed", "--operator", "a", "--reason", "x")
+        if prefix:
+            assert w.returncode == 3 and "read" in one_line(w.stderr).lower()
+        assert _snapshot(folder) == before
+    finally:
+        folder.chmod(0o755)
+
+
+# Operator tools: find by call id, abandon a call whose worker is gone.
+
+
+def test_find_intents_by_call_id_newest_first(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        ids = [dispatch(store, f"run-9/step-{n}") for n in range(3)]
+        other = dispatch(store, "run-90/step-0")
+        exact = dispatch(store, "run-9")
+    finally:
+        store.close()
+    rows = poimen_json("intents", "--call-id", "run-9/", db=store_url)
+    assert [r["id"] for r in rows] == ids[::-1]  # newest first, "run-90/..." left out
+    everything = poimen_json("intents", "--call-id", "run-9", db=store_url)
+    assert {r["id"] for r in everything} == {*ids, other, exact}
+    assert [r["id"] for r in poimen_json("intents", "--call-id", "run-9/step-1", db=store_url)] == [
+        ids[1]
+    ]
+    assert len(poimen_json("intents", "--call-id", "run-9/", "--limit", "2", db=store_url)) == 2
+    text = poimen("intents", "--call-id", "run-9/step-2", db=store_url)
+    assert text.returncode == 0 and ids[2] in text.stdout
+    none = poimen("intents", "--call-id", "run-8/", db=store_url)
+    assert none.returncode == 1 and "no intents match" in none.stdout
+    mixed = poimen("intents", "--call-id", "run-9/", "--state", "DISPATCHED", db=store_url)
+    assert mixed.returncode == 2 and "--call-id" in one_line(mixed.stderr)
+    assert poimen("intents", "--call-id", "%", db=store_url).returncode == 1  # no wildcards
+
+
+def test_abandon_a_dispatched_intent_then_resolve_it(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        stuck = dispatch(store, "run-3/stuck", effect="unsafe")
+        done = dispatch(store, "run-3/done")
+        assert store.record_outcome(
+            done, 1, IntentState.COMPLETED, result="1", error=None, now=store.now()
+        )
+    finally:
+        store.close()
+    for args in (
+        ("abandon", stuck, "--operator", "ana"),
+        ("abandon", stuck, "--reason", "x"),
+        ("abandon", stuck, "--operator", " ", "--reason", "x"),
+    ):
+        assert poimen(*args, db=store_url).returncode == 2, args
+    refused = poimen("abandon", done, "--operator", "ana", "--reason", "x", db=store_url)
+    assert refused.returncode == 1 and "COMPLETED" in one_line(refused.stderr)
+    assert (
+        poimen("abandon", "in_nope", "--operator", "a", "--reason", "x", db=store_url).returncode
+        == 1
+    )
+
+    out = poimen_json(
+        "abandon", "run-3/stuck", "--operator", "ana", "--reason", "host h1 is gone", db=store_url
+    )
+    assert out["state"] == "INDETERMINATE" and out["reason"] == "abandoned_by_operator"
+    assert out["fence"] == 2
+    shown = poimen_json("show", stuck, db=store_url)
+    last = shown["events"][-1]
+    assert (last["kind"], last["actor"], last["from_state"], last["to_state"]) == (
+        "abandoned",
+        "ana",
+        "DISPATCHED",
+        "INDETERMINATE",
+    )
+    assert last["detail"]["reason"] == "host h1 is gone" and last["detail"]["owner"] == "worker-a"
+    again = poimen("abandon", stuck, "--operator", "bo", "--reason", "x", db=store_url)
+    assert again.returncode == 1 and "INDETERMINATE" in again.stderr
+
+    # The worker comes back after all: its outcome is evidence only, never applied.
+    store = open_store(store_url)
+    try:
+        assert not store.record_outcome(
+            stuck, 1, IntentState.COMPLETED, result='{"sent": true}', error=None, now=store.now()
+        )
+        [attempt] = store.attempts(stuck)
+        assert attempt.late_outcome == "completed"
+        it = store.get_intent(stuck)
+        assert it is not None and it.state == IntentState.INDETERMINATE
+    finally:
+        store.close()
+    r = poimen(
+        "resolve", stuck, "--landed", "--operator", "ana", "--reason", "late evidence", db=store_url
+    )
+    assert r.returncode == 0, r.stderr
+    assert poimen_json("show", stuck, db=store_url)["state"] == "RESOLVED_LANDED"
+
+
+def race_abandon(store: Any, target: str, n: int) -> list[str]:
+    """`n` operators abandon `target` at the same moment; what each got."""
+    gate = threading.Barrier(n)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def go(name: str) -> None:
+        gate.wait()
+        try:
+            op.abandon(store, target, operator=name, reason="gone")
+            result = f"won:{name}"
+        except NotDispatchedError:
+            result = "refused"
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=go, args=(f"op{i}",)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def test_two_operators_abandoning_at_once_exactly_one_wins(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        for n in range(5):
+            target = dispatch(store, f"race/{n}", effect="unsafe")
+            outcomes = race_abandon(store, target, 4)
+            winners = [o for o in outcomes if o.startswith("won:")]
+            assert len(winners) == 1 and outcomes.count("refused") == 3, outcomes
+            events = [e for e in store.events(target) if e.kind == "abandoned"]
+            assert [f"won:{e.actor}" for e in events] == winners
+            it = store.get_intent(target)
+            assert it is not None and it.fence == 2 and it.state == IntentState.INDETERMINATE
+    finally:
+        store.close()

@@ -10,7 +10,8 @@ import re
 import select
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from poimen.store import open_store
 from poimen.testing import EMAIL, ProviderClient, ProviderProcess
 from tests.integration.operator_app import (
     HOOK,
+    HOOK_CHECK,
     POIMEN,
     ROGUE,
     ROOT,
@@ -46,6 +48,7 @@ class Console:
     db: str
     hook_id: str
     email_id: str
+    stuck_id: str
 
     def client(self, **kw: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=10, **kw)
@@ -71,36 +74,13 @@ def hook_effects(ledger: ProviderClient) -> int:
     return sum(1 for e in ledger.entries(kind="plain") if e["body"].get("channel") == "ops")
 
 
-@pytest.fixture
-def console(
-    tmp_path: Path, store_url: str, provider: ProviderProcess, ledger: ProviderClient
-) -> Iterator[Console]:
-    """Two Unsafe calls killed after their effect and recovered to INDETERMINATE, a sandbox
-    denial, a capability denial, and `poimen console` serving that log."""
-    args = {"channel": "ops", "api_token": SECRET, "payload": {"text": "hello"}}
-    crash(tmp_path, store_url, provider.url, HOOK, args, "k-hook")
-    crash(
-        tmp_path, store_url, provider.url, EMAIL, {"to": "a@example.com", "subject": "x"}, "k-mail"
-    )
-    shadow_denial(store_url, provider.url, "k-shadow")
-    assert (
-        run_call(store_url, provider.url, ROGUE, {"order_id": "o-7"}, "k-rogue")["type"] == "Failed"
-    )
-    r = poimen("recover", "--app", APP, db=store_url, provider=provider.url)
-    assert r.returncode == 0, r.stderr
-    assert hook_effects(ledger) == 1
-    store = open_store(store_url, migrate=False)
-    try:
-        hook = store.get_by_call_id("k-hook")
-        mail = store.get_by_call_id("k-mail")
-    finally:
-        store.close()
-    assert hook is not None and mail is not None
-    assert hook.state == mail.state == IntentState.INDETERMINATE
-
+@contextlib.contextmanager
+def serve_console(db: str, *args: str, **env_extra: str) -> Iterator[str]:
+    """`poimen console --port 0` on `db` with `args`; yields its base URL."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    env.update(env_extra)
     proc = subprocess.Popen(
-        [str(POIMEN), "console", "--db", store_url, "--port", "0", "--token", TOKEN],
+        [str(POIMEN), "console", "--db", db, "--port", "0", "--token", TOKEN, *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -109,12 +89,12 @@ def console(
     )
     try:
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
         assert ready, "poimen console printed no address"
         line = proc.stdout.readline()
-        m = re.search(r"http://127\.0\.0\.1:\d+", line)
-        assert m, (line, proc.poll())
-        yield Console(m.group(0), store_url, hook.id, mail.id)
+        m = re.search(r"https?://127\.0\.0\.1:\d+", line)
+        assert m, (line, proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
+        yield m.group(0)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -125,6 +105,48 @@ def console(
         for pipe in (proc.stdout, proc.stderr):
             if pipe:
                 pipe.close()
+
+
+@pytest.fixture
+def console(
+    tmp_path: Path, store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> Iterator[Console]:
+    """Two Unsafe calls of run-7 killed after their effect and recovered to INDETERMINATE, a
+    third killed after recovery ran (still DISPATCHED, its worker gone), a sandbox denial, a
+    capability denial, and `poimen console --app` serving that log."""
+    args = {"channel": "ops", "api_token": SECRET, "payload": {"text": "hello"}}
+    crash(tmp_path, store_url, provider.url, HOOK, args, "run-7/k-hook")
+    crash(
+        tmp_path,
+        store_url,
+        provider.url,
+        EMAIL,
+        {"to": "a@example.com", "subject": "x"},
+        "run-7/k-mail",
+    )
+    shadow_denial(store_url, provider.url, "k-shadow")
+    assert (
+        run_call(store_url, provider.url, ROGUE, {"order_id": "o-7"}, "k-rogue")["type"] == "Failed"
+    )
+    r = poimen("recover", "--app", APP, db=store_url, provider=provider.url)
+    assert r.returncode == 0, r.stderr
+    stuck_args = {"channel": "ops2", "api_token": SECRET, "payload": {"text": "stuck"}}
+    crash(tmp_path, store_url, provider.url, HOOK, stuck_args, "run-7/k-stuck")
+    assert hook_effects(ledger) == 1
+    store = open_store(store_url, migrate=False)
+    try:
+        hook = store.get_by_call_id("run-7/k-hook")
+        mail = store.get_by_call_id("run-7/k-mail")
+        stuck = store.get_by_call_id("run-7/k-stuck")
+    finally:
+        store.close()
+    assert hook is not None and mail is not None and stuck is not None
+    assert hook.state == mail.state == IntentState.INDETERMINATE
+    assert stuck.state == IntentState.DISPATCHED
+
+    app_env = {"POIMEN_DB": store_url, "POIMEN_TEST_PROVIDER": provider.url}
+    with serve_console(store_url, "--app", APP, **app_env) as url:
+        yield Console(url, store_url, hook.id, mail.id, stuck.id)
     assert hook_effects(ledger) == 1  # whatever the console did, nothing was re-issued
 
 
@@ -229,6 +251,21 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+Shot = Callable[[Any, str], None]
+
+
+@pytest.fixture
+def shot(request: pytest.FixtureRequest) -> Shot:
+    """Saves a full-page screenshot to artifacts/, named after the test's backend."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    tag = re.sub(r"[^a-z0-9]+", "-", request.node.callspec.id.lower())
+
+    def take(page: Any, name: str) -> None:
+        page.screenshot(path=str(ARTIFACTS / f"console-{tag}-{name}.png"), full_page=True)
+
+    return take
+
+
 def click_and_load(page: Any, selector: str) -> None:
     # Assert on the page the click leads to, never on the one it leaves.
     with page.expect_navigation(wait_until="load"):
@@ -237,14 +274,8 @@ def click_and_load(page: Any, selector: str) -> None:
 
 @pytest.mark.browser
 def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
-    console: Console, browser: Any, request: pytest.FixtureRequest
+    console: Console, browser: Any, shot: Shot
 ) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    tag = re.sub(r"[^a-z0-9]+", "-", request.node.callspec.id.lower())
-
-    def shot(page: Any, name: str) -> None:
-        page.screenshot(path=str(ARTIFACTS / f"console-{tag}-{name}.png"), full_page=True)
-
     anon = browser.new_page()
     anon.goto(console.url + "/")
     assert anon.locator("h1").inner_text() == "Access token required"
@@ -326,6 +357,86 @@ def test_operator_resolves_a_killed_unsafe_call_in_the_browser(
     page.close()
 
 
+LINES_OF = """(sel) => Array.from(document.querySelectorAll(sel)).map((el) => {
+    const r = document.createRange(); r.selectNodeContents(el);
+    return new Set(Array.from(r.getClientRects()).map((b) => Math.round(b.top))).size; })"""
+
+
+@pytest.mark.browser
+def test_operator_finds_abandons_and_resolves_a_stuck_call_in_the_browser(
+    console: Console, browser: Any, shot: Shot
+) -> None:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{console.url}/?token={TOKEN}")
+
+    # Find the run by its call-id prefix from the search box on every page: newest first.
+    page.fill("#find-call-id", "run-7/")
+    with page.expect_navigation(wait_until="load"):
+        page.press("#find-call-id", "Enter")
+    found = page.locator("#intents tbody tr td.call").all_inner_texts()
+    assert found == ["run-7/k-stuck", "run-7/k-mail", "run-7/k-hook"]
+    assert page.evaluate(LINES_OF, "#intents td.time") == [1, 1, 1]  # dates on one line
+    shot(page, "search-1280")
+
+    page.goto(f"{console.url}/intents")
+    assert set(page.evaluate(LINES_OF, "#intents td.time")) == {1}
+    assert set(page.evaluate(LINES_OF, "#intents td.id")) == {1}
+    shot(page, "intents-1280")
+
+    # The stuck call: its run, what to check, and the abandon form.
+    page.goto(f"{console.url}/intents/{console.stuck_id}")
+    assert "DISPATCHED" in page.locator("#state").inner_text()
+    run = page.locator("#run").inner_text()
+    assert "run-7/k-hook" in run and "run-7/k-mail" in run and "run-7/k-stuck" not in run
+    assert HOOK_CHECK in page.locator("#what-to-check").inner_text()
+    assert page.locator("#resolve").count() == 0
+    page.fill("#abandon-operator", "ana")
+    page.fill("#abandon-reason", "host h1 was decommissioned at 04:50")
+    click_and_load(page, "#review-abandon")
+    assert "abandoned_by_operator" in page.locator("#becomes").inner_text()
+    assert page.locator("#lease").inner_text()
+    assert console.intent(console.stuck_id)[0] == IntentState.DISPATCHED  # not yet
+    shot(page, "abandon-confirm")
+    click_and_load(page, "#confirm-abandon")
+    assert page.locator("#abandoned-banner").is_visible()
+    assert "INDETERMINATE" in page.locator("#state").inner_text()
+    assert "abandoned_by_operator" in page.locator("#state").inner_text()
+    events = page.locator("#events").inner_text()
+    assert "abandoned" in events and "host h1 was decommissioned at 04:50" in events
+    assert page.locator("#abandon").count() == 0
+    assert HOOK_CHECK in page.locator("#resolve #what-to-check").inner_text()
+    shot(page, "abandoned")
+    state, stored = console.intent(console.stuck_id)
+    assert state == IntentState.INDETERMINATE
+    assert stored[-1].kind == "abandoned" and stored[-1].actor == "ana"
+
+    # Then resolved as usual.
+    page.check("#decision-not-landed")
+    page.fill("#operator", "ana")
+    page.fill("#reason", "no message in ops2 after 04:50")
+    click_and_load(page, "#review")
+    click_and_load(page, "#confirm")
+    assert "RESOLVED_NOT_LANDED" in page.locator("#state").inner_text()
+    assert console.intent(console.stuck_id)[0] == IntentState.RESOLVED_NOT_LANDED
+
+    # A page that does not exist is a page of the console.
+    page.goto(f"{console.url}/no/such/page")
+    assert page.locator("h1").inner_text() == "Not found"
+    assert page.locator("header.top nav").is_visible()
+    shot(page, "404")
+
+    # Phone width: nothing wider than the screen; wide tables scroll inside themselves.
+    page.set_viewport_size({"width": 375, "height": 800})
+    for path, name in (("/intents", "intents-375"), (f"/intents/{console.hook_id}", "intent-375")):
+        page.goto(console.url + path)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 375, path
+        box = page.locator("#find-call-id").bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 375
+        shot(page, name)
+    assert page.locator("header.top nav a").first.is_visible()
+    page.close()
+
+
 def test_without_a_token_one_is_generated_printed_and_required(store_url: str) -> None:
     assert poimen("migrate", db=store_url).returncode == 0
     env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
@@ -353,3 +464,165 @@ def test_without_a_token_one_is_generated_printed_and_required(store_url: str) -
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=10)
+
+
+# Hostile requests, sessions, hosts, TLS.
+
+
+def clean_refusal(r: httpx.Response, status: int) -> None:
+    assert r.status_code == status, (r.status_code, r.text[:500])
+    assert r.headers["content-type"].startswith("text/html")
+    assert '<link rel="stylesheet" href="/static/console.css">' in r.text
+    assert "Traceback" not in r.text
+
+
+def test_hostile_requests_get_a_clean_4xx_never_a_500(console: Console) -> None:
+    with console.client() as anon:
+        # A cookie that is not ASCII: no login needed to send it.
+        r = anon.get("/", headers={"Cookie": "poimen_console=s\xe9ssion\u2603".encode()})
+        clean_refusal(r, 401)
+        r = anon.get("/nowhere/at/all")
+        clean_refusal(r, 404)
+        assert "Not found" in r.text and "/nowhere/at/all" in r.text
+    before = console.intent(console.hook_id)
+    target = f"/intents/{console.hook_id}/resolve"
+    form = {"decision": "landed", "operator": "ana", "reason": "x", "step": "review"}
+    with console.logged_in() as c:
+        page = c.get(f"/intents/{console.hook_id}")
+        csrf = csrf_of(page.text)
+        for bad in ("\u00e9" * 64, "\u2603", "x" * 100_000):
+            r = c.post(target, data={**form, "csrf": bad})
+            clean_refusal(r, 403)
+        for limit in ("1e20", "100000000000000000000", "-1", "0", "\u0661\u0662"):
+            clean_refusal(c.get("/intents", params={"limit": limit}), 400)
+        assert c.get("/intents", params={"limit": "5"}).status_code == 200
+        for deep in ("[" * 100_000, "[" * 3000 + "]" * 3000, '{"a":' * 2000 + "1" + "}" * 2000):
+            r = c.post(target, data={**form, "result": deep, "csrf": csrf})
+            assert r.status_code == 400, r.text[:300]
+            assert "nested deeper" in r.text
+        clean_refusal(c.get("/intents/in_nope"), 404)
+        clean_refusal(c.get("/intents/"), 404)  # no slash redirect
+        clean_refusal(c.post("/intents", data={"x": "1"}), 405)
+    assert console.intent(console.hook_id) == before
+
+
+def session_cookie(r: httpx.Response) -> tuple[str, str]:
+    header = r.headers["set-cookie"]
+    m = re.match(r"poimen_console=([^;]+);(.*)", header)
+    assert m, header
+    return m.group(1), m.group(2).lower()
+
+
+def test_sessions_are_random_expire_and_end_at_logout(store_url: str) -> None:
+    assert poimen("migrate", db=store_url).returncode == 0
+    ttl = 5.0
+    with serve_console(store_url, "--session-ttl", f"{ttl:g}s") as url:
+        cookies = []
+        for _ in range(2):
+            with httpx.Client(base_url=url, timeout=10) as c:
+                r = c.post("/login", data={"token": TOKEN})
+                assert r.status_code == 303
+                value, attrs = session_cookie(r)
+                assert TOKEN not in value and len(value) >= 32
+                assert "httponly" in attrs and "samesite=strict" in attrs
+                assert f"max-age={int(ttl)}" in attrs and "secure" not in attrs
+                cookies.append(value)
+        assert cookies[0] != cookies[1]  # a new random id for every login
+
+        # Logging out ends the session on the server: the old cookie is worth nothing.
+        with httpx.Client(base_url=url, timeout=10) as c:
+            c.cookies.set("poimen_console", cookies[0])
+            page = c.get("/")
+            assert page.status_code == 200
+            assert c.post("/logout", data={"csrf": csrf_of(page.text)}).status_code == 303
+        with httpx.Client(base_url=url, timeout=10) as replay:
+            replay.cookies.set("poimen_console", cookies[0])
+            clean_refusal(replay.get("/"), 401)
+
+        # A session expires by itself, on the server (the cookie is sent regardless of its
+        # Max-Age, as a client keeping it too long would).
+        with httpx.Client(base_url=url, timeout=10) as c:
+            started = time.monotonic()
+            value, _ = session_cookie(c.post("/login", data={"token": TOKEN}))
+            sent = {"Cookie": f"poimen_console={value}"}
+            first = c.get("/", headers=sent)
+            if time.monotonic() - started < ttl - 1:  # a stalled machine may be past it
+                assert first.status_code == 200
+            while (r := c.get("/", headers=sent)).status_code == 200:
+                assert time.monotonic() - started < ttl + 60
+                time.sleep(0.2)
+            assert r.status_code == 401 and time.monotonic() - started >= ttl
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_the_cookie_is_secure_over_tls_or_behind_a_trusted_proxy(
+    tmp_path: Path, store_url: str
+) -> None:
+    assert poimen("migrate", db=store_url).returncode == 0
+    cert, key = self_signed(tmp_path)
+    with serve_console(store_url, "--tls-cert", str(cert), "--tls-key", str(key)) as url:
+        assert url.startswith("https://")
+        with httpx.Client(base_url=url, timeout=10, verify=False) as c:
+            r = c.get(f"/?token={TOKEN}")
+            assert r.status_code == 303 and "secure" in session_cookie(r)[1]
+            page = c.get("/")
+            assert page.status_code == 200
+            # The browser's own origin over TLS passes the same-origin check.
+            done = c.post("/logout", data={"csrf": csrf_of(page.text)}, headers={"Origin": url})
+            assert done.status_code == 303
+
+    https = {"X-Forwarded-Proto": "https"}
+    with serve_console(store_url) as url, httpx.Client(base_url=url, timeout=10) as c:
+        r = c.get(f"/?token={TOKEN}", headers=https)
+        assert r.status_code == 303 and "secure" not in session_cookie(r)[1]  # not believed
+    with (
+        serve_console(store_url, "--trust-proxy") as url,
+        httpx.Client(base_url=url, timeout=10) as c,
+    ):
+        r = c.get(f"/?token={TOKEN}", headers=https)
+        assert r.status_code == 303 and "secure" in session_cookie(r)[1]
+        assert c.get(f"/?token={TOKEN}").status_code == 303  # plain requests still work
+
+
+def test_hosts_are_checked_and_no_redirect_carries_the_token(store_url: str) -> None:
+    assert poimen("migrate", db=store_url).returncode == 0
+    with serve_console(store_url, "--allowed-host", "console.example") as url:
+        port = url.rsplit(":", 1)[1]
+        with httpx.Client(base_url=url, timeout=10) as c:
+            for path in (f"/intents/?token={TOKEN}", f"/?token={TOKEN}", "/login"):
+                r = c.get(path, headers={"Host": f"evil.example:{port}"})
+                assert r.status_code == 400, (path, r.status_code, r.headers)
+                assert "location" not in r.headers and TOKEN not in r.text
+            for host in (f"console.example:{port}", f"localhost:{port}", f"127.0.0.1:{port}"):
+                r = c.get(f"/audit?token={TOKEN}&tool=x", headers={"Host": host})
+                assert r.status_code == 303 and r.headers["location"] == "/audit?tool=x", host
+            slash = c.get(f"/intents/?token={TOKEN}")
+            assert slash.status_code in (303, 404)
+            assert TOKEN not in slash.headers.get("location", "")
+            assert not slash.headers.get("location", "/").startswith(("http", "//"))
+            sneaky = c.get(f"//evil.example/?token={TOKEN}")
+            assert not sneaky.headers.get("location", "/").startswith(("http", "//"))

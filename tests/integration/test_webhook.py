@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -18,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from poimen import IntentState, Kernel, WebhookNotifier
+from poimen import IntentState, Kernel, LogNotifier, WebhookNotifier
+from poimen.errors import PoimenError
 from poimen.testing import (
     EMAIL,
     ProviderClient,
@@ -26,6 +29,7 @@ from poimen.testing import (
     kill_at_pause,
     register_test_tools,
 )
+from tests.contract.test_store_contract import raw
 from tests.integration.operator_app import POIMEN, ROOT, crash, register_ops
 
 SECRET = "whsec-test-4f1d"
@@ -266,3 +270,169 @@ def test_still_open_indeterminate_intents_are_renotified_until_resolved(
         time.sleep(0.5)
         k.deliver_notifications()
         assert len(receiver.requests) == sent  # resolved: no more reminders
+
+
+# Secrets in webhook URLs, and who delivers what.
+
+HOOK_PATH = "/hooks/T0123/B0456/XyZsecretPart"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_webhook_url_is_never_shown_or_stored_whole(
+    tmp_path: Path,
+    store_url: str,
+    provider: ProviderProcess,
+    receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    crash(tmp_path, store_url, provider.url, EMAIL, {"to": "g@example.com", "subject": "s"}, "w7")
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}{HOOK_PATH}?token=tok-777"
+    shown = f"http://127.0.0.1:{port}/…"
+    hook = WebhookNotifier(url, secret=SECRET, name="ops-hook")
+    with (
+        caplog.at_level(logging.WARNING, logger="poimen"),
+        kernel_for(store_url, provider.url, hook) as k,
+    ):
+        k.recover()
+        intent = k.store.get_by_call_id("w7")
+        assert intent is not None
+        [note] = k.store.notifications(intent.id)
+    assert note.delivered_at is None and note.last_error is not None
+    assert shown in note.last_error and "unreachable" in note.last_error
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert shown in logged
+    for secret in ("XyZsecretPart", "tok-777", "T0123"):
+        assert secret not in note.last_error and secret not in logged
+
+    # The same recipient at a new address (so, the same name): a receiver that answers 500,
+    # behind a path that is its credential.
+    receiver.fail_first = 99
+    secret_url = receiver.url + "/XyZsecretPart?token=tok-777"
+    assert WebhookNotifier(secret_url, secret=SECRET).name == "webhook:" + secret_url.split("/")[2]
+    hook = WebhookNotifier(secret_url, secret=SECRET, name="ops-hook")
+    while time.time() <= note.next_attempt_at:  # due again after its back-off
+        time.sleep(0.05)
+    with kernel_for(store_url, provider.url, hook) as k:
+        assert k.deliver_notifications() == 0
+        [note] = k.store.notifications(intent.id)
+    assert note.last_error is not None and "answered 500" in note.last_error
+    assert "XyZsecretPart" not in note.last_error and "/…" in note.last_error
+
+    # A row written by an older poimen with the whole URL in it is shown redacted.
+    old_error = f"webhook https://hooks.slack.com/services{HOOK_PATH} unreachable"
+    raw(store_url, "UPDATE outbox SET last_error = ? WHERE intent_id = ?", (old_error, intent.id))
+    raw(store_url, "UPDATE deliveries SET last_error = ?", (old_error,))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    for args in (["show", "w7"], ["show", "w7", "--json"]):
+        out = subprocess.run(
+            [str(POIMEN), *args],
+            cwd=ROOT,
+            env={**env, "POIMEN_DB": store_url},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "https://hooks.slack.com/" in out and "XyZsecretPart" not in out, out
+
+
+class Counting:
+    """A notifier that counts what it was given and can be told to fail."""
+
+    def __init__(self, name: str, *, fail: int = 0) -> None:
+        self.name = name
+        self.fail = fail
+        self.seen: list[str] = []
+
+    def notify(self, notification: Any) -> None:
+        self.seen.append(notification.delivery_id)
+        if self.fail > 0:
+            self.fail -= 1
+            raise RuntimeError(f"{self.name} is down")
+
+
+def test_a_kernel_delivers_only_to_its_own_notifiers(
+    tmp_path: Path, store_url: str, provider: ProviderProcess, receiver: Receiver
+) -> None:
+    receiver.fail_first = 1
+    crash(tmp_path, store_url, provider.url, EMAIL, {"to": "h@example.com", "subject": "s"}, "w8")
+    with kernel_for(store_url, provider.url, WebhookNotifier(receiver.url, secret=SECRET)) as k:
+        k.recover()  # the row is written for this webhook; its first try fails
+        intent = k.store.get_by_call_id("w8")
+        assert intent is not None
+        assert [d.status for d in receiver.requests] == [500]
+        [note] = k.store.notifications(intent.id)
+    while time.time() <= note.next_attempt_at:  # due again after its back-off
+        time.sleep(0.05)
+
+    # Kernels without that webhook deliver nothing and mark nothing.
+    for notifiers in ([], [LogNotifier()], [Counting("audit-log")]):
+        with Kernel(store_url, notifiers=notifiers) as other:
+            assert other.deliver_notifications() == 0
+            [note] = other.store.notifications(intent.id)
+            assert note.delivered_at is None, notifiers
+    assert [d.status for d in receiver.requests] == [500]
+
+    # The webhook's own kernel delivers it, after the back-off.
+    with kernel_for(store_url, provider.url, WebhookNotifier(receiver.url, secret=SECRET)) as k:
+        end = time.monotonic() + 20
+        while not receiver.accepted():
+            assert time.monotonic() < end, receiver.requests
+            k.deliver_notifications()
+            time.sleep(0.1)
+        [note] = k.store.notifications(intent.id)
+    assert note.delivered_at is not None
+    assert receiver.accepted() == {f"{intent.id}:indeterminate": 1}
+
+
+def test_each_notifier_gets_each_notification_once_however_the_others_fare(
+    tmp_path: Path, store_url: str, provider: ProviderProcess
+) -> None:
+    crash(tmp_path, store_url, provider.url, EMAIL, {"to": "i@example.com", "subject": "s"}, "w9")
+    steady, flaky = Counting("steady"), Counting("flaky", fail=1)
+    k = Kernel(store_url, notifiers=[steady, flaky], deadline_margin=0.1, lookup_backoff=0.05)
+    register_test_tools(k, provider.url, timeout=0.5)
+    with k:
+        k.recover()
+        intent = k.store.get_by_call_id("w9")
+        assert intent is not None
+        did = f"{intent.id}:indeterminate"
+        assert steady.seen == [did] and flaky.seen == [did]
+        [note] = k.store.notifications(intent.id)
+        assert note.delivered_at is None  # flaky has not accepted it yet
+        end = time.monotonic() + 20
+        while len(flaky.seen) < 2:
+            assert time.monotonic() < end
+            k.deliver_notifications()
+            time.sleep(0.1)
+        k.deliver_notifications()
+        [note] = k.store.notifications(intent.id)
+        assert note.delivered_at is not None
+    assert steady.seen == [did]  # not sent again because another notifier failed
+    assert flaky.seen == [did, did]
+    with pytest.raises(PoimenError, match="flaky"):
+        Kernel(store_url, notifiers=[Counting("flaky"), Counting("flaky")])
+
+
+def test_a_kernel_without_notifiers_leaves_its_notes_to_any_that_has_some(
+    tmp_path: Path, store_url: str, provider: ProviderProcess, receiver: Receiver
+) -> None:
+    crash(tmp_path, store_url, provider.url, EMAIL, {"to": "j@example.com", "subject": "s"}, "w10")
+    quiet = Kernel(store_url, notifiers=[], deadline_margin=0.1)
+    register_test_tools(quiet, provider.url, timeout=0.5)
+    with quiet:
+        assert quiet.recover().indeterminate == 1
+        intent = quiet.store.get_by_call_id("w10")
+        assert intent is not None
+        [note] = quiet.store.notifications(intent.id)
+        assert note.delivered_at is None
+    with kernel_for(store_url, provider.url, WebhookNotifier(receiver.url, secret=SECRET)) as k:
+        assert k.deliver_notifications() == 1
+        [note] = k.store.notifications(intent.id)
+    assert note.delivered_at is not None
+    assert receiver.accepted() == {f"{intent.id}:indeterminate": 1}

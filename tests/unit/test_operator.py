@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import json
 
 import pytest
 
@@ -13,10 +14,14 @@ from poimen._notify import sign, verify_signature
 from poimen._operator import (
     REDACTED,
     OperatorInputError,
+    escape_text,
     parse_result,
     parse_since,
     parse_state,
     redact,
+    redact_url,
+    redact_urls,
+    safe_json,
 )
 
 
@@ -93,3 +98,67 @@ def test_signature_is_hmac_sha256_over_timestamp_dot_body() -> None:
     assert not verify_signature("k", "1800000000", body + b" ", sig, now=1_800_000_100)
     assert not verify_signature("other", "1800000000", body, sig, now=1_800_000_100)
     assert not verify_signature("k", "1800000000", body, sig, now=1_800_001_000)  # replayed
+
+
+def test_a_hostile_timestamp_is_a_plain_no() -> None:
+    body = b"{}"
+    sig = sign("k", "1800000000", body)
+    # Python refuses to convert a 5,000-digit string to int: that must be "no", not a crash.
+    assert not verify_signature("k", "9" * 5000, body, sig, now=1_800_000_000)
+    assert not verify_signature("k", "1" + "0" * 4999, body, sig, now=1_800_000_000)
+    for bad in ("", "-5", "1e9", "\uff11\uff18\uff10\uff10", " 1800000000", "1800000000\n"):
+        assert not verify_signature("k", bad, body, sig, now=1_800_000_000)
+
+
+def test_a_timestamp_from_the_future_is_refused_beyond_the_tolerance() -> None:
+    body = b"{}"
+    ahead = "1800000400"
+    sig = sign("k", ahead, body)
+    assert not verify_signature("k", ahead, body, sig, now=1_800_000_000)  # 400s ahead
+    assert verify_signature("k", ahead, body, sig, now=1_800_000_200)  # 200s ahead: within
+
+
+def test_a_deeply_nested_result_is_refused_as_input() -> None:
+    for text in ("[" * 100_000, "[" * 5000 + "]" * 5000, '{"a":' * 3000 + "1" + "}" * 3000):
+        with pytest.raises(OperatorInputError, match="nested"):
+            parse_result(text)
+    deep_ok = "[" * 50 + "]" * 50
+    assert parse_result(deep_ok) is not None
+
+
+def test_recorded_text_cannot_fake_lines_or_reorder_the_terminal() -> None:
+    hostile = "run-9/step-1\nstate: COMPLETED\r\x1b[2J\x85\u202egnp.exe\u2066x\u2069\u2028\t"
+    shown = escape_text(hostile)
+    assert "\n" not in shown and "\r" not in shown and "\t" not in shown
+    assert all(c.isprintable() for c in shown)
+    for raw, esc in (("\n", "\\n"), ("\x1b", "\\x1b"), ("\x85", "\\x85"), ("\u202e", "\\u202e")):
+        assert raw not in shown and esc in shown
+    assert escape_text("naïve — 東京 ok") == "naïve — 東京 ok"  # printable text is kept
+
+
+def test_json_output_escapes_c0_c1_and_bidi_controls() -> None:
+    value = {"call_id": "a\x85b\u202ec\u2066d\U000e0041e\u2028f", "name": "naïve 東京"}
+    text = safe_json(value, indent=2)
+    assert json.loads(text) == value  # still the same data
+    assert all(c.isprintable() or c in "\n " for c in text)
+    assert "\\u0085" in text and "\\u202e" in text and "\\udb40\\udc41" in text
+    assert "naïve 東京" in text  # printable non-ASCII stays readable
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://hooks.slack.com/services/T0/B0/XyZsecret", "https://hooks.slack.com/…"),
+        ("https://ops.example/hook?token=abc123", "https://ops.example/…"),
+        ("https://user:pw@ops.example:8443/x", "https://ops.example:8443/…"),
+        ("http://127.0.0.1:9000", "http://127.0.0.1:9000"),
+        ("https://ops.example/", "https://ops.example/"),
+    ],
+)
+def test_urls_are_shown_with_scheme_and_host_only(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+    text = f"webhook {url} unreachable: connection refused ({url})"
+    out = redact_urls(text)
+    assert out == f"webhook {shown} unreachable: connection refused ({shown})"
+    for secret in ("XyZsecret", "abc123", "pw@"):
+        assert secret not in out

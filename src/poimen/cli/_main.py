@@ -1,16 +1,19 @@
 """``poimen``: the operator CLI over the intent log.
 
 Exit codes: 0 ok · 1 nothing found, or refused (e.g. resolving an intent that is not
-INDETERMINATE) · 2 usage (bad or missing options) · 3 the store cannot be opened or read.
+INDETERMINATE) · 2 usage (bad or missing options, an --app that cannot be loaded, a console
+address that cannot be listened on) · 3 the store cannot be opened, read or written ·
+4 anything unforeseen (a bug here or in the loaded app). Every failure is one line on stderr
+(and with ``--json`` an error object on stdout); ``POIMEN_DEBUG=1`` adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -21,13 +24,14 @@ from poimen._kernel import Kernel
 from poimen.cli import _render as render
 from poimen.errors import (
     IntentNotFoundError,
+    NotDispatchedError,
     NotIndeterminateError,
     PoimenError,
     StoreError,
 )
 from poimen.store import Store, open_store
 
-OK, NOT_FOUND, USAGE, STORE = 0, 1, 2, 3
+OK, NOT_FOUND, USAGE, STORE, UNEXPECTED = 0, 1, 2, 3, 4
 
 
 class CliError(PoimenError):
@@ -48,13 +52,14 @@ def _db_url(ns: argparse.Namespace) -> str:
     return str(url)
 
 
-def _open(url: str) -> Store:
-    """Open an existing log without migrating it: reading never changes the schema."""
+def _open(url: str, *, readonly: bool = False) -> Store:
+    """Open an existing log without migrating it: reading never changes the schema, and a
+    reading command opens it read-only, so it never writes to the log at all."""
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///") :]
         if not Path(path).is_file():
             raise CliError(f"no intent log at {path!r} (poimen migrate creates one)", code=STORE)
-    store = open_store(url, migrate=False)
+    store = open_store(url, migrate=False, readonly=readonly)
     if store.schema_version() == 0:
         store.close()
         raise CliError(f"{url} holds no poimen schema: run `poimen migrate`", code=STORE)
@@ -76,13 +81,22 @@ def load_app(spec: str) -> Kernel:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CliError(f"--app: cannot import {module_name!r}: {exc}", code=USAGE) from exc
+    except Exception as exc:  # the app's own code runs here: whatever it raises
+        raise CliError(
+            f"--app: cannot import {module_name!r}: {type(exc).__name__}: {exc}", code=USAGE
+        ) from exc
     obj = getattr(module, attr, None)
     if obj is None:
         raise CliError(f"--app: {module_name!r} has no attribute {attr!r}", code=USAGE)
     if not isinstance(obj, Kernel) and callable(obj):
-        obj = obj()
+        try:
+            obj = obj()
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise CliError(
+                f"--app {spec!r} raised {type(exc).__name__}: {exc}", code=USAGE
+            ) from exc
     if not isinstance(obj, Kernel):
         raise CliError(f"--app {spec!r} is a {type(obj).__name__}, not a poimen Kernel", code=USAGE)
     return obj
@@ -93,9 +107,9 @@ def load_app(spec: str) -> Kernel:
 
 def _emit(ns: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
     if ns.json:
-        print(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
+        print(op.safe_json(data, indent=2))
     else:
-        print(render.printable(text()))
+        print(op.escape_lines(text()))
 
 
 # Commands.
@@ -112,13 +126,18 @@ def _since(ns: argparse.Namespace, store: Store) -> float | None:
 
 
 def cmd_intents(ns: argparse.Namespace, store: Store) -> int:
-    rows = op.list_intents(
-        store,
-        state=None if ns.state is None else op.parse_state(ns.state),
-        tool_id=ns.tool,
-        since=_since(ns, store),
-        limit=ns.limit,
-    )
+    if ns.call_id is not None:
+        if ns.state or ns.tool or ns.since:
+            raise CliError("--call-id searches alone: drop --state, --tool and --since", code=USAGE)
+        rows = op.search(store, ns.call_id, limit=ns.limit)
+    else:
+        rows = op.list_intents(
+            store,
+            state=None if ns.state is None else op.parse_state(ns.state),
+            tool_id=ns.tool,
+            since=_since(ns, store),
+            limit=ns.limit,
+        )
     _emit(
         ns,
         [op.intent_summary(i) for i in rows],
@@ -145,8 +164,23 @@ def cmd_resolve(ns: argparse.Namespace, store: Store) -> int:
         ns,
         op.intent_summary(done),
         lambda: (
-            f"resolved {done.id}: {intent.state} -> {done.state} by {ns.operator.strip()} "
-            f"({ns.reason.strip()})"
+            f"resolved {done.id}: {intent.state} -> {done.state} by "
+            f"{op.escape_text(ns.operator.strip())} ({op.escape_text(ns.reason.strip())})"
+        ),
+    )
+    return OK
+
+
+def cmd_abandon(ns: argparse.Namespace, store: Store) -> int:
+    intent = op.find(store, ns.intent)
+    done = op.abandon(store, intent.id, operator=ns.operator, reason=ns.reason)
+    _emit(
+        ns,
+        op.intent_summary(done),
+        lambda: (
+            f"abandoned {done.id}: {intent.state} -> {done.state} ({done.reason}) by "
+            f"{op.escape_text(ns.operator.strip())} ({op.escape_text(ns.reason.strip())}); "
+            f"now resolve it: poimen resolve {done.id} --landed|--not-landed"
         ),
     )
     return OK
@@ -228,7 +262,7 @@ def cmd_migrate(ns: argparse.Namespace) -> int:
 
 def cmd_console(ns: argparse.Namespace) -> int:
     try:
-        from poimen.console import serve
+        from poimen.console import ConsoleOptions, listen, serve
     except ImportError as exc:
         raise CliError(
             f"the console needs its extra: pip install 'poimen[console]' ({exc})", code=USAGE
@@ -236,9 +270,43 @@ def cmd_console(ns: argparse.Namespace) -> int:
     token = ns.token or os.environ.get("POIMEN_CONSOLE_TOKEN") or None
     if token is not None and len(token) < 16:
         raise CliError("the console token must be at least 16 characters", code=USAGE)
-    store = _open(_db_url(ns))
+    if bool(ns.tls_cert) != bool(ns.tls_key):
+        raise CliError("--tls-cert and --tls-key go together", code=USAGE)
+    checks: dict[str, str] = {}
+    url = ns.db or os.environ.get("POIMEN_DB")
+    if ns.app:
+        kernel = load_app(ns.app)
+        try:
+            checks = dict(kernel.checks)
+            if url and not _same_store(url, kernel.store.url):
+                raise CliError(
+                    f"--db/POIMEN_DB {url} is not the app's store {kernel.store.url}", code=USAGE
+                )
+            url = kernel.store.url
+        finally:
+            kernel.close()
+    if not url:
+        raise CliError("no database: pass --db URL, --app, or set POIMEN_DB", code=USAGE)
+    options = ConsoleOptions(
+        session_ttl=op.parse_duration(ns.session_ttl, "session_ttl"),
+        trust_proxy=ns.trust_proxy,
+        allowed_hosts=tuple(ns.allowed_host or ()),
+        checks=checks,
+    )
     try:
-        serve(store, host=ns.host, port=ns.port, token=token)
+        sock = listen(ns.host, ns.port)
+    except OSError as exc:
+        raise CliError(f"console: cannot listen on {ns.host}:{ns.port}: {exc}", code=USAGE) from exc
+    store = _open(url)
+    try:
+        serve(
+            store,
+            sock=sock,
+            host=ns.host,
+            token=token,
+            options=options,
+            tls=(ns.tls_cert, ns.tls_key) if ns.tls_cert else None,
+        )
     finally:
         store.close()
     return OK
@@ -261,9 +329,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = argparse.ArgumentParser(
         prog="poimen",
-        description="Operate the poimen intent log: status, Indeterminate intents, audit, "
+        description="Operate the poimen intent log: status, find, Indeterminate intents, abandon, audit, "
         "recovery.",
-        epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable",
+        epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable, "
+        "4 unexpected error",
     )
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
@@ -279,6 +348,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--state", help="DISPATCHED, COMPLETED, FAILED, INDETERMINATE, ...")
     s.add_argument("--tool", help="tool id")
     s.add_argument("--since", help="15m, 2h, 7d, an ISO 8601 time, or epoch seconds")
+    s.add_argument(
+        "--call-id", help="find by call id: the intents whose call id starts with it, newest first"
+    )
     s.add_argument("--limit", type=int, default=100)
 
     s = sub.add_parser(
@@ -296,6 +368,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--result", help="JSON result of a landed call (optional)")
     s.add_argument("--operator", required=True, help="who decides")
     s.add_argument("--reason", required=True, help="why: what you checked")
+
+    s = sub.add_parser(
+        "abandon",
+        parents=[common],
+        help="give up on a DISPATCHED intent whose worker is gone: it becomes INDETERMINATE",
+    )
+    s.add_argument("intent", help="intent id or call id")
+    s.add_argument("--operator", required=True, help="who decides")
+    s.add_argument("--reason", required=True, help="why: how you know the worker is gone")
 
     s = sub.add_parser("audit", parents=[common], help="capability and sandbox denials")
     s.add_argument("--tool", help="tool id")
@@ -321,6 +402,27 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--token", help="access token (or POIMEN_CONSOLE_TOKEN; default: generated and printed)"
     )
+    s.add_argument(
+        "--app",
+        help="module:kernel of the application, to show each tool's what-to-check text",
+    )
+    s.add_argument(
+        "--session-ttl", default="12h", help="how long a login lasts (default 12h; 90s, 15m, 7d)"
+    )
+    s.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="HOST",
+        help="a host name the console is reached by, besides the bind address and localhost "
+        "(repeatable)",
+    )
+    s.add_argument(
+        "--trust-proxy",
+        action="store_true",
+        help="believe X-Forwarded-Proto/-For: only behind a TLS proxy that sets them",
+    )
+    s.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    s.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
     return p
 
 
@@ -329,27 +431,25 @@ _STORE_COMMANDS: dict[str, Callable[[argparse.Namespace, Store], int]] = {
     "intents": cmd_intents,
     "show": cmd_show,
     "resolve": cmd_resolve,
+    "abandon": cmd_abandon,
     "audit": cmd_audit,
 }
+_READING = frozenset({"status", "intents", "show", "audit"})
 
 
 def _fail(ns: argparse.Namespace | None, code: int, exc: BaseException, prefix: str) -> int:
-    print(render.printable(f"poimen: {prefix}{exc}"), file=sys.stderr)
+    message = op.redact_urls(str(exc))
+    if os.environ.get("POIMEN_DEBUG") == "1":
+        traceback.print_exception(exc, file=sys.stderr)
+    print(op.escape_text(f"poimen: {prefix}{message}"), file=sys.stderr)
     if ns is not None and getattr(ns, "json", False):
         data = getattr(exc, "data", {})
-        print(
-            json.dumps(
-                {
-                    "error": {
-                        "type": type(exc).__name__,
-                        "message": str(exc),
-                        **{k: v for k, v in data.items() if k != "code"},
-                    }
-                },
-                default=str,
-                sort_keys=True,
-            )
-        )
+        error = {
+            "type": type(exc).__name__,
+            "message": message,
+            **{k: v for k, v in data.items() if k != "code"},
+        }
+        print(op.safe_json({"error": error}))
     return code
 
 
@@ -358,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = _parser().parse_args(argv)
         if ns.cmd in _STORE_COMMANDS:
-            store = _open(_db_url(ns))
+            store = _open(_db_url(ns), readonly=ns.cmd in _READING)
             try:
                 return _STORE_COMMANDS[ns.cmd](ns, store)
             finally:
@@ -372,10 +472,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(ns, exc.code, exc, "")
     except op.OperatorInputError as exc:
         return _fail(ns, USAGE, exc, "")
-    except (IntentNotFoundError, NotIndeterminateError) as exc:
-        return _fail(
-            ns, NOT_FOUND, exc, "refused: " if isinstance(exc, NotIndeterminateError) else ""
-        )
+    except IntentNotFoundError as exc:
+        return _fail(ns, NOT_FOUND, exc, "")
+    except (NotIndeterminateError, NotDispatchedError) as exc:
+        return _fail(ns, NOT_FOUND, exc, "refused: ")
     except StoreError as exc:
         return _fail(ns, STORE, exc, "store: ")
     except PoimenError as exc:
@@ -386,3 +486,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `poimen show X | head`: the reader left; that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return OK
+    except Exception as exc:  # one line, never a traceback, unless POIMEN_DEBUG=1 asks
+        return _fail(ns, UNEXPECTED, exc, f"unexpected error: {type(exc).__name__}: ")

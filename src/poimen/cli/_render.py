@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from poimen._intents import Denial, Intent, IntentState
-from poimen._operator import IntentDetail, Status, fmt_age, fmt_time
+from poimen._intents import Delivery, Denial, Intent, IntentState, Notification
+from poimen._operator import (
+    IntentDetail,
+    Status,
+    escape_text,
+    fmt_age,
+    fmt_time,
+    redact_urls,
+    safe_json,
+)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -24,22 +31,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def printable(text: str) -> str:
-    """Recorded text (a provider's error, a call id) may hold escape sequences: show them as
-    escapes, never let them drive the operator's terminal."""
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c.isprintable() or c in "\n\t" else f"\\x{ord(c):02x}" if ord(c) < 256
-        else f"\\u{ord(c):04x}"
-        for c in text
-    )
-
-
 def _cell(v: Any) -> str:
+    # Recorded text (a call id, a provider's error) may hold newlines or escape sequences:
+    # shown as escapes, it can neither add a line nor drive the operator's terminal.
     if v is None:
         return "-"
-    text = str(v).replace("\n", " ")
+    text = escape_text(str(v))
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -51,7 +48,8 @@ def status_text(st: Status) -> str:
     o = st.oldest_indeterminate
     if o is not None:
         out.append(
-            f"oldest INDETERMINATE: {o.id}  {o.tool_id}  {o.reason or '-'}  "
+            f"oldest INDETERMINATE: {o.id}  {escape_text(o.tool_id)}  "
+            f"{escape_text(o.reason or '-')}  "
             f"created {fmt_time(o.created_at)} ({fmt_age(st.now - o.created_at)} ago)"
         )
     out.append(f"undelivered notifications: {st.undelivered_notifications}")
@@ -97,7 +95,7 @@ def _indent(text: str, n: int = 2) -> str:
 
 
 def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    return safe_json(value, indent=2)
 
 
 def detail_text(d: IntentDetail) -> str:
@@ -116,7 +114,7 @@ def detail_text(d: IntentDetail) -> str:
     ]
     if i.error:
         head.append(("error", i.error))
-    out = [f"{k + ':':12} {'-' if v is None else v}" for k, v in head]
+    out = [f"{k + ':':12} {'-' if v is None else escape_text(str(v))}" for k, v in head]
     out += ["", "arguments (secrets redacted):", _indent(_pretty(d.args))]
     if d.result is not None:
         out += ["result:", _indent(_pretty(d.result))]
@@ -152,7 +150,7 @@ def detail_text(d: IntentDetail) -> str:
                         e.kind,
                         f"{e.from_state or '-'} -> {e.to_state or '-'}" if e.to_state else "-",
                         e.actor,
-                        json.dumps(d.event_detail(e), sort_keys=True),
+                        safe_json(d.event_detail(e)),
                     )
                     for e in d.events
                 ],
@@ -164,17 +162,20 @@ def detail_text(d: IntentDetail) -> str:
         out.append(
             _indent(
                 table(
-                    ["delivery id", "kind", "queued", "delivered", "attempts", "last error"],
+                    ["delivery id", "kind", "notifier", "queued", "delivered", "tries", "error"],
                     [
                         (
                             n.delivery_id,
                             n.kind,
+                            x.notifier,
                             fmt_time(n.created_at),
-                            fmt_time(n.delivered_at),
-                            n.attempts,
-                            n.last_error,
+                            fmt_time(x.delivered_at),
+                            x.attempts,
+                            None if x.last_error is None else redact_urls(x.last_error),
                         )
                         for n in d.notifications
+                        # A row from before per-notifier delivery has no delivery rows.
+                        for x in d.deliveries_of(n) or [_whole(n)]
                     ],
                 )
             )
@@ -186,6 +187,10 @@ def detail_text(d: IntentDetail) -> str:
             f"{i.id} --landed|--not-landed --operator NAME --reason TEXT",
         ]
     return "\n".join(out)
+
+
+def _whole(n: Notification) -> Delivery:
+    return Delivery(n.id, "-", n.delivered_at, n.attempts, n.last_error, n.next_attempt_at)
 
 
 def denials_text(rows: Sequence[Denial]) -> str:

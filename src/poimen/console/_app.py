@@ -1,38 +1,48 @@
 """The console's Starlette app: pages over the same `_operator` calls as the CLI.
 
 Access: a token, given once (``?token=`` on any page, the login form, or an
-``Authorization: Bearer`` header), becomes an HttpOnly, SameSite=Strict session cookie.
-State changes (resolve, logout) are POSTs that must carry the session's CSRF token and,
-if the browser sends an Origin, come from this console's own origin. Anything else is
-refused before a store method is called.
+``Authorization: Bearer`` header), opens a session: a random id in an HttpOnly,
+SameSite=Strict cookie (Secure over HTTPS), kept server-side with its expiry and its own
+CSRF token, and ended server-side by logging out. State changes (resolve, abandon, logout)
+are POSTs that must carry the session's CSRF token and, if the browser sends an Origin,
+come from this console's own origin. Requests naming another host than the console's are
+refused before routing. Anything else is refused before a store method is called.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 import secrets
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
 import jinja2
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from poimen import _operator as op
-from poimen._intents import IntentState
-from poimen.errors import IntentNotFoundError, NotIndeterminateError
+from poimen._intents import Intent, IntentState
+from poimen.errors import IntentNotFoundError, NotDispatchedError, NotIndeterminateError
 from poimen.store._base import Store
 
 T = TypeVar("T")
 COOKIE = "poimen_console"
 Handler = Callable[[Request], Awaitable[Response]]
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+MAX_SESSIONS = 10_000
 
 _HEADERS = {
     # Everything is served from here: no CDN, no inline script, no framing.
@@ -45,74 +55,167 @@ _HEADERS = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class ConsoleOptions:
+    """How the console runs: `session_ttl` seconds a login lasts; `trust_proxy` believes
+    X-Forwarded-Proto/-For; `allowed_hosts` are host names it answers to besides localhost;
+    `checks` maps a tool id to what an operator should check before resolving its calls."""
+
+    session_ttl: float = 12 * 3600.0
+    trust_proxy: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    checks: Mapping[str, str] = field(default_factory=dict)
+
+    def with_hosts(self, *hosts: str) -> ConsoleOptions:
+        return replace(self, allowed_hosts=(*self.allowed_hosts, *hosts))
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    id: str
+    csrf: str
+    expires_at: float
+
+
+class Sessions:
+    """Server-side sessions of one console process: random ids, an expiry, and logout that
+    really ends them. A restart logs everyone out."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._by_id: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def open(self) -> Session:
+        s = Session(secrets.token_urlsafe(32), secrets.token_hex(32), time.monotonic() + self.ttl)
+        with self._lock:
+            self._purge()
+            if len(self._by_id) >= MAX_SESSIONS:  # the oldest goes first
+                self._by_id.pop(next(iter(self._by_id)))
+            self._by_id[s.id] = s
+        return s
+
+    def get(self, sid: str | None) -> Session | None:
+        if not sid:
+            return None
+        with self._lock:
+            s = self._by_id.get(sid)
+            if s is not None and s.expires_at <= time.monotonic():
+                del self._by_id[sid]
+                return None
+            return s
+
+    def close(self, sid: str) -> None:
+        with self._lock:
+            self._by_id.pop(sid, None)
+
+    def _purge(self) -> None:
+        now = time.monotonic()
+        for sid in [k for k, s in self._by_id.items() if s.expires_at <= now]:
+            del self._by_id[sid]
+
+
+def _same(a: str, b: str) -> bool:
+    # Bytes, so that text outside ASCII is a mismatch rather than a TypeError.
+    return hmac.compare_digest(a.encode("utf-8", "replace"), b.encode("utf-8", "replace"))
+
+
+def _shown(value: Any) -> Any:
+    # Recorded text may hold bidi overrides or control characters that would reorder or hide
+    # what the page shows: they become visible escapes. Line breaks stay (form fields).
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return op.escape_text(value, keep="\r\n\t")
+    return value
+
+
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("poimen.console", "templates"),
         autoescape=jinja2.select_autoescape(["html"]),
         undefined=jinja2.StrictUndefined,
+        finalize=_shown,
     )
     env.filters["time"] = op.fmt_time
     env.filters["age"] = op.fmt_age
-    env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, ensure_ascii=False)
-    env.filters["compact"] = lambda v: json.dumps(v, sort_keys=True, ensure_ascii=False)
+    env.filters["pretty"] = lambda v: op.safe_json(v, indent=2)
+    env.filters["compact"] = op.safe_json
+    env.filters["urls"] = op.redact_urls
     return env
 
 
 class Console:
-    """Holds the store, the access token and the per-process key that signs sessions."""
+    """Holds the store, the access token, the sessions and the options."""
 
-    def __init__(self, store: Store, token: str) -> None:
+    def __init__(self, store: Store, token: str, options: ConsoleOptions) -> None:
         if len(token) < 16:
             raise ValueError("the console token must be at least 16 characters")
         self.store = store
+        self.options = options
         self._token = token
-        self._key = secrets.token_bytes(32)
-        self._session = self._mac(b"session:" + token.encode("utf-8"))
+        self.sessions = Sessions(options.session_ttl)
         self.env = _env()
-
-    def _mac(self, data: bytes) -> str:
-        return hmac.new(self._key, data, hashlib.sha256).hexdigest()
 
     # Authentication.
 
     def token_ok(self, candidate: str | None) -> bool:
-        return candidate is not None and hmac.compare_digest(
-            candidate.encode("utf-8"), self._token.encode("utf-8")
-        )
+        return candidate is not None and _same(candidate, self._token)
+
+    def session(self, request: Request) -> Session | None:
+        return self.sessions.get(request.cookies.get(COOKIE))
 
     def authenticated(self, request: Request) -> bool:
-        cookie = request.cookies.get(COOKIE)
-        if cookie is not None and hmac.compare_digest(cookie, self._session):
+        if self.session(request) is not None:
             return True
         auth = request.headers.get("authorization", "")
         return auth.startswith("Bearer ") and self.token_ok(auth[len("Bearer ") :])
 
-    def csrf_token(self) -> str:
-        return self._mac(b"csrf:" + self._session.encode("ascii"))
-
     def csrf_ok(self, request: Request, form_value: Any) -> bool:
+        session = self.session(request)
+        if session is None or not isinstance(form_value, str):
+            return False
         origin = request.headers.get("origin")
         if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
             return False
-        return isinstance(form_value, str) and hmac.compare_digest(form_value, self.csrf_token())
+        return _same(form_value, session.csrf)
 
-    def login_response(self, target: str) -> Response:
-        r = RedirectResponse(target, status_code=303)
-        r.set_cookie(COOKIE, self._session, httponly=True, samesite="strict", path="/")
+    def login_response(self, request: Request, target: str) -> Response:
+        session = self.sessions.open()
+        # Only ever a path of this console: "//host" would send the browser elsewhere.
+        r = RedirectResponse("/" + target.lstrip("/"), status_code=303)
+        r.set_cookie(
+            COOKIE,
+            session.id,
+            max_age=int(self.options.session_ttl),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/",
+        )
         return r
 
     # Rendering.
 
     def page(
-        self, name: str, status_code: int = 200, *, anonymous: bool = False, **ctx: Any
+        self,
+        request: Request,
+        name: str,
+        status_code: int = 200,
+        *,
+        anonymous: bool = False,
+        **ctx: Any,
     ) -> HTMLResponse:
-        # A page for someone without a session must not carry the CSRF token.
-        csrf = "" if anonymous else self.csrf_token()
-        html = self.env.get_template(name).render(csrf=csrf, anonymous=anonymous, **ctx)
+        # A page for someone without a session must not carry a CSRF token.
+        session = None if anonymous else self.session(request)
+        html = self.env.get_template(name).render(
+            csrf=session.csrf if session else "", anonymous=anonymous, **ctx
+        )
         return HTMLResponse(html, status_code=status_code, headers=_HEADERS)
 
-    def refuse(self, status_code: int, title: str, message: str) -> HTMLResponse:
-        return self.page("refused.html", status_code, title=title, message=message)
+    def refuse(self, request: Request, status_code: int, title: str, message: str) -> HTMLResponse:
+        anonymous = not self.authenticated(request)
+        return self.page(
+            request, "refused.html", status_code, anonymous=anonymous, title=title, message=message
+        )
 
 
 async def _io(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
@@ -120,21 +223,33 @@ async def _io(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
     return await run_in_threadpool(fn, *args, **kw)
 
 
-def create_app(store: Store, *, token: str) -> Starlette:
+def _decided(form: dict[str, str], errors: dict[str, str]) -> tuple[str, str]:
+    """The operator and reason of a decision form, with an error for each one missing."""
+    operator, reason = form.get("operator", "").strip(), form.get("reason", "").strip()
+    if not operator:
+        errors["operator"] = "the operator's name is required"
+    if not reason:
+        errors["reason"] = "a reason is required"
+    return operator, reason
+
+
+def create_app(store: Store, *, token: str, options: ConsoleOptions | None = None) -> ASGIApp:
     """The console over `store`; `token` is what an operator must present."""
-    c = Console(store, token)
+    options = options or ConsoleOptions()
+    c = Console(store, token, options)
+    states = [s.value for s in IntentState]
 
     def guarded(handler: Handler) -> Handler:
         async def run(request: Request) -> Response:
             given = request.query_params.get("token")
             if given is not None and request.method == "GET":
                 if not c.token_ok(given):
-                    return c.page("login.html", 401, error="wrong token", anonymous=True)
-                rest = {k: v for k, v in request.query_params.items() if k != "token"}
+                    return c.page(request, "login.html", 401, error="wrong token", anonymous=True)
+                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
                 target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
-                return c.login_response(target)
+                return c.login_response(request, target)
             if not c.authenticated(request):
-                return c.page("login.html", 401, error=None, anonymous=True)
+                return c.page(request, "login.html", 401, error=None, anonymous=True)
             return await handler(request)
 
         return run
@@ -142,24 +257,30 @@ def create_app(store: Store, *, token: str) -> Starlette:
     async def overview(request: Request) -> Response:
         st = await _io(op.status, store)
         queue = await _io(op.list_intents, store, state=IntentState.INDETERMINATE, limit=500)
-        return c.page("overview.html", st=st, queue=queue, states=[s.value for s in IntentState])
+        return c.page(request, "overview.html", st=st, queue=queue, states=states)
 
     async def intents(request: Request) -> Response:
         q = request.query_params
+        call_id = q.get("call_id") or ""
         try:
-            state = op.parse_state(q["state"]) if q.get("state") else None
-            limit = int(q.get("limit") or 200)
-            rows = await _io(
-                op.list_intents, store, state=state, tool_id=q.get("tool") or None, limit=limit
-            )
-        except (op.OperatorInputError, ValueError) as exc:
-            return c.refuse(400, "Bad filter", str(exc))
+            limit = op.parse_limit(q.get("limit"), 200)
+            if call_id:
+                rows = await _io(op.search, store, call_id, limit=limit)
+            else:
+                state = op.parse_state(q["state"]) if q.get("state") else None
+                rows = await _io(
+                    op.list_intents, store, state=state, tool_id=q.get("tool") or None, limit=limit
+                )
+        except op.OperatorInputError as exc:
+            return c.refuse(request, 400, "Bad filter", str(exc))
         return c.page(
+            request,
             "intents.html",
             rows=rows,
+            call_id=call_id,
             state=q.get("state") or "",
             tool=q.get("tool") or "",
-            states=[s.value for s in IntentState],
+            states=states,
             now=store.now(),
         )
 
@@ -172,30 +293,43 @@ def create_app(store: Store, *, token: str) -> Starlette:
         try:
             d = await _io(op.show, store, request.path_params["intent_id"])
         except IntentNotFoundError as exc:
-            return c.refuse(404, "No such intent", str(exc))
+            return c.refuse(request, 404, "No such intent", str(exc))
+        run = await _io(op.same_run, store, d.intent)
         return c.page(
+            request,
             "intent.html",
             status_code,
             d=d,
             form=form,
             errors=errors,
-            resolved=request.query_params.get("resolved") == "1",
+            run=run,
+            run_prefix=op.run_prefix(d.intent.call_id),
+            check=options.checks.get(d.intent.tool_id),
+            done=request.query_params.get("done", ""),
         )
+
+    async def _current(request: Request, form: Any) -> Intent | Response:
+        """The intent a decision names, or the refusal that ends the request."""
+        if not c.csrf_ok(request, form.get("csrf")):
+            return c.refuse(
+                request, 403, "Refused", "missing or wrong CSRF token: nothing was changed"
+            )
+        try:
+            return await _io(op.find, store, request.path_params["intent_id"])
+        except IntentNotFoundError as exc:
+            return c.refuse(request, 404, "No such intent", str(exc))
 
     async def resolve(request: Request) -> Response:
         form_data = await request.form()
         if not c.csrf_ok(request, form_data.get("csrf")):
-            return c.refuse(403, "Refused", "missing or wrong CSRF token: nothing was changed")
+            return c.refuse(
+                request, 403, "Refused", "missing or wrong CSRF token: nothing was changed"
+            )
         form = {k: v for k, v in form_data.items() if isinstance(v, str)}
-        intent_id = request.path_params["intent_id"]
         decision = form.get("decision", "")
         errors: dict[str, str] = {}
         if decision not in ("landed", "not_landed"):
             errors["decision"] = "choose landed or not landed"
-        if not form.get("operator", "").strip():
-            errors["operator"] = "the operator's name is required"
-        if not form.get("reason", "").strip():
-            errors["reason"] = "a reason is required"
         result: Any = None
         raw = form.get("result", "").strip()
         if raw:
@@ -206,14 +340,15 @@ def create_app(store: Store, *, token: str) -> Starlette:
                     result = op.parse_result(raw)
                 except op.OperatorInputError as exc:
                     errors["result"] = str(exc)
+        operator, reason = _decided(form, errors)
         if errors:
             return await _intent_page(request, form=form, errors=errors, status_code=400)
-        try:
-            current = await _io(op.find, store, intent_id)
-        except IntentNotFoundError as exc:
-            return c.refuse(404, "No such intent", str(exc))
+        current = await _current(request, form_data)
+        if not isinstance(current, Intent):
+            return current
         if current.state != IntentState.INDETERMINATE:
             return c.refuse(
+                request,
                 409,
                 "Refused",
                 f"intent {current.id} is {current.state}; only an INDETERMINATE intent can be "
@@ -221,13 +356,14 @@ def create_app(store: Store, *, token: str) -> Starlette:
             )
         if form.get("step") != "confirm":
             return c.page(
+                request,
                 "confirm.html",
                 intent=current,
                 decision=decision,
                 result=result,
                 result_text=raw,
-                operator=form["operator"].strip(),
-                reason=form["reason"].strip(),
+                operator=operator,
+                reason=reason,
             )
         try:
             await _io(
@@ -236,37 +372,82 @@ def create_app(store: Store, *, token: str) -> Starlette:
                 current.id,
                 landed=decision == "landed",
                 result=result,
-                operator=form["operator"],
-                reason=form["reason"],
+                operator=operator,
+                reason=reason,
             )
         except NotIndeterminateError as exc:
-            return c.refuse(409, "Refused", f"{exc}. Nothing was changed.")
+            return c.refuse(request, 409, "Refused", f"{exc}. Nothing was changed.")
         except op.OperatorInputError as exc:
-            return c.refuse(400, "Refused", f"{exc}. Nothing was changed.")
-        return RedirectResponse(f"/intents/{current.id}?resolved=1", status_code=303)
+            return c.refuse(request, 400, "Refused", f"{exc}. Nothing was changed.")
+        return RedirectResponse(f"/intents/{current.id}?done=resolved", status_code=303)
+
+    async def abandon(request: Request) -> Response:
+        form_data = await request.form()
+        form = {k: v for k, v in form_data.items() if isinstance(v, str)}
+        current = await _current(request, form_data)
+        if not isinstance(current, Intent):
+            return current
+        errors: dict[str, str] = {}
+        operator, reason = _decided(form, errors)
+        if errors:
+            return await _intent_page(request, form=form, errors=errors, status_code=400)
+        if current.state != IntentState.DISPATCHED:
+            return c.refuse(
+                request,
+                409,
+                "Refused",
+                f"intent {current.id} is {current.state}; only a DISPATCHED intent can be "
+                "abandoned. Nothing was changed.",
+            )
+        if form.get("step") != "confirm":
+            return c.page(
+                request,
+                "confirm_abandon.html",
+                intent=current,
+                operator=operator,
+                reason=reason,
+                now=store.now(),
+            )
+        try:
+            await _io(op.abandon, store, current.id, operator=operator, reason=reason)
+        except NotDispatchedError as exc:
+            return c.refuse(request, 409, "Refused", f"{exc}. Nothing was changed.")
+        except op.OperatorInputError as exc:
+            return c.refuse(request, 400, "Refused", f"{exc}. Nothing was changed.")
+        return RedirectResponse(f"/intents/{current.id}?done=abandoned", status_code=303)
 
     async def audit(request: Request) -> Response:
         tool = request.query_params.get("tool") or None
         rows = await _io(op.audit, store, tool_id=tool, limit=1000)
         tools = sorted({t for (t, _s) in (await _io(store.counts))} | {d.tool_id for d in rows})
-        return c.page("audit.html", rows=rows, tool=tool or "", tools=tools)
+        return c.page(request, "audit.html", rows=rows, tool=tool or "", tools=tools)
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
-            return c.page("login.html", error=None, anonymous=True)
+            return c.page(request, "login.html", error=None, anonymous=True)
         form = await request.form()
         given = form.get("token")
         if not c.token_ok(given if isinstance(given, str) else None):
-            return c.page("login.html", 401, error="wrong token", anonymous=True)
-        return c.login_response("/")
+            return c.page(request, "login.html", 401, error="wrong token", anonymous=True)
+        return c.login_response(request, "/")
 
     async def logout(request: Request) -> Response:
         form = await request.form()
         if not c.csrf_ok(request, form.get("csrf")):
-            return c.refuse(403, "Refused", "missing or wrong CSRF token")
+            return c.refuse(request, 403, "Refused", "missing or wrong CSRF token")
+        c.sessions.close(request.cookies.get(COOKIE, ""))
         r = RedirectResponse("/login", status_code=303)
         r.delete_cookie(COOKIE, path="/")
         return r
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, HTTPException) and exc.status_code == 405:
+            return c.refuse(request, 405, "Not allowed", f"{request.method} is not allowed here.")
+        return c.refuse(request, 404, "Not found", f"There is no page at {request.url.path}.")
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        # Never a traceback on the page; the process log has it.
+        return c.refuse(request, 500, "Something went wrong", "Nothing was changed by this page.")
 
     static = StaticFiles(packages=[("poimen.console", "static")])
     routes = [
@@ -274,9 +455,29 @@ def create_app(store: Store, *, token: str) -> Starlette:
         Route("/intents", guarded(intents)),
         Route("/intents/{intent_id}", guarded(intent)),
         Route("/intents/{intent_id}/resolve", guarded(resolve), methods=["POST"]),
+        Route("/intents/{intent_id}/abandon", guarded(abandon), methods=["POST"]),
         Route("/audit", guarded(audit)),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", guarded(logout), methods=["POST"]),
         Mount("/static", app=static, name="static"),
     ]
-    return Starlette(routes=routes)
+    app = Starlette(
+        routes=routes,
+        # Requests for another host are refused before anything else: redirects and links
+        # are built from the Host header.
+        middleware=[
+            Middleware(
+                TrustedHostMiddleware,
+                allowed_hosts=[*LOCAL_HOSTS, *options.allowed_hosts],
+                www_redirect=False,
+            )
+        ],
+        exception_handlers={404: not_found, 405: not_found, Exception: server_error},
+    )
+    # "/intents/" would be redirected to an absolute URL built from the request: a 404 instead.
+    app.router.redirect_slashes = False
+    if not options.trust_proxy:
+        return app
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+    return cast(ASGIApp, ProxyHeadersMiddleware(cast(Any, app), trusted_hosts="*"))

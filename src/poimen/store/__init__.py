@@ -12,7 +12,8 @@ __all__ = ["NewDispatch", "NewNotification", "SqliteStore", "Store", "open_store
 
 
 def open_store(url: str, **options: Any) -> Store:
-    """Open (and migrate) the store a URL names."""
+    """Open (and migrate) the store a URL names; ``readonly=True`` opens it for reading
+    only, without migrating it."""
     if url.startswith("sqlite:///"):
         return SqliteStore(url[len("sqlite:///") :], **options)
     if url.startswith(("postgresql://", "postgres://")):

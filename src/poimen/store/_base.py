@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from poimen._intents import (
     Attempt,
+    Delivery,
     Denial,
     Event,
     Intent,
@@ -39,11 +40,22 @@ class NewDispatch:
     now: float
 
 
+#: The notifier a notification is written for when its writer had none: any kernel that
+#: has notifiers delivers it to all of its own.
+ANY_NOTIFIER = "*"
+
+
 @dataclass(frozen=True, slots=True)
 class NewNotification:
+    """A notification to queue, for the named notifiers (none named: `ANY_NOTIFIER`)."""
+
     delivery_id: str
     kind: str
     payload: str
+    notifiers: tuple[str, ...] = ()
+
+    def targets(self) -> tuple[str, ...]:
+        return self.notifiers or (ANY_NOTIFIER,)
 
 
 class Store(Protocol):
@@ -119,6 +131,7 @@ class Store(Protocol):
         reason: str,
         now: float,
     ) -> Intent: ...
+    def abandon(self, intent_id: str, *, operator: str, reason: str, now: float) -> Intent: ...
     def get_intent(self, intent_id: str) -> Intent | None: ...
     def get_by_call_id(self, call_id: str) -> Intent | None: ...
     def list_intents(
@@ -129,6 +142,7 @@ class Store(Protocol):
         since: float | None = None,
         limit: int = 100,
     ) -> list[Intent]: ...
+    def search_call_id(self, prefix: str, *, limit: int) -> list[Intent]: ...
     def attempts(self, intent_id: str) -> list[Attempt]: ...
     def events(self, intent_id: str) -> list[Event]: ...
     def counts(self) -> dict[tuple[str, str], int]: ...
@@ -136,10 +150,14 @@ class Store(Protocol):
     # Outbox and audit.
     def add_notification(self, intent_id: str, note: NewNotification, now: float) -> bool: ...
     def due_notifications(self, now: float, limit: int) -> list[Notification]: ...
+    def due_deliveries(
+        self, notifiers: Sequence[str], now: float, limit: int
+    ) -> list[tuple[Notification, Delivery]]: ...
     def notifications(self, intent_id: str | None = None) -> list[Notification]: ...
-    def mark_delivered(self, notification_id: int, now: float) -> None: ...
+    def deliveries(self, intent_id: str) -> list[Delivery]: ...
+    def mark_delivered(self, notification_id: int, notifier: str, now: float) -> None: ...
     def mark_delivery_failed(
-        self, notification_id: int, error: str, next_attempt_at: float
+        self, notification_id: int, notifier: str, error: str, next_attempt_at: float
     ) -> None: ...
     def record_denial(
         self,
@@ -174,6 +192,7 @@ NOTIFICATION_COLUMNS = (
     "next_attempt_at, last_error"
 )
 DENIAL_COLUMNS = "id, at, tool_id, intent_id, attempt, action, target, reason"
+DELIVERY_COLUMNS = "notification_id, notifier, delivered_at, attempts, last_error, next_attempt_at"
 
 _EFFECTS = frozenset({"idempotent", "queryable", "unsafe", "readonly"})
 
@@ -259,6 +278,17 @@ def notification_from_row(row: Sequence[Any]) -> Notification:
         attempts=int(row[7]),
         next_attempt_at=float(row[8]),
         last_error=row[9],
+    )
+
+
+def delivery_from_row(row: Sequence[Any]) -> Delivery:
+    return Delivery(
+        notification_id=int(row[0]),
+        notifier=row[1],
+        delivered_at=_opt_float(row[2]),
+        attempts=int(row[3]),
+        last_error=row[4],
+        next_attempt_at=float(row[5]),
     )
 
 

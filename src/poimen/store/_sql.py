@@ -11,6 +11,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from poimen._intents import (
     Attempt,
+    Delivery,
     Denial,
     Event,
     Intent,
@@ -19,9 +20,15 @@ from poimen._intents import (
     Owner,
     check_transition,
 )
-from poimen.errors import IntentNotFoundError, NotIndeterminateError, SchemaTooNewError
+from poimen.errors import (
+    IntentNotFoundError,
+    NotDispatchedError,
+    NotIndeterminateError,
+    SchemaTooNewError,
+)
 from poimen.store._base import (
     ATTEMPT_COLUMNS,
+    DELIVERY_COLUMNS,
     DENIAL_COLUMNS,
     EVENT_COLUMNS,
     INTENT_COLUMNS,
@@ -29,6 +36,7 @@ from poimen.store._base import (
     NewDispatch,
     NewNotification,
     attempt_from_row,
+    delivery_from_row,
     denial_from_row,
     event_from_row,
     intent_from_row,
@@ -37,6 +45,8 @@ from poimen.store._base import (
 
 T = TypeVar("T")
 S = IntentState
+#: The reason of an intent an operator moved from DISPATCHED to INDETERMINATE.
+ABANDONED = "abandoned_by_operator"
 OUTCOMES = {S.COMPLETED: "completed", S.FAILED: "failed"}
 
 
@@ -146,6 +156,12 @@ class Sql:
             "UPDATE intents SET state = ?, result = ?, updated_at = ? "
             "WHERE id = ? AND state = 'INDETERMINATE'"
         )
+        # The fence moves on: a worker that comes back after all only adds late evidence.
+        self.abandon = q(
+            f"UPDATE intents SET state = 'INDETERMINATE', reason = '{ABANDONED}', "
+            "fence = fence + 1, lease_expires_at = NULL, next_check_at = NULL, updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
+        )
         self.insert_event = q(
             "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
             "VALUES (?,?,?,?,?,?,?)"
@@ -154,11 +170,32 @@ class Sql:
             "INSERT INTO outbox (delivery_id, intent_id, kind, payload, created_at, "
             "next_attempt_at) VALUES (?,?,?,?,?,?) ON CONFLICT (delivery_id) DO NOTHING"
         )
+        self.insert_delivery = q(
+            "INSERT INTO deliveries (notification_id, notifier, next_attempt_at) "
+            "SELECT id, ?, ? FROM outbox WHERE delivery_id = ? "
+            "ON CONFLICT (notification_id, notifier) DO NOTHING"
+        )
+        self.deliveries_of = q(
+            f"SELECT {', '.join('d.' + c for c in DELIVERY_COLUMNS.split(', '))} "
+            "FROM deliveries d JOIN outbox o ON o.id = d.notification_id "
+            "WHERE o.intent_id = ? ORDER BY d.notification_id, d.notifier"
+        )
         self.delivered = q(
-            "UPDATE outbox SET delivered_at = ?, attempts = attempts + 1 "
-            "WHERE id = ? AND delivered_at IS NULL"
+            "UPDATE deliveries SET delivered_at = ?, attempts = attempts + 1 "
+            "WHERE notification_id = ? AND notifier = ? AND delivered_at IS NULL"
+        )
+        # The outbox row keeps the totals, and is delivered once all its notifiers are.
+        self.note_tried = q("UPDATE outbox SET attempts = attempts + 1 WHERE id = ?")
+        self.note_delivered = q(
+            "UPDATE outbox SET delivered_at = ? WHERE id = ? AND delivered_at IS NULL "
+            "AND NOT EXISTS (SELECT 1 FROM deliveries WHERE notification_id = ? "
+            "AND delivered_at IS NULL)"
         )
         self.delivery_failed = q(
+            "UPDATE deliveries SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
+            "WHERE notification_id = ? AND notifier = ? AND delivered_at IS NULL"
+        )
+        self.note_failed = q(
             "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
             "WHERE id = ? AND delivered_at IS NULL"
         )
@@ -345,6 +382,10 @@ class SqlStore:
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
         raise NotImplementedError
 
+    def _prefix_match(self, prefix: str) -> tuple[str, tuple[Any, ...]]:
+        """A condition on call_id that holds for the call ids starting with `prefix`."""
+        raise NotImplementedError
+
     # Statements used inside a write transaction.
 
     def _event(
@@ -367,7 +408,11 @@ class SqlStore:
             self._sql.insert_note,
             (note.delivery_id, intent_id, note.kind, note.payload, now, now),
         )
-        return cur.rowcount == 1
+        if cur.rowcount != 1:
+            return False
+        for notifier in note.targets():
+            ex.execute(self._sql.insert_delivery, (notifier, now, note.delivery_id))
+        return True
 
     def _intent_or_none(self, ex: Executor, intent_id: str) -> Intent | None:
         row = ex.execute(self._sql.intent_by_id, (intent_id,)).fetchone()
@@ -606,6 +651,56 @@ class SqlStore:
 
     # The operator path.
 
+    def abandon(self, intent_id: str, *, operator: str, reason: str, now: float) -> Intent:
+        """DISPATCHED -> INDETERMINATE by an operator, bumping the fence; one winner."""
+        check_transition(S.DISPATCHED, S.INDETERMINATE)
+
+        def op(ex: Executor, retrying: bool) -> Intent:
+            it = self._intent_or_none(ex, intent_id)
+            if it is None:
+                raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+            if retrying and it.state == S.INDETERMINATE and it.updated_at == now:
+                return it  # our own earlier try, whose answer the lost connection swallowed
+            if it.state == S.DISPATCHED:
+                cur = ex.execute(self._sql.abandon, (now, intent_id, it.fence))
+                if cur.rowcount == 1:
+                    self._event(
+                        ex,
+                        intent_id,
+                        now,
+                        "abandoned",
+                        S.DISPATCHED,
+                        S.INDETERMINATE,
+                        operator,
+                        {
+                            "operator": operator,
+                            "reason": reason,
+                            "fence": it.fence + 1,
+                            "owner": None if it.owner is None else it.owner.worker_id,
+                        },
+                    )
+                    done = self._intent_or_none(ex, intent_id)
+                    assert done is not None
+                    return done
+                it = self._intent_or_none(ex, intent_id) or it  # another operator won
+            raise NotDispatchedError(
+                f"intent {intent_id!r} is {it.state}; only a DISPATCHED intent can be abandoned",
+                intent_id=intent_id,
+                state=it.state.value,
+            )
+
+        return self._tx("abandon", op)
+
+    def search_call_id(self, prefix: str, *, limit: int) -> list[Intent]:
+        """Intents whose call id starts with `prefix`, newest first."""
+        cond, params = self._prefix_match(prefix)
+        rows = self._read(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE {cond} ORDER BY created_at DESC, id DESC "
+            f"LIMIT {self._sql.p}",
+            (*params, limit),
+        )
+        return [intent_from_row(r) for r in rows]
+
     def get_intent(self, intent_id: str) -> Intent | None:
         rows = self._read(self._sql.intent_by_id, (intent_id,))
         return intent_from_row(rows[0]) if rows else None
@@ -670,17 +765,46 @@ class SqlStore:
             rows = self._read(self._sql.notifications_of, (intent_id,))
         return [notification_from_row(r) for r in rows]
 
-    def mark_delivered(self, notification_id: int, now: float) -> None:
+    def due_deliveries(
+        self, notifiers: Sequence[str], now: float, limit: int
+    ) -> list[tuple[Notification, Delivery]]:
+        """Undelivered (notification, delivery) pairs due by `now` for these notifiers."""
+        if not notifiers:
+            return []
+        p = self._sql.p
+        outbox = ", ".join("o." + c for c in NOTIFICATION_COLUMNS.split(", "))
+        delivery = ", ".join("d." + c for c in DELIVERY_COLUMNS.split(", "))
+        rows = self._read(
+            f"SELECT {outbox}, {delivery} FROM deliveries d "
+            "JOIN outbox o ON o.id = d.notification_id "
+            f"WHERE d.delivered_at IS NULL AND d.next_attempt_at <= {p} "
+            f"AND d.notifier IN ({', '.join([p] * len(notifiers))}) "
+            f"ORDER BY d.next_attempt_at, d.notification_id, d.notifier LIMIT {p}",
+            (now, *notifiers, limit),
+        )
+        width = len(NOTIFICATION_COLUMNS.split(", "))
+        return [(notification_from_row(r[:width]), delivery_from_row(r[width:])) for r in rows]
+
+    def deliveries(self, intent_id: str) -> list[Delivery]:
+        return [delivery_from_row(r) for r in self._read(self._sql.deliveries_of, (intent_id,))]
+
+    def mark_delivered(self, notification_id: int, notifier: str, now: float) -> None:
         def op(ex: Executor, _retrying: bool) -> None:
-            ex.execute(self._sql.delivered, (now, notification_id))
+            sql = self._sql
+            if ex.execute(sql.delivered, (now, notification_id, notifier)).rowcount:
+                ex.execute(sql.note_tried, (notification_id,))
+                ex.execute(sql.note_delivered, (now, notification_id, notification_id))
 
         self._tx("mark_delivered", op)
 
     def mark_delivery_failed(
-        self, notification_id: int, error: str, next_attempt_at: float
+        self, notification_id: int, notifier: str, error: str, next_attempt_at: float
     ) -> None:
         def op(ex: Executor, _retrying: bool) -> None:
-            ex.execute(self._sql.delivery_failed, (error, next_attempt_at, notification_id))
+            sql = self._sql
+            params = (error, next_attempt_at, notification_id)
+            if ex.execute(sql.delivery_failed, (*params, notifier)).rowcount:
+                ex.execute(sql.note_failed, params)
 
         self._tx("mark_delivery_failed", op)
 

@@ -35,7 +35,7 @@ from psycopg import conninfo as _conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from poimen._intents import Denial, Intent, IntentState, Owner
-from poimen.errors import PoimenError, StoreError, StoreUnavailableError
+from poimen.errors import PoimenError, ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._sql import (
     Executor,
@@ -84,7 +84,9 @@ class PostgresStore(SqlStore):
     """An intent log in a PostgreSQL database, shared by any number of processes and hosts.
 
     `url` is a libpq URL (``postgresql://user@host:5432/db``); query parameters such as
-    ``options=-csearch_path%3Dmyschema`` select a schema. Thread-safe.
+    ``options=-csearch_path%3Dmyschema`` select a schema. Thread-safe. `readonly=True` never
+    migrates, and its sessions are read-only (``default_transaction_read_only``): every
+    write raises `ReadOnlyStoreError`.
     """
 
     dialect = "postgres"
@@ -101,6 +103,7 @@ class PostgresStore(SqlStore):
         retry_for: float = 10.0,
         clock_refresh: float = 60.0,
         application_name: str = "poimen",
+        readonly: bool = False,
     ) -> None:
         if min_size < 0 or max_size < max(1, min_size):
             raise StoreError(
@@ -115,6 +118,7 @@ class PostgresStore(SqlStore):
         self._connect_timeout = connect_timeout
         self._clock_refresh = clock_refresh
         self._closed = False
+        self._readonly = readonly
         params: dict[str, Any] = {"autocommit": True}
         try:
             given = _conninfo.conninfo_to_dict(url)
@@ -124,6 +128,8 @@ class PostgresStore(SqlStore):
             params["application_name"] = application_name
         if "connect_timeout" not in given:
             params["connect_timeout"] = max(1, round(connect_timeout))
+        if readonly:
+            params["options"] = f"{given.get('options', '')} -c default_transaction_read_only=on"
         self._params = params
         # One direct connection first: a database that is down gives a clear error here,
         # not a pool retrying in the background.
@@ -154,7 +160,7 @@ class PostgresStore(SqlStore):
         self._forked = False
         self._pool = self._open_pool()
         try:
-            if migrate:
+            if migrate and not readonly:
                 self.migrate()
             else:
                 self._check_version()
@@ -212,6 +218,11 @@ class PostgresStore(SqlStore):
         """
         if self._closed:
             raise StoreUnavailableError("the store is closed")
+        if self._readonly and (transaction or what in _ONE_TRIP_WRITES):
+            raise ReadOnlyStoreError(
+                f"{what}: the intent log at {self._where} was opened read-only",
+                url=self._where,
+            )
         deadline = time.monotonic() + self._retry_for
         delay = 0.02
         retrying = False
@@ -281,6 +292,9 @@ class PostgresStore(SqlStore):
 
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
         return self._run(what, fn)
+
+    def _prefix_match(self, prefix: str) -> tuple[str, tuple[Any, ...]]:
+        return "starts_with(call_id, %s)", (prefix,)
 
     def close(self) -> None:
         if self._closed:
@@ -608,6 +622,7 @@ def _prepared(name: str, sql: str) -> tuple[str, str]:
     )
 
 
+_ONE_TRIP_WRITES = frozenset({"record_dispatch", "record_outcome"})
 _ONE_TRIP = {"dispatch": _prepared("dispatch", _DISPATCH), "settle": _prepared("settle", _SETTLE)}
 _RESOLVE = f"{SQL.resolve} RETURNING {INTENT_COLUMNS}"
 _INSERT_DENIAL = f"{SQL.insert_denial} RETURNING id"

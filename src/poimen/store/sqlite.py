@@ -15,7 +15,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from poimen._guard import sqlite_writes
 from poimen._intents import Denial, Intent, IntentState, Owner
-from poimen.errors import StoreError, StoreUnavailableError
+from poimen.errors import ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._sql import (
     Executor,
@@ -502,13 +502,22 @@ _END_ATTEMPTS = (
 
 
 class SqliteStore(SqlStore):
-    """A SQLite intent log at `path`. Thread-safe; several processes may share the file."""
+    """A SQLite intent log at `path`. Thread-safe; several processes may share the file.
+
+    `readonly=True` opens it for reading only (``mode=ro``): no migration, no switch to WAL,
+    no writer, and every write raises `ReadOnlyStoreError`; the file is never changed.
+    """
 
     dialect = "sqlite"
     _sql = SQL
 
     def __init__(
-        self, path: str | Path, *, synchronous: str = "FULL", migrate: bool = True
+        self,
+        path: str | Path,
+        *,
+        synchronous: str = "FULL",
+        migrate: bool = True,
+        readonly: bool = False,
     ) -> None:
         if not sqlite_writes(str(path)):
             url = f"sqlite:///{path}"
@@ -529,10 +538,11 @@ class SqliteStore(SqlStore):
         self._conns_lock = threading.Lock()
         self._reads = threading.Condition()  # reads running, waited for by close()
         self._reading = 0
-        self._writer = _GroupCommit(self._connect(writer=True))
+        self._readonly = readonly
+        self._writer = None if readonly else _GroupCommit(self._connect(writer=True))
         self._writer_lock = threading.Lock()
         self._forked = False
-        if migrate:
+        if migrate and not readonly:
             self.migrate()
         else:
             self._check_version()
@@ -541,14 +551,7 @@ class SqliteStore(SqlStore):
 
     def _connect(self, *, writer: bool = False) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(
-                self.path,
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=30.0,
-                # A merged write's text varies with its batch size: keep them all prepared.
-                cached_statements=512,
-            )
+            conn = self._open_ro() if self._readonly else self._open(self.path, uri=False)
             if writer:  # WAL is a property of the file: the writer sets it, readers find it
                 _set_wal(conn)
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
@@ -561,6 +564,35 @@ class SqliteStore(SqlStore):
         with self._conns_lock:
             self._conns.append(conn)
         return conn
+
+    @staticmethod
+    def _open(target: str, *, uri: bool) -> sqlite3.Connection:
+        return sqlite3.connect(
+            target,
+            uri=uri,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=30.0,
+            # A merged write's text varies with its batch size: keep them all prepared.
+            cached_statements=512,
+        )
+
+    def _open_ro(self) -> sqlite3.Connection:
+        if not Path(self.path).is_file():  # mode=ro never creates it, but say so plainly
+            raise sqlite3.OperationalError("no such file")
+        base = Path(self.path).absolute().as_uri()
+        conn = self._open(f"{base}?mode=ro", uri=True)
+        try:
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError:
+            conn.close()
+            # A WAL-mode log in a folder we cannot write: SQLite cannot make its shared-memory
+            # file. With no write-ahead log beside it, no writer has anything unmerged: the
+            # file alone is the log, and SQLite may read it as it stands.
+            if Path(self.path + "-wal").exists():
+                raise
+        return self._open(f"{base}?mode=ro&immutable=1", uri=True)
 
     def _reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -597,12 +629,12 @@ class SqliteStore(SqlStore):
         self._closed = True
         # A connection closed under a running statement can crash the interpreter: wait for
         # the writes already accepted.
-        drained = self._forked or self._writer.stop(within=30.0)
+        drained = self._forked or self._writer is None or self._writer.stop(within=30.0)
         with self._reads:  # reads are short: wait for those running
             self._reads.wait_for(lambda: not self._reading, 30.0)
         with self._conns_lock:
             conns, self._conns = self._conns, []
-        if not drained:
+        if not drained and self._writer is not None:
             log.warning("SQLite store %s closed with a write still running", self.path)
             conns = [c for c in conns if c is not self._writer._conn]
         for c in conns:
@@ -729,12 +761,24 @@ class SqliteStore(SqlStore):
     def _writer_open(self) -> _GroupCommit:
         if self._closed:
             raise StoreUnavailableError("the store is closed")
+        if self._readonly:
+            raise ReadOnlyStoreError(
+                f"the intent log at {self.path!r} was opened read-only", path=self.path
+            )
         if self._forked:
             with self._writer_lock:
                 if self._forked:
                     self._writer = _GroupCommit(self._connect(writer=True))
                     self._forked = False
+        assert self._writer is not None
         return self._writer
+
+    def _prefix_match(self, prefix: str) -> tuple[str, tuple[Any, ...]]:
+        # The range lets the call_id index find the rows; substr keeps the answer exact.
+        return (
+            "call_id >= ? AND call_id < ? AND substr(call_id, 1, ?) = ?",
+            (prefix, prefix + "\U0010ffff", len(prefix), prefix),
+        )
 
     # Recovery.
 
