@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, assert_never
 
@@ -186,9 +186,10 @@ LookupAnswer = Landed | NotLanded | Unknown
 
 
 class RequestIdLookup(Protocol):
-    """Asks the provider whether the request with this id landed."""
+    """Asks the provider whether the request with this id landed (sync, or async: an async
+    lookup runs in a loop of its own, off the caller's)."""
 
-    def __call__(self, request_id: str, /) -> LookupAnswer: ...
+    def __call__(self, request_id: str, /) -> LookupAnswer | Awaitable[LookupAnswer]: ...
 
 
 # The effect classes. Each carries what its recovery path needs.

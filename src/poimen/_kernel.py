@@ -250,7 +250,7 @@ class Kernel:
 
     def spec(self, tool: str) -> ToolSpec:
         """A tool as a model sees it (by id or by its provider-safe name)."""
-        spec = self._specs.get(self.tool_id(tool))
+        spec = self._specs.get(tool) or self._specs.get(self.tool_id(tool))
         assert spec is not None
         return spec
 
@@ -259,12 +259,12 @@ class Kernel:
         return list(self._specs.values())
 
     def tool_id(self, name: str) -> str:
-        """The tool id a spec's name (or an id) stands for."""
+        """The tool id a spec's name stands for (a name a model sent; an id works too)."""
         if isinstance(name, str):
-            if name in self._engine.tools:
-                return name
             if name in self._names:
                 return self._names[name]
+            if name in self._engine.tools:
+                return name
         raise UnknownToolError(f"no tool is registered as {name!r}", tool_id=name)
 
     # Outcomes of calls made earlier, for a caller that resumes.

@@ -9,9 +9,11 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import inspect
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from poimen import _guard
@@ -170,7 +172,7 @@ def lookup_sync(e: Engine, step: Lookup) -> LookupAnswer:
     assert isinstance(effects, Queryable)
     timeout = step.tool.registration.timeout
     ctx = contextvars.copy_context()
-    fut = e.pool("lookup", 32).submit(ctx.run, effects.lookup, step.request_id)
+    fut = e.pool("lookup", 32).submit(ctx.run, _ask, effects.lookup, step.request_id)
     try:
         got = fut.result(timeout=timeout)
     except concurrent.futures.TimeoutError:
@@ -180,6 +182,18 @@ def lookup_sync(e: Engine, step: Lookup) -> LookupAnswer:
     if not isinstance(got, Landed | NotLanded | Unknown):
         return Unknown(f"lookup answered {type(got).__name__}, not Landed, NotLanded or Unknown")
     return got
+
+
+def _ask(lookup: Callable[[str], Any], request_id: str) -> Any:
+    """Run a lookup, sync or async (in a loop of this thread's own)."""
+    got = lookup(request_id)
+    if inspect.isawaitable(got):
+        return asyncio.run(_awaited(got))
+    return got
+
+
+async def _awaited(aw: Awaitable[Any]) -> Any:
+    return await aw
 
 
 # The runners.
