@@ -121,3 +121,16 @@ class WrongRunnerError(PoimenError):
 class DuplicateWorkerError(PoimenError):
     """Another live kernel in this process has this worker id; two kernels with one identity
     would take over each other's calls."""
+
+
+class ToolCallFailedError(PoimenError):
+    """A tool call failed and had no effect (or an operator decided it did not land).
+
+    Raised where a framework expects an exception rather than an outcome (a DBOS step, a
+    Temporal activity); `call_id`, `intent_id` and `error` say which call and why."""
+
+
+class OutcomeUnknownError(PoimenError):
+    """A tool call's effect may or may not have happened (Indeterminate), or it is not settled
+    yet (Pending). Do not call it again: an operator decides, then `Kernel.wait(call_id)`
+    returns the decision. `call_id`, `intent_id`, `outcome` and `reason` say which call."""

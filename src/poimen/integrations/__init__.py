@@ -1,0 +1,1 @@
+"""Adapters that put poimen under agent frameworks; each needs its extra."""

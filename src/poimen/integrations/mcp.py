@@ -1,0 +1,413 @@
+"""poimen tools over MCP, and MCP tools as poimen tools. Needs ``pip install 'poimen[mcp]'``.
+
+Serve a kernel's tools::
+
+    server = mcp_server(kernel)        # the MCP SDK's low-level Server
+    run_stdio(server)                  # or server.streamable_http_app() for HTTP
+
+Each tool is listed with its spec (name, description, JSON schema) and hints from its effect
+class. A client that sends ``_meta: {"poimen/call_id": "..."}`` with a call names the call
+(`CALL_ID_META`): calling again with the same id, after a crash or a lost answer, returns the
+recorded outcome instead of running the tool twice. Without it, the call id is derived
+(`poimen.call_ids.CallIds`) within the server's scope. Every result carries the call id and
+the outcome in its ``_meta``; an Indeterminate call is not an error of the call: it answers
+the standard text (``outcome.for_model()``) with ``poimen/outcome: "indeterminate"``.
+
+Import a remote server's tools::
+
+    await import_mcp_tools(kernel, session, declare={"lookup_order": ReadOnly()})
+
+Every imported tool is Unsafe unless the application declares its class: a remote server's
+annotations are hints from a party poimen cannot check. See docs/integrations/mcp.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import secrets
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import Any, cast
+
+import anyio
+import jsonschema  # type: ignore[import-untyped]
+from mcp import ClientSession, types
+from mcp.client.client import Client
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic_core import core_schema
+
+from poimen import (
+    Caps,
+    Completed,
+    EffectClass,
+    Failed,
+    Kernel,
+    Outcome,
+    Resolved,
+    ToolContext,
+    ToolRegistration,
+    ToolSpec,
+    Unsafe,
+    call_ids,
+)
+from poimen.errors import (
+    ArgumentError,
+    CallIdMismatchError,
+    DefiniteFailure,
+    NotSent,
+    RegistrationError,
+    UnknownToolError,
+)
+
+__all__ = [
+    "CALL_ID_META",
+    "INTENT_META",
+    "OUTCOME_META",
+    "REASON_META",
+    "RETRYABLE_META",
+    "annotations_for",
+    "import_mcp_tools",
+    "mcp_server",
+    "run_stdio",
+]
+
+#: A request's ``_meta`` key naming the call; a result's, naming the call it answers.
+CALL_ID_META = "poimen/call_id"
+#: A result's ``_meta`` keys: the outcome (completed, failed, indeterminate, pending,
+#: resolved), the intent id an operator sees, why it is not settled, and whether calling the
+#: tool again is right.
+OUTCOME_META = "poimen/outcome"
+INTENT_META = "poimen/intent_id"
+REASON_META = "poimen/reason"
+RETRYABLE_META = "poimen/retryable"
+
+# Serving.
+
+
+def annotations_for(effect: str) -> types.ToolAnnotations:
+    """MCP hints from an effect class name (`ToolSpec.effect`).
+
+    Idempotent: a repeat with the same arguments has no further effect. Queryable: a repeat
+    is a second effect, and poimen cannot tell an additive effect from a destructive one, so
+    it keeps MCP's default (destructive). Unsafe: destructive, not idempotent. ReadOnly: reads.
+    """
+    if effect == "readonly":
+        return types.ToolAnnotations(read_only_hint=True)
+    if effect == "idempotent":
+        return types.ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=True
+        )
+    return types.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
+
+
+def mcp_server(
+    kernel: Kernel,
+    *,
+    scope: str | None = None,
+    name: str = "poimen",
+    tools: Iterable[str] | None = None,
+) -> Server[Any]:
+    """An MCP server listing `kernel`'s tools (or only `tools`, by id or name) and calling
+    them through the kernel.
+
+    `scope` names this server's calls in the intent log. A client's ``poimen/call_id`` becomes
+    ``scope/<id>`` (default scope ``mcp``); a call without one gets a derived id in `scope`
+    if given (keep it across restarts, e.g. one server per conversation), else in this
+    connection's session (or this server's run when the transport has no session)."""
+    exposed = None if tools is None else frozenset(kernel.tool_id(t) for t in tools)
+    ids = _ServerCallIds(scope)
+
+    def listed(tool_id: str) -> bool:
+        return exposed is None or tool_id in exposed
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[_tool(s) for s in kernel.specs() if listed(s.id)])
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        try:
+            tool_id = kernel.tool_id(params.name)
+        except UnknownToolError:
+            tool_id = None
+        if tool_id is None or not listed(tool_id):
+            raise MCPError(types.INVALID_PARAMS, f"no tool is named {params.name!r}")
+        args = params.arguments or {}
+        try:
+            call_id = ids.call_id(ctx, params.meta, tool_id, args)
+            outcome = await kernel.acall(tool_id, args, call_id=call_id)
+        except (ArgumentError, CallIdMismatchError) as exc:
+            # Refused before anything was recorded: the model may correct the input.
+            return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
+        return _result(outcome, call_id)
+
+    return Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def run_stdio(server: Server[Any]) -> None:
+    """Serve `server` on this process's stdin and stdout until the client goes away."""
+
+    async def serve() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(serve)
+
+
+class _ServerCallIds:
+    def __init__(self, scope: str | None) -> None:
+        if scope is not None:
+            call_ids.framework_id(scope, "-")  # refuses an empty or non-text scope now
+        self.scope = scope
+        self.run = f"mcp-{secrets.token_hex(8)}"
+        self.derived: dict[str, call_ids.CallIds] = {}
+
+    def call_id(
+        self,
+        ctx: ServerRequestContext[Any],
+        meta: Mapping[str, Any] | None,
+        tool_id: str,
+        args: Mapping[str, Any],
+    ) -> str:
+        given = (meta or {}).get(CALL_ID_META)
+        if given is not None:
+            if not isinstance(given, str) or not given:
+                raise MCPError(
+                    types.INVALID_PARAMS,
+                    f"_meta {CALL_ID_META!r} must be a non-empty string, not {given!r}",
+                )
+            return call_ids.framework_id(self.scope or "mcp", given)
+        scope = self.scope
+        if scope is None:
+            session = _session_id(ctx)
+            scope = f"mcp/{session}" if session else self.run
+        ids = self.derived.get(scope)
+        if ids is None:
+            ids = self.derived[scope] = call_ids.CallIds(scope)
+        return ids.next(tool_id, args)
+
+
+def _session_id(ctx: ServerRequestContext[Any]) -> str | None:
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return None
+    value = headers.get("mcp-session-id")
+    return value if isinstance(value, str) and value else None
+
+
+def _tool(spec: ToolSpec) -> types.Tool:
+    return types.Tool(
+        name=spec.name,
+        description=spec.description,
+        input_schema={"type": "object", **spec.parameters},
+        annotations=annotations_for(spec.effect),
+    )
+
+
+def _result(outcome: Outcome, call_id: str) -> types.CallToolResult:
+    meta: dict[str, Any] = {
+        CALL_ID_META: call_id,
+        INTENT_META: outcome.intent_id,
+        OUTCOME_META: type(outcome).__name__.lower(),
+        RETRYABLE_META: outcome.retryable,
+    }
+    reason = getattr(outcome, "reason", None)
+    if reason is not None:
+        meta[REASON_META] = reason
+    landed = isinstance(outcome, Completed) or (isinstance(outcome, Resolved) and outcome.landed)
+    value = outcome.result if isinstance(outcome, Completed | Resolved) else None
+    return types.CallToolResult(
+        content=[types.TextContent(text=outcome.for_model())],
+        structured_content=value if landed and isinstance(value, dict) else None,
+        is_error=isinstance(outcome, Failed) or (isinstance(outcome, Resolved) and not landed),
+        _meta=meta,
+    )
+
+
+# Importing.
+
+
+async def import_mcp_tools(
+    kernel: Kernel,
+    session: ClientSession | Client,
+    *,
+    declare: Mapping[str, EffectClass] | None = None,
+    tools: Iterable[str] | None = None,
+    prefix: str = "",
+    timeout: float = 30.0,
+) -> list[ToolSpec]:
+    """Register the tools of the MCP server behind `session` (all, or only `tools`) as
+    `prefix + name`; returns their specs.
+
+    Each is **Unsafe unless `declare` gives its class** (by the remote name): the remote's
+    annotations are not trusted. Call the tools with ``await kernel.acall(...)``; recovery may
+    run them from another thread, and the call is carried to this event loop. Each call sends
+    ``_meta: {"poimen/call_id": ...}`` (the Idempotent key, the Queryable request id, or the
+    intent id), so a remote poimen server settles a repeat from its own log."""
+    declared = dict(declare or {})
+    listed = {t.name: t for t in await _list_tools(session)}
+    names = list(listed) if tools is None else list(tools)
+    missing = sorted((set(declared) | set(names)) - set(listed))
+    if missing:
+        raise RegistrationError(
+            f"the MCP server has no tool named {', '.join(map(repr, missing))}; it lists "
+            f"{', '.join(map(repr, sorted(listed))) or 'none'}",
+            tool_id=missing[0],
+        )
+    loop = asyncio.get_running_loop()
+    taken = kernel.registered()
+    built = []
+    for remote in names:
+        tool_id = prefix + remote
+        if tool_id in taken:
+            raise RegistrationError(f"tool {tool_id!r} is already registered", tool_id=tool_id)
+        registration = ToolRegistration(
+            id=tool_id, effects=declared.get(remote, Unsafe()), caps=Caps(), timeout=timeout
+        )
+        built.append((registration, _remote_tool(session, loop, listed[remote], tool_id), remote))
+    specs = []
+    for registration, fn, remote in built:
+        kernel.register(registration, fn, description=listed[remote].description or "")
+        specs.append(kernel.spec(registration.id))
+    return specs
+
+
+async def _list_tools(session: ClientSession | Client) -> list[types.Tool]:
+    found: list[types.Tool] = []
+    cursor: str | None = None
+    while True:
+        if isinstance(session, ClientSession):
+            page = await session.list_tools(
+                params=None if cursor is None else types.PaginatedRequestParams(cursor=cursor)
+            )
+        else:
+            page = await session.list_tools(cursor=cursor)
+        found.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return found
+
+
+def _remote_tool(
+    session: ClientSession | Client,
+    loop: asyncio.AbstractEventLoop,
+    remote: types.Tool,
+    tool_id: str,
+) -> Any:
+    """A function with one keyword parameter per property of the remote's input schema, each
+    checked against its schema before anything is recorded."""
+    schema = remote.input_schema
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    hints: dict[str, Any] = {}
+    for name, prop in props.items():
+        try:
+            params.append(
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=inspect.Parameter.empty if name in required else None,
+                )
+            )
+        except ValueError:
+            raise RegistrationError(
+                f"tool {tool_id!r}: argument {name!r} is not a Python identifier, so poimen "
+                "cannot record it; leave the tool out with tools=[...]",
+                tool_id=tool_id, field=name,
+            ) from None
+        hints[name] = _remote_value(tool_id, name, prop if isinstance(prop, dict) else {}, defs)
+
+    async def call(ctx: ToolContext, **kwargs: Any) -> Any:
+        arguments = {k: v for k, v in kwargs.items() if k in required or v is not None}
+        meta = {CALL_ID_META: ctx.key or ctx.request_id or ctx.intent_id}
+        return await _on_loop(loop, _send(session, remote.name, arguments, meta))
+
+    call.__name__ = remote.name
+    call.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    call.__annotations__ = hints
+    return call
+
+
+def _remote_value(
+    tool_id: str, name: str, prop: dict[str, Any], defs: dict[str, Any]
+) -> type:
+    """A type pydantic validates against the property's JSON schema and shows as that schema."""
+    full = {**prop, **defs}
+    try:
+        cls = jsonschema.validators.validator_for(full)
+        cls.check_schema(full)
+    except jsonschema.SchemaError as exc:
+        raise RegistrationError(
+            f"tool {tool_id!r}: argument {name!r} has no valid JSON schema: {exc.message}",
+            tool_id=tool_id, field=name,
+        ) from None
+    validator = cls(full)
+
+    def check(value: Any) -> Any:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+        if error is not None:
+            raise ValueError(error.message)
+        return value
+
+    class RemoteValue:
+        @classmethod
+        def __get_pydantic_core_schema__(
+            cls, source: Any, handler: GetCoreSchemaHandler
+        ) -> core_schema.CoreSchema:
+            return core_schema.no_info_after_validator_function(check, core_schema.any_schema())
+
+        @classmethod
+        def __get_pydantic_json_schema__(
+            cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+        ) -> dict[str, Any]:
+            return dict(prop)
+
+    return RemoteValue
+
+
+async def _on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:
+    """Await `coro` on the session's event loop, from whichever loop runs the tool."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        return await coro
+    if loop.is_closed() or not loop.is_running():
+        coro.close()
+        raise NotSent("the MCP session's event loop no longer runs")
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+async def _send(
+    session: ClientSession | Client, name: str, arguments: dict[str, Any], meta: dict[str, Any]
+) -> Any:
+    try:
+        result = await session.call_tool(name, arguments, meta=cast(types.RequestParamsMeta, meta))
+    except MCPError as exc:
+        if exc.code in (types.INVALID_PARAMS, types.METHOD_NOT_FOUND):
+            raise DefiniteFailure(f"the MCP server refused the call: {exc.message}") from exc
+        raise
+    unsettled = (result.meta or {}).get(OUTCOME_META) in ("indeterminate", "pending")
+    if result.is_error or unsettled:
+        # A remote tool may report an error after its effect (servers turn a tool's exception
+        # into an error result), and a remote poimen server may not know either.
+        raise RuntimeError(f"the remote tool {name!r} answered: {_text(result)}")
+    if result.structured_content is not None:
+        return result.structured_content
+    if all(isinstance(c, types.TextContent) for c in result.content):
+        return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
+    return [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in result.content]
+
+
+def _text(result: types.CallToolResult) -> str:
+    text = " ".join(c.text for c in result.content if isinstance(c, types.TextContent))
+    return text[:500] or "an error without text"
