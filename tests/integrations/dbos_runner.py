@@ -1,0 +1,87 @@
+"""A DBOS application on SQLite whose workflow sends one email in a step, for the DBOS tests.
+
+    python -m tests.integrations.dbos_runner start|recover|resume --system-db PATH --db URL
+        --provider URL --workflow ID [--mode poimen|plain] [--tool email|flaky] [--call-id ID]
+
+`start` runs a new workflow; `recover` only launches DBOS, which recovers the workflows a
+killed run left pending, and waits for the one named; `resume` runs a workflow that waits for
+an operator's decision on `--call-id`. Prints one JSON line: the result or the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import httpx
+from dbos import DBOS, DBOSConfig, SetWorkflowID
+
+from poimen import Caps, Kernel, ToolContext, Unsafe, _crashpoints
+from poimen.errors import PoimenError
+from poimen.integrations.dbos import dbos_step
+from poimen.testing import EMAIL, register_test_tools
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=("start", "recover", "resume"))
+    p.add_argument("--system-db", required=True)
+    p.add_argument("--db", required=True)
+    p.add_argument("--provider", required=True)
+    p.add_argument("--workflow", required=True)
+    p.add_argument("--mode", choices=("poimen", "plain"), default="poimen")
+    p.add_argument("--tool", choices=("email", "flaky"), default="email")
+    p.add_argument("--call-id")
+    ns = p.parse_args()
+    config: DBOSConfig = {"name": "poimen-dbos-test", "log_level": "WARNING",
+                          "system_database_url": f"sqlite:///{ns.system_db}"}
+    DBOS(config=config)
+    kernel = Kernel(ns.db, notifiers=[])
+    register_test_tools(kernel, ns.provider)
+
+    @kernel.tool(id="flaky", effects=Unsafe(), caps=Caps(), timeout=5)
+    def flaky(ctx: ToolContext, to: str, subject: str) -> None:
+        httpx.post(f"{ns.provider}/plain", json={"to": to, "subject": subject})
+        raise ConnectionResetError("the link dropped before the answer")
+
+    steps = {"email": dbos_step(kernel, EMAIL), "flaky": dbos_step(kernel, "flaky")}
+
+    @DBOS.step()
+    def send_plain(to: str, subject: str) -> Any:
+        # What the same step does without poimen: DBOS alone.
+        r = httpx.post(f"{ns.provider}/plain", json={"to": to, "subject": subject})
+        _crashpoints.hit("after_effect")
+        return r.json()
+
+    @DBOS.workflow()
+    def notify(to: str, mode: str, tool: str) -> Any:
+        if mode == "plain":
+            return send_plain(to=to, subject="invoice")
+        return steps[tool](to=to, subject="invoice")
+
+    @DBOS.workflow()
+    def resume(call_id: str, tool: str) -> Any:
+        return steps[tool].resume(call_id, timeout=60)
+
+    DBOS.launch()
+    try:
+        if ns.command == "start":
+            with SetWorkflowID(ns.workflow):
+                handle = DBOS.start_workflow(notify, f"{ns.workflow}@example.com", ns.mode, ns.tool)
+        elif ns.command == "resume":
+            with SetWorkflowID(ns.workflow):
+                handle = DBOS.start_workflow(resume, ns.call_id, ns.tool)
+        else:
+            handle = DBOS.retrieve_workflow(ns.workflow)
+        try:
+            print(json.dumps({"result": handle.get_result()}))
+        except PoimenError as exc:
+            print(json.dumps({"error": type(exc).__name__, "message": str(exc), **exc.data}))
+    finally:
+        kernel.close()
+        DBOS.destroy()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""poimen under DBOS on SQLite: real DBOS processes (tests/integrations/dbos_runner.py), one
+of them SIGKILLed inside the email step after the email went out, then relaunched so DBOS
+recovers the workflow and runs the step again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poimen import Indeterminate, Kernel
+from poimen.testing import ProviderClient, ProviderProcess, kill_at_pause
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class App:
+    """The DBOS application's files, and how to start it."""
+
+    def __init__(self, tmp_path: Path, provider_url: str) -> None:
+        self.tmp_path = tmp_path
+        self.db = f"sqlite:///{tmp_path / 'intents.db'}"
+        self.base = [sys.executable, "-m", "tests.integrations.dbos_runner"]
+        self.opts = ["--system-db", str(tmp_path / "dbos.sqlite"), "--db", self.db,
+                     "--provider", provider_url]
+
+    def env(self, extra: dict[str, str]) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", **extra}
+
+    def run(self, command: str, workflow: str, *args: str) -> dict[str, Any]:
+        done = subprocess.run([*self.base, command, *self.opts, "--workflow", workflow, *args],
+                              env=self.env({}), cwd=ROOT, capture_output=True, text=True,
+                              timeout=180)
+        assert done.returncode == 0, done.stderr
+        out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return out
+
+    def killed_after_effect(self, workflow: str, *args: str) -> None:
+        marker = self.tmp_path / f"paused-{workflow}"
+        proc = subprocess.Popen(
+            [*self.base, "start", *self.opts, "--workflow", workflow, *args],
+            env=self.env({"POIMEN_PAUSE_AT": "after_effect", "POIMEN_PAUSE_FILE": str(marker)}),
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert kill_at_pause(proc, marker, timeout=120) == "after_effect"
+
+
+@pytest.fixture
+def app(tmp_path: Path, provider: ProviderProcess) -> App:
+    return App(tmp_path, provider.url)
+
+
+def sent_to(ledger: ProviderClient, to: str) -> int:
+    return sum(1 for e in ledger.entries(kind="plain") if e["body"].get("to") == to)
+
+
+def test_a_step_returns_the_tools_result_under_the_workflow_and_step_id(
+    app: App, ledger: ProviderClient
+) -> None:
+    out = app.run("start", "wf-ok")
+    assert "entry_id" in out["result"]
+    assert sent_to(ledger, "wf-ok@example.com") == 1
+    with Kernel(app.db, notifiers=[], worker_id="test") as k:
+        recorded = k.outcome("dbos/wf-ok/1")
+        assert recorded is not None and recorded.result == out["result"]  # type: ignore[union-attr]
+
+
+def test_an_unknown_outcome_raises_with_the_intent_and_dbos_does_not_retry_it(
+    app: App, ledger: ProviderClient
+) -> None:
+    out = app.run("start", "wf-flaky", "--tool", "flaky")
+    assert out["error"] == "OutcomeUnknownError"
+    assert out["outcome"] == "indeterminate" and out["call_id"] == "dbos/wf-flaky/1"
+    assert out["intent_id"] in out["message"] and "Do not retry it" in out["message"]
+    # DBOS recorded the step's error: relaunching runs nothing again.
+    again = app.run("recover", "wf-flaky")
+    assert again["error"] == "OutcomeUnknownError" and again["intent_id"] == out["intent_id"]
+    assert sent_to(ledger, "wf-flaky@example.com") == 1
+
+
+def test_dbos_alone_sends_a_second_email_after_a_kill_in_the_step(
+    app: App, ledger: ProviderClient
+) -> None:
+    app.killed_after_effect("wf-plain", "--mode", "plain")
+    assert sent_to(ledger, "wf-plain@example.com") == 1
+    out = app.run("recover", "wf-plain", "--mode", "plain")
+    assert "entry_id" in out["result"]
+    assert sent_to(ledger, "wf-plain@example.com") == 2  # the baseline: DBOS re-ran the step
+
+
+def test_with_poimen_the_recovered_step_sends_nothing_and_tells_the_workflow_not_to_retry(
+    app: App, ledger: ProviderClient
+) -> None:
+    app.killed_after_effect("wf-kill")
+    assert sent_to(ledger, "wf-kill@example.com") == 1
+    out = app.run("recover", "wf-kill")
+    assert sent_to(ledger, "wf-kill@example.com") == 1
+    assert out["error"] == "OutcomeUnknownError" and out["call_id"] == "dbos/wf-kill/1"
+    with Kernel(app.db, notifiers=[], worker_id="operator") as k:
+        assert k.outcome(out["call_id"]) == Indeterminate(out["intent_id"], out["reason"])
+        # The operator checks the mailbox, finds the email, and says so.
+        k.resolve(out["intent_id"], landed=True, result={"checked": "in the outbox"},
+                  operator="ops@example.com", reason="found in the provider's outbox")
+    resumed = app.run("resume", "wf-kill-resume", "--call-id", out["call_id"])
+    assert resumed == {"result": {"checked": "in the outbox"}}
+    assert sent_to(ledger, "wf-kill@example.com") == 1
