@@ -1,0 +1,127 @@
+"""poimen tools as Temporal activities. Needs ``pip install 'poimen[temporal]'``.
+
+::
+
+    send_email = temporal_activity(kernel, "send_email")
+    worker = Worker(client, task_queue="mail", workflows=[Notify],
+                    activities=[send_email, outcome_activity(kernel)])
+    # in the workflow:
+    await workflow.execute_activity("send_email", {"to": to, "subject": "Your invoice"},
+                                    start_to_close_timeout=timedelta(seconds=30))
+
+Temporal runs an activity again when its worker died in it or its answer was lost (a new
+attempt, on any worker). The activity's call id is the workflow id, its run id and the
+activity id (``temporal/<workflow id>/<run id>/<activity id>``), which every attempt shares;
+a new attempt finds the call in the log and answers from it, so an email activity killed after
+sending does not send again.
+
+The activity returns the tool's result. A call that failed with no effect raises
+``ApplicationError(type="PoimenToolCallFailed", non_retryable=True)``; a call whose effect is
+unknown raises ``ApplicationError(type="PoimenOutcomeUnknown", non_retryable=True)``; the
+details hold the call id and the intent id. After an operator decides, the
+``poimen.outcome`` activity (`outcome_activity`) returns the decision: see
+docs/integrations/temporal.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from poimen import Kernel, Outcome, call_ids
+from poimen.errors import OutcomeUnknownError, PoimenError, ToolCallFailedError
+from poimen.integrations._outcomes import value_or_raise
+
+__all__ = [
+    "FAILED",
+    "NOT_DECIDED",
+    "UNKNOWN",
+    "activity_call_id",
+    "outcome_activity",
+    "temporal_activity",
+]
+
+#: `ApplicationError.type` of a call that failed with no effect (non-retryable).
+FAILED = "PoimenToolCallFailed"
+#: `ApplicationError.type` of a call whose effect is unknown (non-retryable).
+UNKNOWN = "PoimenOutcomeUnknown"
+#: `ApplicationError.type` from `poimen.outcome` while no one has decided yet (retryable:
+#: Temporal's retry policy is the polling loop).
+NOT_DECIDED = "PoimenNotDecided"
+
+
+def activity_call_id() -> str:
+    """The call id of the activity running now.
+
+    The run id is part of it: activity ids are numbered per workflow run, so a workflow that
+    continues as new (or is retried as a whole) numbers its activities from 1 again, and
+    those are other calls."""
+    info = activity.info()
+    if info.workflow_id is not None and info.workflow_run_id:
+        return call_ids.framework_id(
+            f"temporal/{info.workflow_id}/{info.workflow_run_id}", info.activity_id
+        )
+    run_id = getattr(info, "activity_run_id", None)  # an activity started on its own
+    if run_id:
+        return call_ids.framework_id(f"temporal/activity/{run_id}", info.activity_id)
+    raise PoimenError(
+        f"activity {info.activity_id!r} has neither a workflow run nor an activity run id, "
+        "so it has no call id that survives a retry; nothing was recorded"
+    )
+
+
+def temporal_activity(
+    kernel: Kernel, tool: str, *, name: str | None = None
+) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+    """The tool `tool` (an id or a spec name) of `kernel` as an async Temporal activity named
+    `name` (default: the tool id) taking the tool's arguments as one dict."""
+    tool_id = kernel.tool_id(tool)
+
+    @activity.defn(name=name or tool_id)
+    async def run(args: dict[str, Any]) -> Any:
+        call_id = activity_call_id()
+        return _value(await kernel.acall(tool_id, args, call_id=call_id), call_id)
+
+    return run
+
+
+def outcome_activity(
+    kernel: Kernel, *, name: str = "poimen.outcome"
+) -> Callable[[str], Awaitable[Any]]:
+    """An activity that answers a call's decided outcome by its call id: the result, or the
+    same errors as the tool's activity. While the outcome is still unknown it raises a
+    retryable `NOT_DECIDED` error, so the activity's retry policy waits for the operator."""
+
+    @activity.defn(name=name)
+    async def outcome(call_id: str) -> Any:
+        out = await asyncio.to_thread(kernel.outcome, call_id)
+        if out is None:
+            raise ApplicationError(f"no call has the call id {call_id!r}", {"call_id": call_id},
+                                   type="PoimenUnknownCall", non_retryable=True)
+        if not out.terminal:
+            raise ApplicationError(
+                f"call {call_id!r} (intent {out.intent_id}) awaits an operator's decision",
+                {"call_id": call_id, "intent_id": out.intent_id},
+                type=NOT_DECIDED,
+            )
+        return _value(out, call_id)
+
+    return outcome
+
+
+def _value(outcome: Outcome, call_id: str) -> Any:
+    try:
+        return value_or_raise(outcome, call_id)
+    except ToolCallFailedError as exc:
+        _raise(exc, FAILED)
+    except OutcomeUnknownError as exc:
+        _raise(exc, UNKNOWN)
+
+
+def _raise(exc: PoimenError, kind: str) -> NoReturn:
+    details = {k: v for k, v in exc.data.items() if isinstance(v, str)}
+    raise ApplicationError(str(exc), details, type=kind, non_retryable=True) from exc
