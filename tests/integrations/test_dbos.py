@@ -108,3 +108,11 @@ def test_with_poimen_the_recovered_step_sends_nothing_and_tells_the_workflow_not
     resumed = app.run("resume", "wf-kill-resume", "--call-id", out["call_id"])
     assert resumed == {"result": {"checked": "in the outbox"}}
     assert sent_to(ledger, "wf-kill@example.com") == 1
+
+
+def test_a_step_outside_a_workflow_has_no_call_id_and_records_nothing() -> None:
+    from poimen.errors import PoimenError
+    from poimen.integrations.dbos import step_call_id
+
+    with pytest.raises(PoimenError, match="only inside a DBOS workflow"):
+        step_call_id()

@@ -176,6 +176,24 @@ def test_an_indeterminate_call_answers_the_standard_text_and_is_not_an_error(
     assert meta(result)["poimen/intent_id"] == out.intent_id
 
 
+def test_after_an_operator_resolves_the_same_call_id_answers_the_decision(
+    kernel: Kernel,
+) -> None:
+    server = mcp_server(kernel)
+    call_meta = {CALL_ID_META: "f-2"}
+    first = run(server, lambda c: c.call_tool("flaky", {"to": "r@example.com"}, meta=call_meta))
+    assert meta(first)[OUTCOME_META] == "indeterminate"
+    kernel.resolve(meta(first)["poimen/intent_id"], landed=True, result={"delivered": True},
+                   operator="ops@example.com", reason="the message is in the outbox")
+    again = run(server, lambda c: c.call_tool("flaky", {"to": "r@example.com"}, meta=call_meta))
+    assert meta(again)[OUTCOME_META] == "resolved" and not again.is_error
+    assert again.structured_content == {"delivered": True}
+    assert "Do not call it again" in again.content[0].text
+    # The same call id with other arguments names another call: refused, nothing recorded.
+    other = run(server, lambda c: c.call_tool("flaky", {"to": "s@example.com"}, meta=call_meta))
+    assert other.is_error and "other arguments" in other.content[0].text
+
+
 def test_a_failed_call_is_an_error_result_the_model_may_correct(kernel: Kernel) -> None:
     result = run(mcp_server(kernel), lambda c: c.call_tool("refused", {"to": "x"}))
     assert result.is_error
@@ -285,6 +303,18 @@ def test_an_application_declares_what_it_trusts_per_tool(kernel: Kernel, tmp_pat
 
         run(remote_server(seen), typo)
         assert k2.specs() == []
+
+
+def test_an_imported_tool_whose_session_loop_has_stopped_is_not_sent(
+    kernel: Kernel,
+) -> None:
+    from poimen import Failed
+
+    seen: list[dict[str, Any]] = []
+    run(remote_server(seen), lambda c: import_mcp_tools(kernel, c, prefix="gone."))
+    out = kernel.call("gone.notify", {"to": "l@example.com"}, call_id="gone-1")
+    assert isinstance(out, Failed) and "no longer runs" in out.error
+    assert seen == []
 
 
 def test_arguments_are_checked_against_the_remote_schema_before_recording(

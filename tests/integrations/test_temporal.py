@@ -143,3 +143,19 @@ def test_an_attempt_killed_after_the_effect_is_not_sent_again_by_the_next_attemp
                   operator="ops@example.com", reason="the provider shows one email")
         decided = asyncio.run(env.run(outcome_activity(k), details["call_id"]))
     assert decided == {"checked": "sent"}
+
+
+def test_a_standalone_activity_is_named_by_its_run_and_one_without_ids_is_refused(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from poimen.errors import PoimenError
+    from poimen.integrations.temporal import activity_call_id
+
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, workflow_id=None, workflow_run_id=None,
+                                   activity_id="send-1", activity_run_id="ar-9")
+    assert env.run(activity_call_id) == "temporal/activity/ar-9/send-1"
+    env.info = dataclasses.replace(env.info, activity_run_id=None)
+    with pytest.raises(PoimenError, match="nothing was recorded"):
+        asyncio.run(env.run(temporal_activity(kernel, EMAIL), ARGS))
+    assert sent_to(ledger, "t@example.com") == 0

@@ -31,12 +31,10 @@ from typing import Any, cast
 
 import anyio
 import jsonschema  # type: ignore[import-untyped]
-from mcp import ClientSession, types
-from mcp.client.client import Client
+from mcp import Client, ClientSession, MCPError, types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.server.stdio import stdio_server
-from mcp.shared.exceptions import MCPError
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic_core import core_schema
 
