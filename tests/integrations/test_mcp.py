@@ -160,6 +160,40 @@ def test_without_a_client_call_id_each_session_has_its_own_ids(
     assert plain_to(ledger, "c@example.com") == 4
 
 
+def test_over_http_derived_ids_are_scoped_by_the_mcp_session(kernel: Kernel) -> None:
+    import socket
+    import threading
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    server = uvicorn.Server(uvicorn.Config(mcp_server(kernel).streamable_http_app(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    end = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < end, "the HTTP server did not start"
+        time.sleep(0.01)
+
+    async def call(mode: str) -> str:
+        async with Client(url, mode=mode) as c:
+            r = await c.call_tool("orders_lookup", {"order_id": "o-1"})
+            return str(meta(r)[CALL_ID_META])
+
+    try:
+        one, two = asyncio.run(call("legacy")), asyncio.run(call("legacy"))
+        modern = asyncio.run(call("auto"))  # the per-request protocol has no session
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert one.startswith("mcp/") and two.startswith("mcp/") and one != two
+    assert one.endswith("/1") and two.endswith("/1")  # each session counts its own calls
+    assert modern.startswith("mcp-") and modern.endswith("/1")
+
+
 def test_an_indeterminate_call_answers_the_standard_text_and_is_not_an_error(
     kernel: Kernel,
 ) -> None:
