@@ -121,3 +121,7 @@ class WrongRunnerError(PoimenError):
 class DuplicateWorkerError(PoimenError):
     """Another live kernel in this process has this worker id; two kernels with one identity
     would take over each other's calls."""
+
+
+class NotAwaitingApprovalError(PoimenError):
+    """Only a call awaiting approval can be approved or rejected."""
