@@ -117,6 +117,9 @@ def decide(
     """
     if effect_name(current) != intent.effect:
         return MarkIndeterminate("effect_changed")
+    if intent.attempts == 0:
+        # Approved by an operator and never run yet: its first attempt, whatever its class.
+        return Retry()
     match current:
         case Idempotent(key_ttl=ttl):
             # The provider forgets keys: past its window a retry is no longer deduplicated.

@@ -8,6 +8,7 @@ after a fork), its settings, its tools and its public API (docs/design.md §8 ma
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -26,8 +27,9 @@ from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
+from poimen._operator import decide_approval as operator_decide_approval
 from poimen._operator import resolve as operator_resolve
-from poimen._protocol import CallState, Engine, call_steps
+from poimen._protocol import CallState, Engine, call_steps, orphan_steps
 from poimen._recovery import RecoveryReport, recover_pass
 from poimen._retry import Retry
 from poimen._runners import run_async, run_sync
@@ -35,6 +37,7 @@ from poimen._spec import ToolHandle, ToolSpec, safe_name, spec_of
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen._upkeep import Upkeep
 from poimen.errors import (
+    ArgumentError,
     DuplicateWorkerError,
     IntentNotFoundError,
     NondeterministicKeyError,
@@ -152,6 +155,7 @@ class Kernel:
             recover_interval=recover_interval,
         )
         self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
+        self._approvals: dict[str, _ApprovalRule] = {}
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
         _LIVE.add(self)
@@ -180,16 +184,27 @@ class Kernel:
         timeout: float,
         retry: Retry | None = None,
         description: str | None = None,
+        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+        approval_ttl: float | None = None,
     ) -> Callable[[Callable[Concatenate[ToolContext, P], R]], ToolHandle[P, R]]:
         """Register the decorated function; returns a `ToolHandle` (the function, callable as
         before, with typed `call`/`acall`). Every argument but `retry` and `description` is
         required; `retry` spaces the call path's own retries (default:
         `Retry(attempts=max_attempts)`); `description` is what models read (default: the
-        function's docstring)."""
+        function's docstring). `requires_approval` (True, or a predicate on the recorded
+        arguments) records such a call AWAITING_APPROVAL and dispatches it only once an
+        operator approves; `approval_ttl` seconds without a decision fail it."""
         registration = ToolRegistration(id=id, effects=effects, caps=caps, timeout=timeout)
 
         def decorate(fn: Callable[Concatenate[ToolContext, P], R]) -> ToolHandle[P, R]:
-            self.register(registration, fn, retry=retry, description=description)
+            self.register(
+                registration,
+                fn,
+                retry=retry,
+                description=description,
+                requires_approval=requires_approval,
+                approval_ttl=approval_ttl,
+            )
             return ToolHandle(self, registration.id, fn)
 
         return decorate
@@ -201,6 +216,8 @@ class Kernel:
         *,
         retry: Retry | None = None,
         description: str | None = None,
+        requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
+        approval_ttl: float | None = None,
     ) -> Tool:
         if not isinstance(registration, ToolRegistration):
             raise RegistrationError(
@@ -218,11 +235,14 @@ class Kernel:
         tool = build_tool(registration, fn)
         if isinstance(registration.effects, Idempotent | ReadOnly):
             _guard.install()
+        rule = _approval_rule(registration.id, requires_approval, approval_ttl)
         if description is not None and not isinstance(description, str):
             raise RegistrationError(
                 f"tool {registration.id!r}: description must be text", tool_id=registration.id
             )
         self._engine.tools[registration.id] = tool
+        if rule is not None:
+            self._approvals[registration.id] = rule
         if retry is not None:
             self._engine.retries[registration.id] = retry
         name = safe_name(registration.id, set(self._names))
@@ -300,10 +320,18 @@ class Kernel:
             delay = min(delay * 2, 1.0)
 
     def _outcome_of(self, call_id: str) -> Outcome:
-        out = self.outcome(call_id)
-        if out is None:
+        """The outcome now; an intent nobody drives (approved and never run, or its owner
+        gone) is driven here first, so a waiting caller resumes without a recovery pass."""
+        intent = self.store.get_by_call_id(call_id)
+        if intent is None:
             raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
-        return out
+        e = self._engine
+        t = e.tools.get(intent.tool_id)
+        if t is not None and e.claimable(intent, self.store.now()) == "claimable":
+            out = run_sync(e, orphan_steps(e, t, intent, CallState()))
+            if out is not None:
+                return out
+        return _protocol.answer(intent)
 
     # Life cycle.
 
@@ -382,7 +410,8 @@ class Kernel:
             finally:
                 _guard.resume(token)
         t, d, kwargs = self._prepare(tool, args, call_id)
-        if t.is_async and _loop_running():
+        approval = self._approval(t, d)
+        if t.is_async and _loop_running() and approval is None:
             raise WrongRunnerError(
                 f"tool {t.id!r} is async and an event loop runs in this thread: "
                 "use `await kernel.acall(...)`; nothing was recorded",
@@ -390,7 +419,7 @@ class Kernel:
             )
         self._upkeep.held()
         e = self._engine
-        return run_sync(e, call_steps(e, t, d, kwargs, CallState()))
+        return run_sync(e, call_steps(e, t, d, kwargs, CallState(), approval))
 
     async def acall(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
         """`call` for async callers. A cancelled caller gets `CancelledError` at once; the
@@ -406,7 +435,8 @@ class Kernel:
         self._upkeep.held()
         e = self._engine
         c = CallState()
-        return await run_async(e, call_steps(e, t, d, kwargs, c), c)
+        approval = self._approval(t, d)
+        return await run_async(e, call_steps(e, t, d, kwargs, c, approval), c)
 
     def _prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str
@@ -483,6 +513,25 @@ class Kernel:
             self.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
 
+    def approve(self, intent_id: str, *, operator: str, reason: str) -> Intent:
+        """An operator approves a call awaiting approval: it is dispatched once, by its class
+        (by the caller resuming with `wait`, or by any kernel's recovery)."""
+        return operator_decide_approval(
+            self.store, intent_id, approve=True, operator=operator, reason=reason
+        )
+
+    def reject(self, intent_id: str, *, operator: str, reason: str) -> Intent:
+        """An operator rejects a call awaiting approval: FAILED, nothing is sent."""
+        return operator_decide_approval(
+            self.store, intent_id, approve=False, operator=operator, reason=reason
+        )
+
+    def _approval(self, t: Tool, d: NewDispatch) -> _protocol.Approval | None:
+        rule = self._approvals.get(t.id)
+        if rule is None or not rule.needed(t.id, json.loads(d.args)):
+            return None
+        return _protocol.Approval(None if rule.ttl is None else d.now + rule.ttl)
+
     async def alaunch(self, *, background: bool = True) -> RecoveryReport:
         """`launch` for async applications (the pass runs off the event loop)."""
         return await asyncio.to_thread(self.launch, background=background)
@@ -537,6 +586,57 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+class _ApprovalRule:
+    """When a tool's call waits for an operator: always, or when a predicate on the recorded
+    arguments says so."""
+
+    __slots__ = ("predicate", "ttl")
+
+    def __init__(self, predicate: Callable[[Mapping[str, Any]], bool] | None, ttl: float | None):
+        self.predicate = predicate
+        self.ttl = ttl
+
+    def needed(self, tool_id: str, recorded: Mapping[str, Any]) -> bool:
+        if self.predicate is None:
+            return True
+        try:
+            return bool(self.predicate(recorded))
+        except Exception as exc:  # nothing is recorded: the caller learns why
+            raise ArgumentError(
+                f"tool {tool_id!r}: its approval rule raised {type(exc).__name__}: {exc}",
+                tool_id=tool_id,
+                argument="<requires_approval>",
+            ) from exc
+
+
+def _approval_rule(
+    tool_id: str, requires: object, ttl: float | None
+) -> _ApprovalRule | None:
+    if ttl is not None and (
+        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0
+    ):
+        raise RegistrationError(
+            f"tool {tool_id!r}: approval_ttl must be a positive number of seconds or None, "
+            f"not {ttl!r}",
+            tool_id=tool_id,
+        )
+    if requires is False:
+        if ttl is not None:
+            raise RegistrationError(
+                f"tool {tool_id!r}: approval_ttl needs requires_approval", tool_id=tool_id
+            )
+        return None
+    if requires is True:
+        return _ApprovalRule(None, ttl)
+    if callable(requires):
+        return _ApprovalRule(requires, ttl)
+    raise RegistrationError(
+        f"tool {tool_id!r}: requires_approval must be True, False or a predicate on the "
+        f"arguments, not {requires!r}",
+        tool_id=tool_id,
+    )
 
 
 # Kernels of this process: one identity each, and a new one in a forked child.

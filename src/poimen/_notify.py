@@ -21,7 +21,7 @@ import httpx
 from poimen._intents import Intent, IntentState, Notification
 from poimen._operator import redact_url, redact_urls
 from poimen.errors import PoimenError
-from poimen.store._base import ANY_NOTIFIER, NewNotification, Store
+from poimen.store._base import ANY_NOTIFIER, NewDispatch, NewNotification, Store
 
 log = logging.getLogger("poimen.notify")
 
@@ -94,6 +94,27 @@ def indeterminate_note(
     return NewNotification(
         delivery_id=f"{intent.id}:indeterminate",
         kind="indeterminate",
+        payload=json.dumps(payload, sort_keys=True),
+        notifiers=notifier_names(notifiers),
+    )
+
+
+def approval_note(
+    d: NewDispatch, expires_at: float | None, notifiers: Sequence[Notifier] = ()
+) -> NewNotification:
+    """An operator is asked to approve (or reject) a call before it is dispatched."""
+    payload = {
+        "intent_id": d.intent_id,
+        "call_id": d.call_id,
+        "tool_id": d.tool_id,
+        "effect": d.effect,
+        "reason": "awaiting_approval",
+        "created_at": d.now,
+        "expires_at": expires_at,
+    }
+    return NewNotification(
+        delivery_id=f"{d.intent_id}:approval",
+        kind="approval_requested",
         payload=json.dumps(payload, sort_keys=True),
         notifiers=notifier_names(notifiers),
     )

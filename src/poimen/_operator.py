@@ -542,6 +542,18 @@ def abandon(store: Store, intent_id: str, *, operator: str, reason: str) -> Inte
     return store.abandon(intent_id, operator=operator, reason=reason, now=store.now())
 
 
+def decide_approval(
+    store: Store, intent_id: str, *, approve: bool, operator: str, reason: str
+) -> Intent:
+    """Approve (dispatched once, by its class) or reject (FAILED, nothing sent) a call that
+    awaits approval. Audited like `resolve`; any other state is refused
+    (`NotAwaitingApprovalError`), and of two operators deciding at once exactly one wins."""
+    operator, reason = _who_and_why("approve" if approve else "reject", operator, reason)
+    return store.decide_approval(
+        intent_id, approve=approve, operator=operator, reason=reason, now=store.now()
+    )
+
+
 def _who_and_why(what: str, operator: Any, reason: Any) -> tuple[str, str]:
     if not isinstance(operator, str) or not operator.strip():
         raise OperatorInputError(f"{what} needs the operator's name", field="operator")

@@ -58,7 +58,7 @@ from poimen._intents import (
 )
 from poimen._keys import encode_value
 from poimen._liveness import owner_alive
-from poimen._notify import Notifier, indeterminate_note
+from poimen._notify import Notifier, approval_note, indeterminate_note
 from poimen._retry import Retry as RetryPolicy
 from poimen._tools import Tool
 from poimen.errors import (
@@ -246,9 +246,17 @@ class Engine:
 
 
 def call_steps(
-    e: Engine, t: Tool, d: NewDispatch, kwargs: dict[str, Any], c: CallState
+    e: Engine,
+    t: Tool,
+    d: NewDispatch,
+    kwargs: dict[str, Any],
+    c: CallState,
+    approval: Approval | None = None,
 ) -> Steps[Outcome]:
-    """A call: journal it, run it, settle it; or answer from the log if its call id exists."""
+    """A call: journal it, run it, settle it; or answer from the log if its call id exists.
+    With `approval`, the call is only recorded, for an operator to approve first."""
+    if approval is not None:
+        return (yield from _await_approval(e, t, d, c, approval))
     e.holds.take(d.intent_id)  # a fresh id: always ours
     try:
         _crashpoints.hit("before_dispatch_commit")
@@ -271,6 +279,24 @@ def call_steps(
         return (yield from run_steps(e, t, started, kwargs, c))
     finally:
         e.holds.drop(d.intent_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """This call waits for an operator; it expires (FAILED) at `expires_at`, if set."""
+
+    expires_at: float | None
+
+
+def _await_approval(
+    e: Engine, t: Tool, d: NewDispatch, c: CallState, approval: Approval
+) -> Steps[Outcome]:
+    note = approval_note(d, approval.expires_at, e.notifiers)
+    intent, created = yield Block(e.store.record_awaiting, (d, note, approval.expires_at))
+    if not created:
+        return (yield from existing_steps(e, t, intent, d, c))
+    e.notify()
+    return Pending(intent.id, "awaiting_approval")
 
 
 def existing_steps(

@@ -36,6 +36,7 @@ class RecoveryReport:
     unregistered: list[str] = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    expired: int = 0  # calls whose approval window passed (FAILED, nothing sent)
 
     def count(self, outcome: Outcome) -> None:
         match outcome:
@@ -98,6 +99,7 @@ def recover_pass(
     `progress`, if given, is called with the number of intents scanned so far; `workers`
     intents of a page are resolved side by side."""
     report = RecoveryReport()
+    report.expired = len(e.store.expire_approvals(e.store.now()))
     after = ""
     step = batch
     while True:

@@ -123,6 +123,10 @@ class DuplicateWorkerError(PoimenError):
     would take over each other's calls."""
 
 
+class NotAwaitingApprovalError(PoimenError):
+    """Only a call awaiting approval can be approved or rejected."""
+
+
 class ToolCallFailedError(PoimenError):
     """A tool call failed and had no effect (or an operator decided it did not land).
 

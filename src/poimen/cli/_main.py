@@ -24,6 +24,7 @@ from poimen._kernel import Kernel
 from poimen.cli import _render as render
 from poimen.errors import (
     IntentNotFoundError,
+    NotAwaitingApprovalError,
     NotDispatchedError,
     NotIndeterminateError,
     PoimenError,
@@ -181,6 +182,25 @@ def cmd_abandon(ns: argparse.Namespace, store: Store) -> int:
             f"abandoned {done.id}: {intent.state} -> {done.state} ({done.reason}) by "
             f"{op.escape_text(ns.operator.strip())} ({op.escape_text(ns.reason.strip())}); "
             f"now resolve it: poimen resolve {done.id} --landed|--not-landed"
+        ),
+    )
+    return OK
+
+
+def cmd_approve(ns: argparse.Namespace, store: Store) -> int:
+    intent = op.find(store, ns.intent)
+    approve = ns.cmd == "approve"
+    done = op.decide_approval(
+        store, intent.id, approve=approve, operator=ns.operator, reason=ns.reason
+    )
+    _emit(
+        ns,
+        op.intent_summary(done),
+        lambda: (
+            f"{'approved' if approve else 'rejected'} {done.id}: {intent.state} -> "
+            f"{done.state} by {op.escape_text(ns.operator.strip())} "
+            f"({op.escape_text(ns.reason.strip())})"
+            + ("; it is dispatched once by the next kernel that resumes it" if approve else "")
         ),
     )
     return OK
@@ -378,6 +398,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--operator", required=True, help="who decides")
     s.add_argument("--reason", required=True, help="why: how you know the worker is gone")
 
+    for name, what in (
+        ("approve", "approve a call AWAITING_APPROVAL: it is then dispatched once"),
+        ("reject", "reject a call AWAITING_APPROVAL: it fails, nothing is sent"),
+    ):
+        s = sub.add_parser(name, parents=[common], help=what)
+        s.add_argument("intent", help="intent id or call id")
+        s.add_argument("--operator", required=True, help="who decides")
+        s.add_argument("--reason", required=True, help="why")
+
     s = sub.add_parser("audit", parents=[common], help="capability and sandbox denials")
     s.add_argument("--tool", help="tool id")
     s.add_argument("--since", help="15m, 2h, 7d, an ISO 8601 time, or epoch seconds")
@@ -432,6 +461,8 @@ _STORE_COMMANDS: dict[str, Callable[[argparse.Namespace, Store], int]] = {
     "show": cmd_show,
     "resolve": cmd_resolve,
     "abandon": cmd_abandon,
+    "approve": cmd_approve,
+    "reject": cmd_approve,
     "audit": cmd_audit,
 }
 _READING = frozenset({"status", "intents", "show", "audit"})
@@ -474,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(ns, USAGE, exc, "")
     except IntentNotFoundError as exc:
         return _fail(ns, NOT_FOUND, exc, "")
-    except (NotIndeterminateError, NotDispatchedError) as exc:
+    except (NotIndeterminateError, NotDispatchedError, NotAwaitingApprovalError) as exc:
         return _fail(ns, NOT_FOUND, exc, "refused: ")
     except StoreError as exc:
         return _fail(ns, STORE, exc, "store: ")

@@ -22,6 +22,7 @@ from poimen._intents import (
 )
 from poimen.errors import (
     IntentNotFoundError,
+    NotAwaitingApprovalError,
     NotDispatchedError,
     NotIndeterminateError,
     SchemaTooNewError,
@@ -161,6 +162,28 @@ class Sql:
             f"UPDATE intents SET state = 'INDETERMINATE', reason = '{ABANDONED}', "
             "fence = fence + 1, lease_expires_at = NULL, next_check_at = NULL, updated_at = ? "
             "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
+        )
+        # Approval: a call recorded before anything is dispatched, decided by an operator.
+        self.insert_awaiting = q(
+            "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
+            "request_id, state, fence, timeout_s, deadline_at, next_check_at, unknown_count, "
+            "attempts, created_at, updated_at) VALUES "
+            "(?,?,?,?,?,?,?,?,'AWAITING_APPROVAL',1,?,NULL,?,0,0,?,?) "
+            "ON CONFLICT (call_id) DO NOTHING"
+        )
+        self.approve = q(
+            "UPDATE intents SET state = 'DISPATCHED', fence = fence + 1, next_check_at = NULL, "
+            "reason = 'approved', updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'"
+        )
+        self.refuse = q(
+            "UPDATE intents SET state = 'FAILED', fence = fence + 1, next_check_at = NULL, "
+            "error = ?, reason = ?, updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'"
+        )
+        self.expired_approvals = q(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = 'AWAITING_APPROVAL' "
+            "AND next_check_at <= ? ORDER BY id LIMIT ?"
         )
         self.insert_event = q(
             "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
@@ -690,6 +713,101 @@ class SqlStore:
             )
 
         return self._tx("abandon", op)
+
+    # Approval before acting.
+
+    def record_awaiting(
+        self, d: NewDispatch, note: NewNotification, expires_at: float | None
+    ) -> tuple[Intent, bool]:
+        """Record a call that waits for an operator's approval: nothing is dispatched, an
+        operator is notified in the same transaction. The call id is unique, as for a
+        dispatch: (the recorded intent, False) if it exists."""
+
+        def op(ex: Executor, retrying: bool) -> tuple[Intent, bool]:
+            cur = ex.execute(
+                self._sql.insert_awaiting,
+                (
+                    d.intent_id, d.call_id, d.tool_id, d.effect, d.args, d.args_hash, d.key,
+                    d.request_id, d.timeout_s, expires_at, d.now, d.now,
+                ),
+            )
+            if cur.rowcount == 0:
+                row = ex.execute(self._sql.intent_by_call_id, (d.call_id,)).fetchone()
+                it = intent_from_row(row)
+                return it, retrying and it.id == d.intent_id
+            self._event(
+                ex, d.intent_id, d.now, "awaiting_approval", None, S.AWAITING_APPROVAL,
+                d.owner.worker_id, {"expires_at": expires_at},
+            )
+            self._insert_note(ex, d.intent_id, note, d.now)
+            made = self._intent_or_none(ex, d.intent_id)
+            assert made is not None
+            return made, True
+
+        return self._tx("record_awaiting", op)
+
+    def decide_approval(
+        self, intent_id: str, *, approve: bool, operator: str, reason: str, now: float
+    ) -> Intent:
+        """AWAITING_APPROVAL -> DISPATCHED (approved: any kernel with the tool then runs it
+        once) or FAILED (rejected: nothing was sent); audited; of two deciding at once
+        exactly one wins."""
+        target = S.DISPATCHED if approve else S.FAILED
+        check_transition(S.AWAITING_APPROVAL, target)
+
+        def op(ex: Executor, retrying: bool) -> Intent:
+            it = self._intent_or_none(ex, intent_id)
+            if it is None:
+                raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+            if retrying and it.state == target and it.updated_at == now:
+                return it  # our own earlier try, whose answer the lost connection swallowed
+            if it.state == S.AWAITING_APPROVAL:
+                fence = it.fence
+                if approve:
+                    cur = ex.execute(self._sql.approve, (now, intent_id, fence))
+                else:
+                    error = f"rejected by {operator}: {reason}"
+                    cur = ex.execute(self._sql.refuse, (error, "rejected", now, intent_id, fence))
+                if cur.rowcount == 1:
+                    self._event(
+                        ex, intent_id, now, "approved" if approve else "rejected",
+                        S.AWAITING_APPROVAL, target, operator,
+                        {"operator": operator, "reason": reason, "fence": fence + 1},
+                    )
+                    done = self._intent_or_none(ex, intent_id)
+                    assert done is not None
+                    return done
+                it = self._intent_or_none(ex, intent_id) or it  # another operator won
+            raise NotAwaitingApprovalError(
+                f"intent {intent_id!r} is {it.state}; only a call awaiting approval can be "
+                "approved or rejected",
+                intent_id=intent_id,
+                state=it.state.value,
+            )
+
+        return self._tx("decide_approval", op)
+
+    def expire_approvals(self, now: float, limit: int = 500) -> list[str]:
+        """Calls whose approval window passed: FAILED, nothing was sent."""
+        done: list[str] = []
+        for row in self._read(self._sql.expired_approvals, (now, limit)):
+            it = intent_from_row(row)
+
+            def op(ex: Executor, _retrying: bool, it: Intent = it) -> bool:
+                cur = ex.execute(
+                    self._sql.refuse,
+                    ("no operator approved it in time", "approval_expired", now, it.id, it.fence),
+                )
+                if cur.rowcount:
+                    self._event(
+                        ex, it.id, now, "approval_expired", S.AWAITING_APPROVAL, S.FAILED,
+                        "kernel", {"fence": it.fence + 1},
+                    )
+                return cur.rowcount == 1
+
+            if self._tx("expire_approval", op):
+                done.append(it.id)
+        return done
 
     def search_call_id(self, prefix: str, *, limit: int) -> list[Intent]:
         """Intents whose call id starts with `prefix`, newest first."""

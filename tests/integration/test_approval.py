@@ -1,0 +1,241 @@
+"""Approval before acting: a call recorded AWAITING_APPROVAL is never dispatched until an
+operator approves it, then exactly once by its class; rejected or expired, nothing is sent.
+Effects are counted by the witness provider; crashes are real SIGKILLs of child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poimen import (
+    CallbackNotifier,
+    Completed,
+    Failed,
+    Indeterminate,
+    IntentState,
+    Kernel,
+    Notification,
+    Pending,
+)
+from poimen.errors import ArgumentError, NotAwaitingApprovalError, RegistrationError
+from poimen.testing import ProviderClient, ProviderProcess, kill_at_pause
+from tests.integration.approval_app import CHARGE, EMAIL, make_kernel
+from tests.integration.test_lifecycle import intent_of
+
+S = IntentState
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def child(store_url: str, provider: str, *args: str, pause_at: str | None = None,
+          pause_file: Path | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "src")]))
+    if pause_at:
+        env.update(POIMEN_PAUSE_AT=pause_at, POIMEN_PAUSE_FILE=str(pause_file))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.approval_app", *args, "--db", store_url,
+         "--provider", provider],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+
+
+def finished(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    got: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return got
+
+
+def sent(ledger: ProviderClient, call_id: str) -> int:
+    return sum(1 for e in ledger.entries(kind="plain") if e["body"].get("call_id") == call_id)
+
+
+def test_a_call_waits_for_approval_and_then_runs_exactly_once(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    seen: list[Notification] = []
+    k = make_kernel(store_url, provider.url)
+    k.notifiers.append(CallbackNotifier(seen.append))
+    try:
+        out = k.call(EMAIL, {"to": "bob"}, call_id="c1")
+        assert out == Pending(out.intent_id, "awaiting_approval")
+        assert "approval" in out.for_model() and not out.terminal
+        assert intent_of(k, "c1").state == S.AWAITING_APPROVAL and sent(ledger, "c1") == 0
+        k.deliver_notifications()
+        assert [n.kind for n in seen] == ["approval_requested"]
+        # Calling again with the call id, or a recovery pass, sends nothing while it waits.
+        assert k.call(EMAIL, {"to": "bob"}, call_id="c1") == out
+        k.recover()
+        assert sent(ledger, "c1") == 0
+        k.approve(out.intent_id, operator="ann", reason="customer asked")
+        done = k.wait_sync("c1", timeout=30)
+        assert isinstance(done, Completed) and sent(ledger, "c1") == 1
+        k.recover()
+        assert k.call(EMAIL, {"to": "bob"}, call_id="c1") == done and sent(ledger, "c1") == 1
+        kinds = [(e.kind, e.actor) for e in k.store.events(out.intent_id)]
+        assert ("approved", "ann") in kinds and kinds[0][0] == "awaiting_approval"
+    finally:
+        k.close()
+
+
+def test_rejected_or_expired_calls_fail_and_send_nothing(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    k = make_kernel(store_url, provider.url)
+    try:
+        out = k.call(EMAIL, {"to": "bob"}, call_id="c1")
+        k.reject(out.intent_id, operator="ann", reason="not this customer")
+        failed = k.wait_sync("c1", timeout=5)
+        assert isinstance(failed, Failed) and failed.error.startswith("rejected by ann")
+        assert failed.retryable and sent(ledger, "c1") == 0
+        with pytest.raises(NotAwaitingApprovalError):
+            k.approve(out.intent_id, operator="bob", reason="too late")
+    finally:
+        k.close()
+    with Kernel(store_url, notifiers=[]) as k2:
+        @k2.tool(id="t", effects=__import__("poimen").Unsafe(), caps=__import__("poimen").Caps(),
+                 timeout=1, requires_approval=True, approval_ttl=0.05)
+        def t(ctx: Any) -> str:
+            return "ran"
+
+        out = k2.call("t", {}, call_id="c2")
+        assert isinstance(out, Pending)
+        while k2.store.now() < intent_of(k2, "c2").created_at + 0.05:
+            pass  # the approval window, by the log's own clock
+        assert k2.recover().expired == 1
+        it = intent_of(k2, "c2")
+        assert (it.state, it.reason) == (S.FAILED, "approval_expired")
+
+
+def test_a_predicate_on_the_arguments_decides_which_calls_wait(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    k = make_kernel(store_url, provider.url)
+    try:
+        assert isinstance(k.call(CHARGE, {"order": "o1", "cents": 500}, call_id="small"),
+                          Completed)
+        big = k.call(CHARGE, {"order": "o2", "cents": 5000}, call_id="big")
+        assert isinstance(big, Pending) and ledger.count(kind="keyed") == 1
+    finally:
+        k.close()
+
+
+def test_of_two_operators_deciding_at_once_exactly_one_wins(
+    store_url: str, provider: ProviderProcess
+) -> None:
+    k = make_kernel(store_url, provider.url)
+    try:
+        out = k.call(EMAIL, {"to": "bob"}, call_id="c1")
+        barrier = threading.Barrier(2)
+        results: list[str] = []
+
+        def decide(approve: bool) -> None:
+            barrier.wait()
+            try:
+                (k.approve if approve else k.reject)(out.intent_id, operator="op", reason="r")
+                results.append("won")
+            except NotAwaitingApprovalError:
+                results.append("refused")
+
+        threads = [threading.Thread(target=decide, args=(a,)) for a in (True, False)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == ["refused", "won"]
+        decided = [e for e in k.store.events(out.intent_id) if e.kind in ("approved", "rejected")]
+        assert len(decided) == 1
+    finally:
+        k.close()
+
+
+def test_bad_approval_settings_are_refused(tmp_path: Path) -> None:
+    from poimen import Caps, Unsafe
+
+    with Kernel(f"sqlite:///{tmp_path / 'log.db'}", notifiers=[]) as k:
+        for kw in ({"requires_approval": "yes"}, {"approval_ttl": 5},
+                   {"requires_approval": True, "approval_ttl": -1}):
+            with pytest.raises(RegistrationError):
+                k.tool(id=f"t{len(kw)}{kw!s}", effects=Unsafe(), caps=Caps(), timeout=1, **kw)(
+                    lambda ctx: None
+                )
+
+        @k.tool(id="boom", effects=Unsafe(), caps=Caps(), timeout=1,
+                requires_approval=lambda a: a["missing"])
+        def boom(ctx: Any) -> None:
+            return None
+
+        with pytest.raises(ArgumentError, match="approval rule raised KeyError"):
+            k.call("boom", {}, call_id="c1")
+        assert k.store.get_by_call_id("c1") is None
+
+
+# Crashes at every point of the approval path.
+
+
+def test_a_kill_right_after_the_request_leaves_it_awaiting_and_notified_later(
+    tmp_path: Path, store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    pause = tmp_path / "pause"
+    p = child(store_url, provider.url, "call", "--tool", EMAIL, "--args", '{"to": "bob"}',
+              pause_at="before_notify", pause_file=pause)
+    assert kill_at_pause(p, pause) == "before_notify"
+    seen: list[Notification] = []
+    k = make_kernel(store_url, provider.url)
+    k.notifiers.append(CallbackNotifier(seen.append))
+    try:
+        it = intent_of(k, "c1")
+        assert it.state == S.AWAITING_APPROVAL and sent(ledger, "c1") == 0
+        k.deliver_notifications()
+        assert [n.kind for n in seen] == ["approval_requested"]  # the outbox row survived
+        k.approve(it.id, operator="ann", reason="ok")
+    finally:
+        k.close()
+    assert finished(child(store_url, provider.url, "resume"))["type"] == "Completed"
+    assert sent(ledger, "c1") == 1
+
+
+@pytest.mark.parametrize("point", ["mid_call", "after_effect"])
+@pytest.mark.parametrize("tool", [EMAIL, CHARGE])
+def test_a_kill_while_an_approved_call_runs_recovers_it_by_its_class(
+    tmp_path: Path, store_url: str, provider: ProviderProcess, ledger: ProviderClient,
+    point: str, tool: str,
+) -> None:
+    args = {"to": "bob"} if tool == EMAIL else {"order": "o1", "cents": 5000}
+    assert finished(child(store_url, provider.url, "call", "--tool", tool,
+                          "--args", json.dumps(args)))["type"] == "Pending"
+    with make_kernel(store_url, provider.url) as k:
+        k.approve(intent_of(k, "c1").id, operator="ann", reason="ok")
+    pause = tmp_path / "pause"
+    p = child(store_url, provider.url, "resume", pause_at=point, pause_file=pause)
+    assert kill_at_pause(p, pause) == point
+    landed = sent(ledger, "c1") if tool == EMAIL else ledger.count(kind="keyed")
+    assert landed == (1 if point == "after_effect" else 0)
+    with make_kernel(store_url, provider.url) as k:
+        k.recover()
+        it = intent_of(k, "c1")
+    if tool == EMAIL:  # never re-issued: an operator decides
+        assert (it.state, it.reason) == (S.INDETERMINATE, "unsafe_unknown_outcome")
+        assert sent(ledger, "c1") == landed
+    else:  # re-issued under its key: one effect
+        assert it.state == S.COMPLETED and ledger.count(kind="keyed") == 1
+
+
+def test_an_approved_call_nobody_resumes_is_run_once_by_any_kernels_recovery(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    assert finished(child(store_url, provider.url, "call"))["type"] == "Pending"
+    with make_kernel(store_url, provider.url) as k:
+        k.approve(intent_of(k, "c1").id, operator="ann", reason="ok")
+    racers = [child(store_url, provider.url, "recover") for _ in range(3)]
+    assert sum(finished(p)["completed"] for p in racers) == 1
+    assert sent(ledger, "c1") == 1
+    with make_kernel(store_url, provider.url) as k:
+        assert isinstance(k.outcome("c1"), Completed)
+        assert not isinstance(k.outcome("c1"), Indeterminate)
