@@ -30,12 +30,19 @@ from pydantic_ai import (
     ToolDefinition,
     ToolFailed,
 )
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
 from poimen import Completed, Failed, Indeterminate, Kernel, Outcome, Pending, call_ids
 from poimen.errors import ArgumentError, PoimenError
+from poimen.integrations._common import refusal
 
 __all__ = ["METADATA_KEY", "PoimenToolset", "deferred_results"]
 
@@ -103,7 +110,7 @@ class PoimenToolset(AbstractToolset[Any]):
             call_id = call_ids.derived(self.scope, tool_id, tool_args, n)
             outcome = await self.kernel.acall(tool_id, tool_args, call_id=call_id)
         except ArgumentError as e:  # refused before anything was recorded: the model may fix it
-            raise ModelRetry(str(e)) from e
+            raise ModelRetry(refusal(e)) from e
         if self.defer and isinstance(outcome, Indeterminate | Pending):
             raise CallDeferred(metadata={METADATA_KEY: _details(call_id, outcome)})
         return _for_model(outcome)
@@ -126,6 +133,11 @@ def _for_model(outcome: Outcome) -> Any:
     return outcome.for_model()
 
 
+# Results of calls that reached the log; a retried (refused) or denied call did not, and an
+# interrupted one may have: counting it could send again what may have gone out.
+_RECORDED = ("success", "failed")
+
+
 def _occurrence(
     scope: str,
     messages: Iterable[ModelMessage],
@@ -135,7 +147,7 @@ def _occurrence(
     args: dict[str, Any],
 ) -> int:
     """1 + the calls of this tool with these arguments before this one in the history that
-    got a result, or are in this call's own model response. A call of a run that died before
+    got a result from poimen, or are in this call's own model response. A call of a run that died before
     its result was saved does not count, so the restarted run's call gets its id."""
     messages = list(messages)
     answered = {
@@ -143,7 +155,7 @@ def _occurrence(
         for m in messages
         if isinstance(m, ModelRequest)
         for p in m.parts
-        if isinstance(p, ToolReturnPart)
+        if isinstance(p, ToolReturnPart) and p.outcome in _RECORDED
     }
     same = call_ids.derived(scope, tool_id, args)
     n = 1
