@@ -23,7 +23,6 @@ class ScriptedChat(BaseChatModel):
     """Answers each turn with `script(messages)`: the AIMessage's fields."""
 
     script: Script
-    bound: list[str] = []
 
     @property
     def _llm_type(self) -> str:
@@ -36,8 +35,7 @@ class ScriptedChat(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=AIMessage(**self.script(messages)))])
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[Any, BaseMessage]:
-        self.bound = [t.name for t in tools]
-        return self
+        return self  # the script decides the calls; the graph passes the tools to ToolNode
 
 
 def build_graph(

@@ -70,11 +70,13 @@ def run_pydantic_ai(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> s
 
 
 def run_openai_agents(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str:
-    from agents import Agent, FunctionTool, Runner
+    from agents import Agent, FunctionTool, Runner, set_tracing_disabled
     from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
     from agents.tool_context import ToolContext
 
     from poimen.integrations.openai_agents import poimen_tools
+
+    set_tracing_disabled(True)
 
     def answer(call: ModelCall) -> Any:
         seen.extend(str(i["output"]) for i in call.input if i.get("type") == "function_call_output")

@@ -146,7 +146,7 @@ def test_deferred_calls_resume_with_the_operators_decision(kernel: Kernel) -> No
     first = run(a, "email bob")
     requests = first.output
     assert isinstance(requests, DeferredToolRequests) and script.seen == []
-    [call] = requests.calls
+    assert [c.tool_call_id for c in requests.calls] == ["t1"]
     details = requests.metadata["t1"]["poimen"]
     assert details["outcome"] == "Indeterminate"
     undecided = deferred_results_now(kernel, requests)

@@ -10,7 +10,7 @@ and those made earlier in the same run: a restarted process given the same histo
 same, so a re-issued call gets the recorded outcome, and a call made again on purpose in a
 later turn is a new call.
 
-The model gets the tool's result for Completed, else the text of `Outcome.for_model()`.
+The model gets the text of `Outcome.for_model()`: for Completed, the result as JSON.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from agents.exceptions import UserError
 from agents.strict_schema import ensure_strict_json_schema
 from agents.tool_context import ToolContext
 
-from poimen import Completed, Kernel, Outcome, ToolSpec, call_ids
+from poimen import Kernel, ToolSpec, call_ids
 from poimen.errors import ArgumentError, PoimenError
 from poimen.integrations._common import refusal
 
@@ -51,7 +51,7 @@ def poimen_tools(
 
 
 def _function_tool(kernel: Kernel, spec: ToolSpec, counter: _RunCounter) -> FunctionTool:
-    async def invoke(ctx: ToolContext[Any], raw: str) -> Any:
+    async def invoke(ctx: ToolContext[Any], raw: str) -> str:
         try:
             args = json.loads(raw) if raw else {}
             if not isinstance(args, dict):
@@ -60,7 +60,7 @@ def _function_tool(kernel: Kernel, spec: ToolSpec, counter: _RunCounter) -> Func
             outcome = await kernel.acall(spec.id, args, call_id=call_id)
         except (ArgumentError, json.JSONDecodeError) as e:  # nothing was recorded
             return refusal(e)
-        return _for_model(outcome)
+        return outcome.for_model()
 
     schema, strict = _schema(spec.parameters)
     return FunctionTool(
@@ -70,10 +70,6 @@ def _function_tool(kernel: Kernel, spec: ToolSpec, counter: _RunCounter) -> Func
         on_invoke_tool=invoke,
         strict_json_schema=strict,
     )
-
-
-def _for_model(outcome: Outcome) -> Any:
-    return outcome.result if isinstance(outcome, Completed) else outcome.for_model()
 
 
 def _schema(parameters: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -95,16 +91,22 @@ class _RunCounter:
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
-        self._runs: weakref.WeakKeyDictionary[object, dict[str, int]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # id(usage) -> (a weak reference to it, counts); `Usage` is not hashable.
+        self._runs: dict[int, tuple[weakref.ref[object], dict[str, int]]] = {}
         self._lock = threading.Lock()
 
     def call_id(self, ctx: ToolContext[Any], tool_id: str, args: Mapping[str, Any]) -> str:
         same = call_ids.derived(self.scope, tool_id, args)
         earlier = _answered(self.scope, ctx.turn_input, ctx.tool_name, tool_id, same)
+        run, key = ctx.usage, id(ctx.usage)
         with self._lock:
-            seen = self._runs.setdefault(ctx.usage, {})
+            entry = self._runs.get(key)
+            if entry is None or entry[0]() is not run:
+                runs = self._runs
+                # The callback takes no lock: it may run in a collection inside this block.
+                entry = (weakref.ref(run, lambda _: runs.pop(key, None)), {})
+                self._runs[key] = entry
+            seen = entry[1]
             seen[same] = seen.get(same, 0) + 1
             n = earlier + seen[same]
         return call_ids.derived(self.scope, tool_id, args, n)
