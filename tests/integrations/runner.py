@@ -108,7 +108,7 @@ def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str
 
     def script(messages: list[Any]) -> dict[str, Any]:
         if messages[-1].type != "tool":
-            return {"tool_calls": [{"name": "test_email", "args": TO, "id": a.tool_call_id}]}
+            return {"content": "", "tool_calls": [{"name": "test_email", "args": TO, "id": a.tool_call_id}]}
         seen.append(str(messages[-1].content))
         return {"content": "done"}
 
