@@ -162,6 +162,26 @@ def test_deferred_calls_resume_with_the_operators_decision(kernel: Kernel) -> No
     assert isinstance(outcome, Resolved) and seen.model_response_str() == outcome.for_model()
 
 
+def test_a_handler_resolves_deferred_calls_inline(kernel: Kernel) -> None:
+    # The operator decides while the run waits in its handler: the run goes on in one call.
+    from pydantic_ai.capabilities import HandleDeferredToolCalls
+
+    async def operator_then_results(ctx: Any, requests: DeferredToolRequests) -> Any:
+        details = requests.metadata["t1"]["poimen"]
+        await kernel.aresolve(details["intent_id"], landed=False, operator="ann",
+                              reason="not in the sent folder")
+        return await deferred_results(kernel, requests, timeout=30)
+
+    script = Script([("mail_lost", BOB, "t1")])
+    a = Agent(FunctionModel(script), toolsets=[PoimenToolset(kernel, scope="conv-1", defer=True)],
+              capabilities=[HandleDeferredToolCalls(handler=operator_then_results)])
+    assert run(a, "email bob").output == "done"
+    [seen] = script.seen
+    outcome = kernel.outcome(call_ids.derived("conv-1", LOST, BOB, 1))
+    assert isinstance(outcome, Resolved) and not outcome.landed
+    assert seen.model_response_str() == outcome.for_model()
+
+
 def deferred_results_now(kernel: Kernel, requests: DeferredToolRequests) -> Any:
     return asyncio.run(deferred_results(kernel, requests, timeout=0))
 
