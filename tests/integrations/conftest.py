@@ -17,6 +17,8 @@ from poimen.testing import ProviderProcess, kill_at_pause, register_test_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 RunAgent = Callable[..., dict[str, Any] | None]
+# Two agent processes per kill test; a loaded machine may take its time to start them.
+KILL_TIMEOUT = pytest.mark.timeout(600)
 
 
 @pytest.fixture

@@ -6,9 +6,10 @@ import os
 import subprocess
 import sys
 
-from tests.integrations.conftest import ROOT
+from tests.integrations.conftest import KILL_TIMEOUT, ROOT
 
 
+@KILL_TIMEOUT
 def test_the_pydantic_ai_example_runs_offline_and_sends_one_email() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
     done = subprocess.run([sys.executable, "examples/pydantic_ai_agent.py"], cwd=ROOT, env=env,

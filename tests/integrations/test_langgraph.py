@@ -19,7 +19,7 @@ from poimen import Completed, Failed, Indeterminate, Kernel, call_ids
 from poimen.errors import PoimenError
 from poimen.integrations.langgraph import poimen_tools
 from poimen.testing import EMAIL, ProviderClient
-from tests.integrations.conftest import RunAgent
+from tests.integrations.conftest import KILL_TIMEOUT, RunAgent
 from tests.integrations.fake_chat import build_graph
 
 BOB = {"to": "bob@example.com", "subject": "hello"}
@@ -139,6 +139,7 @@ def test_without_a_thread_id_or_a_scope_the_call_is_refused(kernel: Kernel) -> N
 
 # A real agent process, SIGKILLed after its email went out, resumed from its checkpoint.
 
+@KILL_TIMEOUT
 def test_a_thread_killed_after_the_effect_and_resumed_sends_one_email(
     run_agent: RunAgent, ledger: ProviderClient, sqlite_url: str
 ) -> None:

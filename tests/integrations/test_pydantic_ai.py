@@ -23,7 +23,7 @@ from poimen import Completed, Indeterminate, Kernel, Resolved, call_ids
 from poimen.errors import PoimenError
 from poimen.integrations.pydantic_ai import PoimenToolset, deferred_results
 from poimen.testing import EMAIL, ProviderClient
-from tests.integrations.conftest import LOST, REFUSED, RunAgent
+from tests.integrations.conftest import KILL_TIMEOUT, LOST, REFUSED, RunAgent
 
 BOB = {"to": "bob@example.com", "subject": "hello"}
 
@@ -193,6 +193,7 @@ def test_a_bad_scope_is_refused_when_the_toolset_is_made(kernel: Kernel) -> None
 
 # A real agent process, SIGKILLed after its email went out, then run again.
 
+@KILL_TIMEOUT
 def test_an_agent_killed_after_the_effect_and_run_again_sends_one_email(
     run_agent: RunAgent, ledger: ProviderClient
 ) -> None:
@@ -205,6 +206,7 @@ def test_an_agent_killed_after_the_effect_and_run_again_sends_one_email(
     assert seen.startswith("The outcome of this action is unknown") and "Do NOT call it again" in seen
 
 
+@KILL_TIMEOUT
 def test_without_the_rule_the_same_kill_sends_two_emails(
     run_agent: RunAgent, ledger: ProviderClient
 ) -> None:
