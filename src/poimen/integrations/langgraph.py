@@ -1,0 +1,157 @@
+"""LangGraph: the kernel's tools as LangChain tools, for `ToolNode`.
+
+    tools = poimen_tools(kernel)
+    graph = build_graph(model.bind_tools(tools), ToolNode(tools)).compile(checkpointer=saver)
+    graph.invoke(inputs, {"configurable": {"thread_id": thread_id}})
+
+With a checkpointer, LangGraph saves the model's message, tool calls and their ids included,
+before the tool node runs, and a resumed thread runs the same calls with the same ids. So the
+call id is rule 1 of `poimen.call_ids`: ``framework_id(thread_id, tool_call_id)``. Without a
+``thread_id`` in the config (no checkpointer), nothing was saved, and the call id falls back to
+rule 2 within `scope` (`CallIds(scope)`, counted in this process); `poimen_tools` needs a scope
+for that, and refuses the call without one.
+
+The `ToolMessage`'s content is the text of `Outcome.for_model()` (for Completed, the result as
+JSON); its artifact names the call: ``{"call_id", "intent_id", "outcome"}``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import ToolCall, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool
+from pydantic import ConfigDict
+
+from poimen import Failed, Kernel, Outcome, call_ids
+from poimen.errors import ArgumentError, PoimenError
+from poimen.integrations._common import refusal
+
+__all__ = ["PoimenTool", "poimen_tools"]
+
+# The call in progress: (call id, the model's tool-call id), set by invoke for _run.
+_CALL: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.ContextVar(
+    "poimen_langgraph_call", default=None
+)
+
+
+def poimen_tools(
+    kernel: Kernel, *, scope: str | None = None, tools: Sequence[str] | None = None
+) -> list[PoimenTool]:
+    """LangChain tools for the kernel's tools (all, or those named in `tools`). `scope` is
+    only for calls made without a ``thread_id``."""
+    if scope is not None:
+        call_ids.derived(scope, "-", {})  # refuses a bad scope now
+    wanted = None if tools is None else {kernel.tool_id(t) for t in tools}
+    fallback = None if scope is None else call_ids.CallIds(scope)
+    return [
+        PoimenTool(
+            name=s.name,
+            description=s.description,
+            args_schema=s.parameters,
+            kernel=kernel,
+            tool_id=s.id,
+            fallback=fallback,
+        )
+        for s in kernel.specs()
+        if wanted is None or s.id in wanted
+    ]
+
+
+class PoimenTool(BaseTool):
+    """One kernel tool. Called by `ToolNode` with the model's tool call, it returns a
+    `ToolMessage`; called with plain arguments, the text of the outcome."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    kernel: Kernel
+    tool_id: str
+    fallback: call_ids.CallIds | None = None
+
+    def invoke(
+        self, input: str | dict[str, Any] | ToolCall, config: RunnableConfig | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        token = _CALL.set(self._identify(input, config))
+        try:
+            return super().invoke(input, config, **kwargs)
+        finally:
+            _CALL.reset(token)
+
+    async def ainvoke(
+        self, input: str | dict[str, Any] | ToolCall, config: RunnableConfig | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        token = _CALL.set(self._identify(input, config))
+        try:
+            return await super().ainvoke(input, config, **kwargs)
+        finally:
+            _CALL.reset(token)
+
+    def _identify(
+        self, input: str | dict[str, Any] | ToolCall, config: RunnableConfig | None
+    ) -> tuple[str, str | None]:
+        """The call id: rule 1 with the thread and the model's id, else rule 2 in the scope."""
+        if not isinstance(input, dict):
+            raise PoimenError(f"tool {self.name!r} takes its arguments as a mapping")
+        is_call = input.get("type") == "tool_call" and isinstance(input.get("id"), str)
+        tool_call_id: str | None = input["id"] if is_call else None
+        args = input["args"] if is_call else input
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
+        if tool_call_id and thread is not None:
+            return call_ids.framework_id(str(thread), tool_call_id), tool_call_id
+        if self.fallback is None:
+            raise PoimenError(
+                f"tool {self.name!r} was called without a thread_id in the config: pass "
+                "{'configurable': {'thread_id': ...}} with a checkpointer, or give "
+                "poimen_tools a scope",
+                field="thread_id",
+            )
+        return self.fallback.next(self.tool_id, args), tool_call_id
+
+    def _run(self, **kwargs: Any) -> Any:
+        call_id, tool_call_id = self._current()
+        try:
+            outcome = self.kernel.call(self.tool_id, kwargs, call_id=call_id)
+        except ArgumentError as e:
+            return self._refused(e, tool_call_id)
+        return self._message(outcome, call_id, tool_call_id)
+
+    async def _arun(self, **kwargs: Any) -> Any:
+        call_id, tool_call_id = self._current()
+        try:
+            outcome = await self.kernel.acall(self.tool_id, kwargs, call_id=call_id)
+        except ArgumentError as e:
+            return self._refused(e, tool_call_id)
+        return self._message(outcome, call_id, tool_call_id)
+
+    def _refused(self, error: ArgumentError, tool_call_id: str | None) -> Any:
+        text = refusal(error)
+        if tool_call_id is None:
+            return text
+        return ToolMessage(content=text, tool_call_id=tool_call_id, name=self.name, status="error")
+
+    def _current(self) -> tuple[str, str | None]:
+        current = _CALL.get()
+        if current is None:
+            raise PoimenError(f"call tool {self.name!r} with invoke or ainvoke")
+        return current
+
+    def _message(self, outcome: Outcome, call_id: str, tool_call_id: str | None) -> Any:
+        text = outcome.for_model()
+        if tool_call_id is None:
+            return text
+        return ToolMessage(
+            content=text,
+            tool_call_id=tool_call_id,
+            name=self.name,
+            status="error" if isinstance(outcome, Failed) else "success",
+            artifact={
+                "call_id": call_id,
+                "intent_id": outcome.intent_id,
+                "outcome": type(outcome).__name__,
+            },
+        )

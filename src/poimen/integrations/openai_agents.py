@@ -1,0 +1,137 @@
+"""The OpenAI Agents SDK: the kernel's tools as `FunctionTool`s.
+
+    agent = Agent(name="assistant", tools=poimen_tools(kernel, scope=session_id))
+
+The SDK keeps no record of a tool call before it runs it: a run killed mid-call and run again
+asks the model again, which mints new call ids. So the call id is rule 2 of `poimen.call_ids`:
+``scope/tool/digest of the arguments/occurrence``. The occurrence counts the calls of the same
+tool with the same arguments that got an output in the run's input (the session's history)
+and those made earlier in the same run: a restarted process given the same history counts the
+same, so a re-issued call gets the recorded outcome, and a call made again on purpose in a
+later turn is a new call.
+
+The model gets the text of `Outcome.for_model()`: for Completed, the result as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agents import FunctionTool
+from agents.exceptions import UserError
+from agents.strict_schema import ensure_strict_json_schema
+from agents.tool_context import ToolContext
+
+from poimen import Kernel, ToolSpec, call_ids
+from poimen.errors import ArgumentError, PoimenError
+from poimen.integrations._common import refusal
+
+__all__ = ["poimen_tools"]
+
+
+def poimen_tools(
+    kernel: Kernel, *, scope: str, tools: Sequence[str] | None = None
+) -> list[FunctionTool]:
+    """`FunctionTool`s for the kernel's tools (all, or those named in `tools`).
+
+    `scope` names the session whose history the runs share: keep it, and that history,
+    across restarts."""
+    call_ids.derived(scope, "-", {})  # refuses a bad scope now, not at the first call
+    wanted = None if tools is None else {kernel.tool_id(t) for t in tools}
+    counter = _RunCounter(scope)
+    return [
+        _function_tool(kernel, spec, counter)
+        for spec in kernel.specs()
+        if wanted is None or spec.id in wanted
+    ]
+
+
+def _function_tool(kernel: Kernel, spec: ToolSpec, counter: _RunCounter) -> FunctionTool:
+    async def invoke(ctx: ToolContext[Any], raw: str) -> str:
+        try:
+            args = json.loads(raw) if raw else {}
+            if not isinstance(args, dict):
+                raise ArgumentError(f"arguments must be a JSON object, not {raw!r}")
+            call_id = counter.call_id(ctx, spec.id, args)
+            outcome = await kernel.acall(spec.id, args, call_id=call_id)
+        except (ArgumentError, json.JSONDecodeError) as e:  # nothing was recorded
+            return refusal(e)
+        return outcome.for_model()
+
+    schema, strict = _schema(spec.parameters)
+    return FunctionTool(
+        name=spec.name,
+        description=spec.description,
+        params_json_schema=schema,
+        on_invoke_tool=invoke,
+        strict_json_schema=strict,
+    )
+
+
+def _schema(parameters: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Strict mode (the SDK's recommendation) where it keeps the tool's meaning: every
+    parameter required. A parameter with a default would become one the model must send."""
+    required = set(parameters.get("required", ()))
+    if set(parameters.get("properties", {})) != required:
+        return parameters, False
+    try:
+        return ensure_strict_json_schema(dict(parameters)), True
+    except UserError:
+        return parameters, False
+
+
+class _RunCounter:
+    """Occurrences per run. The SDK gives every tool call of one run the same `usage` object
+    and a new one to the next run; a run's own calls are counted here, earlier runs' calls
+    in the run's input."""
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+        # id(usage) -> (a weak reference to it, counts); `Usage` is not hashable.
+        self._runs: dict[int, tuple[weakref.ref[object], dict[str, int]]] = {}
+        self._lock = threading.Lock()
+
+    def call_id(self, ctx: ToolContext[Any], tool_id: str, args: Mapping[str, Any]) -> str:
+        same = call_ids.derived(self.scope, tool_id, args)
+        earlier = _answered(self.scope, ctx.turn_input, ctx.tool_name, tool_id, same)
+        run, key = ctx.usage, id(ctx.usage)
+        with self._lock:
+            entry = self._runs.get(key)
+            if entry is None or entry[0]() is not run:
+                runs = self._runs
+                # The callback takes no lock: it may run in a collection inside this block.
+                entry = (weakref.ref(run, lambda _: runs.pop(key, None)), {})
+                self._runs[key] = entry
+            seen = entry[1]
+            seen[same] = seen.get(same, 0) + 1
+            n = earlier + seen[same]
+        return call_ids.derived(self.scope, tool_id, args, n)
+
+
+def _field(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
+
+
+def _answered(scope: str, items: Sequence[Any], name: str, tool_id: str, same: str) -> int:
+    """Calls of this tool with these arguments in the run's input that have an output."""
+    outputs = {
+        _field(i, "call_id") for i in items if _field(i, "type") == "function_call_output"
+    }
+    n = 0
+    for i in items:
+        if (
+            _field(i, "type") == "function_call"
+            and _field(i, "name") == name
+            and _field(i, "call_id") in outputs
+        ):
+            try:
+                args = json.loads(_field(i, "arguments") or "{}")
+                if isinstance(args, dict) and call_ids.derived(scope, tool_id, args) == same:
+                    n += 1
+            except (ValueError, PoimenError):
+                continue
+    return n

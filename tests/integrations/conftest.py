@@ -1,0 +1,80 @@
+"""The agent process of the kill tests, run as a real child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poimen import Caps, DefiniteFailure, Kernel, ToolContext, Unsafe
+from poimen.testing import ProviderProcess, kill_at_pause, register_test_tools
+
+ROOT = Path(__file__).resolve().parents[2]
+RunAgent = Callable[..., dict[str, Any] | None]
+# Two agent processes per kill test; a loaded machine may take its time to start them.
+KILL_TIMEOUT = pytest.mark.timeout(600)
+
+
+@pytest.fixture
+def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> RunAgent:
+    """`run_agent(framework, tool_call_id, *, kill_after_effect=False, naive=False,
+    resume=False, scope="conv-1")`: the report of a finished run, or None for one SIGKILLed
+    after its tool's effect (its outcome not yet recorded)."""
+    runs = iter(range(1, 100))
+
+    def run(framework: str, tool_call_id: str, *, kill_after_effect: bool = False,
+            naive: bool = False, resume: bool = False, scope: str = "conv-1") -> Any:
+        n = next(runs)
+        report, pause = tmp_path / f"report-{n}.json", tmp_path / f"pause-{n}"
+        cmd = [sys.executable, "-m", "tests.integrations.runner", framework, "--db", sqlite_url,
+               "--provider", provider.url, "--scope", scope, "--tool-call-id", tool_call_id,
+               "--report", str(report), "--checkpoint", str(tmp_path / "checkpoints.db")]
+        cmd += ["--naive"] * naive + ["--resume"] * resume
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+        if kill_after_effect:
+            env |= {"POIMEN_PAUSE_AT": "after_effect", "POIMEN_PAUSE_FILE": str(pause)}
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        if kill_after_effect:
+            assert kill_at_pause(proc, pause, timeout=120) == "after_effect"
+            return None
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        result: dict[str, Any] = json.loads(report.read_text(encoding="utf-8"))
+        return result
+
+    return run
+
+
+LOST = "mail.lost"  # Unsafe; its request may have gone out when the connection broke
+REFUSED = "mail.refused"  # the provider refuses: a definite failure
+
+
+@pytest.fixture
+def kernel(sqlite_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
+    """A kernel with poimen's test tools (`test.email` writes to the provider's ledger), a
+    tool whose outcome is unknown, and one the provider refuses."""
+    k = Kernel(sqlite_url, notifiers=[])
+    register_test_tools(k, provider.url)
+
+    @k.tool(id=LOST, effects=Unsafe(), caps=Caps(), timeout=5)
+    def lost(ctx: ToolContext, to: str, subject: str) -> dict[str, str]:
+        """Send an email over a connection that breaks."""
+        raise ConnectionResetError("the connection broke after the request was sent")
+
+    @k.tool(id=REFUSED, effects=Unsafe(), caps=Caps(), timeout=5)
+    def refused(ctx: ToolContext, to: str, subject: str) -> dict[str, str]:
+        """Send an email to an address the provider refuses."""
+        raise DefiniteFailure(f"no mailbox {to}")
+
+    k.launch()
+    try:
+        yield k
+    finally:
+        k.close()

@@ -1,0 +1,155 @@
+"""An agent process for the kill tests: builds one framework's agent over poimen's test tools
+with that framework's own fake model, and runs one conversation.
+
+    python -m tests.integrations.runner pydantic-ai|openai-agents|langgraph --db URL
+        --provider URL --scope S --tool-call-id ID --report PATH [--naive]
+        [--checkpoint PATH --resume]
+
+The model asks for one `test_email` (Unsafe: a plain POST to the provider) under the tool-call
+id given, then answers "done"; the report (JSON) holds the tool results the model was given.
+`--naive` uses the model's tool-call id as the call id (the baseline poimen's rule replaces).
+LangGraph runs on a SQLite checkpointer; `--resume` continues the thread from its checkpoint.
+"""
+
+# No `from __future__ import annotations`: PydanticAI reads the naive tool's annotations.
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from poimen import Completed, Kernel
+from poimen.testing import EMAIL, register_test_tools
+
+TO = {"to": "bob@example.com", "subject": "hello"}
+
+
+def _text(outcome: Any) -> str:
+    return json.dumps(outcome.result) if isinstance(outcome, Completed) else outcome.for_model()
+
+
+def run_pydantic_ai(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str:
+    from pydantic_ai import Agent, RunContext
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelResponse,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+    )
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
+
+    from poimen.integrations.pydantic_ai import PoimenToolset
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        last = messages[-1]
+        returns = [p for p in last.parts if isinstance(p, ToolReturnPart)] if isinstance(
+            last, ModelRequest) else []
+        if not returns:
+            return ModelResponse(parts=[ToolCallPart("test_email", TO, tool_call_id=a.tool_call_id)])
+        seen.extend(p.model_response_str() for p in returns)
+        return ModelResponse(parts=[TextPart("done")])
+
+    toolset: AbstractToolset[Any]
+    if a.naive:
+        toolset = FunctionToolset()
+
+        @toolset.tool
+        async def test_email(ctx: RunContext[Any], to: str, subject: str) -> str:
+            assert ctx.tool_call_id is not None
+            args = {"to": to, "subject": subject}
+            return _text(await kernel.acall(EMAIL, args, call_id=ctx.tool_call_id))
+    else:
+        toolset = PoimenToolset(kernel, scope=a.scope)
+    agent = Agent(FunctionModel(model), toolsets=[toolset])
+    return str(asyncio.run(agent.run("email bob")).output)
+
+
+def run_openai_agents(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str:
+    from agents import Agent, FunctionTool, Runner, set_tracing_disabled
+    from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
+    from agents.tool_context import ToolContext
+
+    from poimen.integrations.openai_agents import poimen_tools
+
+    set_tracing_disabled(True)
+
+    def answer(call: ModelCall) -> Any:
+        seen.extend(str(i["output"]) for i in call.input if i.get("type") == "function_call_output")
+        return [assistant_message("done")]
+
+    model = ScriptedModel([[function_call("test_email", TO, call_id=a.tool_call_id)],
+                           ModelStep.respond(answer)])
+    if a.naive:
+        async def invoke(ctx: ToolContext[Any], raw: str) -> str:
+            return _text(await kernel.acall(EMAIL, json.loads(raw), call_id=ctx.tool_call_id))
+
+        schema = kernel.spec(EMAIL).parameters
+        tools = [FunctionTool(name="test_email", description="", params_json_schema=schema,
+                              on_invoke_tool=invoke)]
+    else:
+        tools = list(poimen_tools(kernel, scope=a.scope))
+    agent = Agent(name="mailer", model=model, tools=tools)
+    return str(Runner.run_sync(agent, "email bob").final_output)
+
+
+def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str:
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import MessagesState
+
+    from poimen.integrations.langgraph import poimen_tools
+    from tests.integrations.fake_chat import build_graph
+
+    def script(messages: list[Any]) -> dict[str, Any]:
+        if messages[-1].type != "tool":
+            return {"content": "", "tool_calls": [{"name": "test_email", "args": TO, "id": a.tool_call_id}]}
+        seen.append(str(messages[-1].content))
+        return {"content": "done"}
+
+    conn = sqlite3.connect(a.checkpoint, check_same_thread=False)
+    try:
+        graph = build_graph(script, poimen_tools(kernel), SqliteSaver(conn))
+        config: Any = {"configurable": {"thread_id": a.scope}}
+        state: MessagesState = graph.invoke(
+            None if a.resume else {"messages": [("user", "email bob")]}, config)
+        return str(state["messages"][-1].content)
+    finally:
+        conn.close()
+
+
+RUN = {"pydantic-ai": run_pydantic_ai, "openai-agents": run_openai_agents,
+       "langgraph": run_langgraph}
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("framework", choices=sorted(RUN))
+    p.add_argument("--db", required=True)
+    p.add_argument("--provider", required=True)
+    p.add_argument("--scope", required=True)
+    p.add_argument("--tool-call-id", required=True)
+    p.add_argument("--report", required=True)
+    p.add_argument("--naive", action="store_true")
+    p.add_argument("--checkpoint")
+    p.add_argument("--resume", action="store_true")
+    a = p.parse_args(argv)
+    kernel = Kernel(a.db, notifiers=[])
+    register_test_tools(kernel, a.provider)
+    try:
+        kernel.launch()  # the restart scan: settles what a killed run left unfinished
+        seen: list[str] = []
+        output = RUN[a.framework](kernel, a, seen)
+    finally:
+        kernel.close()
+    Path(a.report).write_text(json.dumps({"seen": seen, "output": output}), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,159 @@
+"""LangGraph's `ToolNode` over `poimen_tools`, with a scripted chat model and the SQLite
+checkpointer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import BaseMessage, ToolMessage
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from poimen import Completed, Failed, Indeterminate, Kernel, call_ids
+from poimen.errors import PoimenError
+from poimen.integrations.langgraph import poimen_tools
+from poimen.testing import EMAIL, ProviderClient
+from tests.integrations.conftest import KILL_TIMEOUT, RunAgent
+from tests.integrations.fake_chat import build_graph
+
+BOB = {"to": "bob@example.com", "subject": "hello"}
+
+
+class Script:
+    """Asks for the given calls after the user's message, says "done" after tool results,
+    and keeps every tool message it was given."""
+
+    def __init__(self, *calls: tuple[str, dict[str, Any], str]) -> None:
+        self.calls = list(calls)
+        self.seen: list[ToolMessage] = []
+
+    def __call__(self, messages: list[BaseMessage]) -> dict[str, Any]:
+        if messages[-1].type != "tool":
+            return {"content": "", "tool_calls": [
+                {"name": n, "args": a, "id": i} for n, a, i in self.calls]}
+        for m in reversed(messages):
+            if not isinstance(m, ToolMessage):
+                break
+            self.seen.insert(0, m)
+        return {"content": "done"}
+
+
+@pytest.fixture
+def saver(tmp_path: Path) -> Iterator[SqliteSaver]:
+    conn = sqlite3.connect(tmp_path / "checkpoints.db", check_same_thread=False)
+    try:
+        yield SqliteSaver(conn)
+    finally:
+        conn.close()
+
+
+THREAD = {"configurable": {"thread_id": "th-1"}}
+
+
+def run(kernel: Kernel, script: Script, saver: Any, config: Any = THREAD, **kw: Any) -> Any:
+    graph = build_graph(script, poimen_tools(kernel, **kw), saver)
+    return graph.invoke({"messages": [("user", "email bob")]}, config)
+
+
+def test_the_model_sees_the_kernels_tools(kernel: Kernel) -> None:
+    tools = poimen_tools(kernel)
+    assert [(t.name, t.description, t.args_schema) for t in tools] == [
+        (s.name, s.description, s.parameters) for s in kernel.specs()]
+    # What bind_tools sends: LangChain drops the titles, nothing else.
+    [sent] = [convert_to_openai_tool(t)["function"] for t in tools if t.name == "test_email"]
+    assert sent["parameters"]["required"] == ["to", "subject"]
+
+
+def test_a_completed_call_is_a_tool_message_with_its_result(
+    kernel: Kernel, saver: SqliteSaver, ledger: ProviderClient
+) -> None:
+    script = Script(("test_email", BOB, "c1"))
+    state = run(kernel, script, saver)
+    assert state["messages"][-1].content == "done"
+    call_id = call_ids.framework_id("th-1", "c1")
+    outcome = kernel.outcome(call_id)
+    assert isinstance(outcome, Completed)
+    [message] = script.seen
+    assert json.loads(message.content) == outcome.result and message.status == "success"
+    assert message.artifact == {"call_id": call_id, "intent_id": outcome.intent_id,
+                                "outcome": "Completed"}
+    assert ledger.count(kind="plain") == 1
+
+
+def test_an_indeterminate_call_is_told_to_the_model_in_the_standard_words(
+    kernel: Kernel, saver: SqliteSaver
+) -> None:
+    script = Script(("mail_lost", BOB, "c1"))
+    run(kernel, script, saver)
+    outcome = kernel.outcome(call_ids.framework_id("th-1", "c1"))
+    assert isinstance(outcome, Indeterminate)
+    [message] = script.seen
+    assert message.content == outcome.for_model() and "Do NOT call it again" in message.content
+
+
+def test_a_failed_call_is_an_error_tool_message(kernel: Kernel, saver: SqliteSaver) -> None:
+    script = Script(("mail_refused", BOB, "c1"))
+    run(kernel, script, saver)
+    outcome = kernel.outcome(call_ids.framework_id("th-1", "c1"))
+    assert isinstance(outcome, Failed)
+    [message] = script.seen
+    assert message.content == outcome.for_model() and message.status == "error"
+
+
+def test_refused_arguments_are_an_error_message_and_record_nothing(
+    kernel: Kernel, saver: SqliteSaver
+) -> None:
+    script = Script(("test_email", {"to": "bob@example.com"}, "c1"))
+    run(kernel, script, saver)
+    [message] = script.seen
+    assert message.status == "error" and "subject" in message.content
+    assert kernel.outcome(call_ids.framework_id("th-1", "c1")) is None
+
+
+def test_async_graphs_call_through_acall(kernel: Kernel, saver: SqliteSaver) -> None:
+    script = Script(("test_email", BOB, "c1"), ("mail_lost", BOB, "c2"))
+    graph = build_graph(script, poimen_tools(kernel), None)
+    asyncio.run(graph.ainvoke({"messages": [("user", "email bob")]}, THREAD))
+    assert [m.artifact["outcome"] for m in script.seen] == ["Completed", "Indeterminate"]
+    assert isinstance(kernel.outcome(call_ids.framework_id("th-1", "c2")), Indeterminate)
+
+
+def test_without_a_thread_id_the_call_id_is_rule_2_in_the_scope(kernel: Kernel) -> None:
+    script = Script(("test_email", BOB, "c1"))
+    run(kernel, script, None, config=None, scope="conv-9")
+    assert isinstance(kernel.outcome(call_ids.derived("conv-9", EMAIL, BOB, 1)), Completed)
+
+
+def test_without_a_thread_id_or_a_scope_the_call_is_refused(kernel: Kernel) -> None:
+    script = Script(("test_email", BOB, "c1"))
+    with pytest.raises(PoimenError, match="thread_id"):
+        run(kernel, script, None, config=None)
+    assert kernel.outcome(call_ids.framework_id("th-1", "c1")) is None
+
+
+# A real agent process, SIGKILLed after its email went out, resumed from its checkpoint.
+
+@KILL_TIMEOUT
+def test_a_thread_killed_after_the_effect_and_resumed_sends_one_email(
+    run_agent: RunAgent, ledger: ProviderClient, sqlite_url: str
+) -> None:
+    assert run_agent("langgraph", "call_first", kill_after_effect=True) is None
+    assert ledger.count(kind="plain") == 1
+    # The checkpoint holds the model's message: the resumed thread runs the same call again
+    # with its id, without asking the model (whose next id would be call_second).
+    report = run_agent("langgraph", "call_second", resume=True)
+    assert report is not None and report["output"] == "done"
+    assert ledger.count(kind="plain") == 1
+    [seen] = report["seen"]
+    k = Kernel(sqlite_url, notifiers=[])
+    try:
+        outcome = k.outcome(call_ids.framework_id("conv-1", "call_first"))
+        assert isinstance(outcome, Indeterminate) and seen == outcome.for_model()
+    finally:
+        k.close()

@@ -1,0 +1,148 @@
+"""The OpenAI Agents SDK with `poimen_tools`, driven by the SDK's own `ScriptedModel`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from agents import Agent, Runner, set_tracing_disabled
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
+
+from poimen import Completed, Indeterminate, Kernel, call_ids
+from poimen.errors import PoimenError
+from poimen.integrations.openai_agents import poimen_tools
+from poimen.testing import EMAIL, ProviderClient, ProviderProcess, register_test_tools
+from tests.integrations.conftest import KILL_TIMEOUT, LOST, REFUSED, RunAgent
+
+set_tracing_disabled(True)  # nothing to export traces to
+BOB = {"to": "bob@example.com", "subject": "hello"}
+
+
+class Script:
+    """After each user message, the next turn's function calls; after their outputs, "done".
+    Keeps every output the model was given, and the tools it was offered."""
+
+    def __init__(self, *turns: list[tuple[str, dict[str, Any], str]]) -> None:
+        self.turns = list(turns)
+        self.seen: list[str] = []
+        self.tools: list[Any] = []
+        self._known: set[str] = set()
+
+    def __call__(self, call: ModelCall) -> Any:
+        self.tools = call.tools
+        items = call.input if isinstance(call.input, list) else [
+            {"role": "user", "content": call.input}]
+        for i in items:
+            if i.get("type") == "function_call_output" and i["call_id"] not in self._known:
+                self._known.add(i["call_id"])
+                self.seen.append(i["output"])
+        if items[-1].get("role") == "user" and self.turns:
+            return [function_call(n, a, call_id=c) for n, a, c in self.turns.pop(0)]
+        return [assistant_message("done")]
+
+    def model(self) -> ScriptedModel:
+        return ScriptedModel([ModelStep.respond(self) for _ in range(20)])
+
+
+def run(kernel: Kernel, script: Script, prompt: Any = "email bob") -> Any:
+    agent = Agent(name="mailer", model=script.model(), tools=list(poimen_tools(kernel, scope="s-1")))
+    return asyncio.run(Runner.run(agent, prompt))
+
+
+def test_the_model_sees_the_kernels_tools(kernel: Kernel) -> None:
+    script = Script()
+    run(kernel, script)
+    assert [(t.name, t.description, t.params_json_schema) for t in script.tools] == [
+        (s.name, s.description, s.parameters) for s in kernel.specs()]
+    # Strict where every parameter is required (test.charge's `note` has a default).
+    assert {t.name: t.strict_json_schema for t in script.tools} == {
+        "test_charge": False, "test_ship": True, "test_email": True, "mail_lost": True,
+        "mail_refused": True}
+
+
+def test_a_completed_call_gives_the_model_its_result(kernel: Kernel, ledger: ProviderClient) -> None:
+    script = Script([("test_email", BOB, "c1")])
+    assert run(kernel, script).final_output == "done"
+    outcome = kernel.outcome(call_ids.derived("s-1", EMAIL, BOB, 1))
+    assert isinstance(outcome, Completed)
+    assert [json.loads(s) for s in script.seen] == [outcome.result]
+    assert ledger.count(kind="plain") == 1
+
+
+def test_an_indeterminate_call_is_told_to_the_model_in_the_standard_words(kernel: Kernel) -> None:
+    script = Script([("mail_lost", BOB, "c1")])
+    run(kernel, script)
+    outcome = kernel.outcome(call_ids.derived("s-1", LOST, BOB, 1))
+    assert isinstance(outcome, Indeterminate)
+    assert script.seen == [outcome.for_model()]
+    assert "Do NOT call it again" in script.seen[0]
+
+
+def test_a_failed_call_is_told_in_the_standard_words(kernel: Kernel) -> None:
+    script = Script([("mail_refused", BOB, "c1")])
+    run(kernel, script)
+    outcome = kernel.outcome(call_ids.derived("s-1", REFUSED, BOB, 1))
+    assert outcome is not None and script.seen == [outcome.for_model()]
+
+
+def test_refused_arguments_are_told_and_record_nothing(kernel: Kernel) -> None:
+    script = Script([("test_email", {"to": "bob@example.com"}, "c1")])
+    run(kernel, script)
+    [seen] = script.seen
+    assert seen.startswith("The call was refused and had no effect") and "subject" in seen
+    assert kernel.outcome(call_ids.derived("s-1", EMAIL, {"to": "bob@example.com"}, 1)) is None
+
+
+def test_the_same_call_twice_in_one_run_is_two_calls(kernel: Kernel, ledger: ProviderClient) -> None:
+    script = Script([("test_email", BOB, "c1"), ("test_email", BOB, "c2")])
+    run(kernel, script)
+    assert ledger.count(kind="plain") == 2
+
+
+def test_a_call_made_again_in_a_later_turn_after_a_restart_is_a_new_call(
+    sqlite_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    def turn(history: list[Any], call_id: str) -> list[Any]:
+        k = Kernel(sqlite_url, notifiers=[])  # a new process's kernel and tools
+        register_test_tools(k, provider.url)
+        try:
+            prompt = [*history, {"role": "user", "content": "email bob"}]
+            return list(run(k, Script([("test_email", BOB, call_id)]), prompt).to_input_list())
+        finally:
+            k.close()
+
+    history = turn([], "c1")
+    turn(history, "c2")
+    assert ledger.count(kind="plain") == 2
+
+
+def test_a_bad_scope_is_refused_when_the_tools_are_made(kernel: Kernel) -> None:
+    with pytest.raises(PoimenError, match="scope"):
+        poimen_tools(kernel, scope="")
+
+
+# A real agent process, SIGKILLed after its email went out, then run again.
+
+@KILL_TIMEOUT
+def test_an_agent_killed_after_the_effect_and_run_again_sends_one_email(
+    run_agent: RunAgent, ledger: ProviderClient
+) -> None:
+    assert run_agent("openai-agents", "call_first", kill_after_effect=True) is None
+    assert ledger.count(kind="plain") == 1
+    # The restarted run asks the model again, which mints a new call id.
+    report = run_agent("openai-agents", "call_second")
+    assert report is not None and ledger.count(kind="plain") == 1
+    [seen] = report["seen"]
+    assert seen.startswith("The outcome of this action is unknown") and "Do NOT call it again" in seen
+
+
+@KILL_TIMEOUT
+def test_without_the_rule_the_same_kill_sends_two_emails(
+    run_agent: RunAgent, ledger: ProviderClient
+) -> None:
+    # The baseline: the model's call id as the call id.
+    run_agent("openai-agents", "call_first", kill_after_effect=True, naive=True)
+    run_agent("openai-agents", "call_second", naive=True)
+    assert ledger.count(kind="plain") == 2
