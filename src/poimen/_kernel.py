@@ -232,6 +232,8 @@ class Kernel:
             raise RegistrationError(
                 f"tool {registration.id!r} is already registered", tool_id=registration.id
             )
+        if isinstance(fn, ToolHandle):  # one function registered under another id as well
+            fn = fn.__wrapped__
         tool = build_tool(registration, fn)
         if isinstance(registration.effects, Idempotent | ReadOnly):
             _guard.install()
