@@ -89,8 +89,8 @@ def every_point(module: str, scenario: Callable[[Injection], None], limit: int =
         inj = Injection(module, at)
         try:
             scenario(inj)
-        except AssertionError as exc:
-            raise AssertionError(f"interrupted at {inj.where or 'no point'}: {exc}") from exc
+        except Exception as exc:
+            raise AssertionError(f"interrupted at {inj.where or 'no point'}: {exc!r}") from exc
         if not inj.fired:
             return at - 1
     raise AssertionError(f"the path through {module} never ended within {limit} points")
