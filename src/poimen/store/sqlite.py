@@ -601,25 +601,39 @@ _END_ATTEMPTS = (
 
 
 class SqliteStore(SqlStore):
-    """A SQLite intent log at `path`. Thread-safe; several processes may share the file."""
+    """A SQLite intent log at `path`. Thread-safe; several processes may share the file.
+
+    Writes go through one connection (group commit); reads borrow one of at most `readers`
+    connections for the length of one statement, however many threads read."""
 
     dialect = "sqlite"
     _sql = SQL
 
     def __init__(
-        self, path: str | Path, *, synchronous: str = "FULL", migrate: bool = True
+        self,
+        path: str | Path,
+        *,
+        synchronous: str = "FULL",
+        migrate: bool = True,
+        readers: int = 8,
     ) -> None:
         if synchronous.upper() not in SYNCHRONOUS:
             raise StoreError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
+        if isinstance(readers, bool) or not isinstance(readers, int) or readers < 1:
+            raise StoreError(f"readers must be a whole number >= 1, not {readers!r}")
         self.path = str(path)
         self.url = f"sqlite:///{self.path}"
         self._synchronous = synchronous.upper()
-        self._local = threading.local()
         self._closed = False
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
-        self._reads = threading.Condition()  # reads running, waited for by close()
+        lock = threading.Lock()
+        self._reads = threading.Condition(lock)  # no read running, waited for by close()
+        self._free = threading.Condition(lock)  # a reader connection came back
         self._reading = 0
+        self._idle: list[sqlite3.Connection] = []  # reader connections not in use
+        self._readers = 0  # reader connections open, in use or idle
+        self._max_readers = readers
         self._writer = _GroupCommit(self._connect(writer=True))
         if migrate:
             self.migrate()
@@ -651,15 +665,6 @@ class SqliteStore(SqlStore):
             self._conns.append(conn)
         return conn
 
-    def _reader(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            if self._closed:
-                raise StoreUnavailableError("the store is closed")
-            conn = self._connect()
-            self._local.conn = conn
-        return conn
-
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._writer_open().run(fn)
 
@@ -668,19 +673,40 @@ class SqliteStore(SqlStore):
         return self._write(lambda conn: fn(conn, False))
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._reads:
-            if self._closed:
-                raise StoreUnavailableError("the store is closed")
-            self._reading += 1
+        conn: sqlite3.Connection | None = None
+        counted = opening = False
         try:
-            return self._reader().execute(sql, params).fetchall()
+            with self._reads:
+                while not (self._closed or self._idle or self._readers < self._max_readers):
+                    self._free.wait()
+                if self._closed:
+                    raise StoreUnavailableError("the store is closed")
+                # No call between taking a connection (or a slot) and noting it: a signal's
+                # exception can land only at a call, and the `finally` gives back what is noted.
+                self._reading += 1
+                counted = True
+                if self._idle:
+                    conn = self._idle[-1]
+                    del self._idle[-1]
+                else:
+                    self._readers += 1
+                    opening = True
+            if conn is None:
+                conn = self._connect()
+            return conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"read failed: {exc}") from exc
         finally:
-            with self._reads:
-                self._reading -= 1
-                if not self._reading:
-                    self._reads.notify_all()
+            if counted:
+                with self._reads:
+                    self._reading -= 1
+                    if conn is not None:
+                        self._idle += [conn]
+                    elif opening:  # it never opened
+                        self._readers -= 1
+                    self._free.notify()
+                    if not self._reading:
+                        self._reads.notify_all()
 
     def close(self) -> None:
         self._closed = True
@@ -688,6 +714,7 @@ class SqliteStore(SqlStore):
         # the writes already accepted.
         drained = self._writer.stop(within=30.0)
         with self._reads:  # reads are short: wait for those running
+            self._free.notify_all()  # readers waiting for a connection give up
             self._reads.wait_for(lambda: not self._reading, 30.0)
         with self._conns_lock:
             conns, self._conns = self._conns, []
