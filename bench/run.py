@@ -446,14 +446,16 @@ def _num(v: float) -> str:
 def settings(workdir: Path) -> dict[str, Any]:
     store = SqliteStore(workdir / "settings.db")
     try:
-        conn = store._reader()
+        def pragma(name: str) -> Any:
+            return store._read(f"PRAGMA {name}")[0][0]
+
         return {
-            "sqlite_journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
+            "sqlite_journal_mode": pragma("journal_mode"),
             "sqlite_synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[
-                conn.execute("PRAGMA synchronous").fetchone()[0]
+                pragma("synchronous")
             ],
-            "sqlite_page_size": conn.execute("PRAGMA page_size").fetchone()[0],
-            "sqlite_wal_autocheckpoint": conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0],
+            "sqlite_page_size": pragma("page_size"),
+            "sqlite_wal_autocheckpoint": pragma("wal_autocheckpoint"),
             "sqlite_module": sqlite3.sqlite_version,
         }
     finally:

@@ -371,7 +371,9 @@ class PostgresStore(SqlStore):
         done = self._prepared.setdefault(conn, set())
         for last in (False, True):
             if name not in done:  # once per session: a plan, not a parse, per call
-                conn.execute(prepare)
+                # Already there if an interrupt cut in between an earlier PREPARE and `add`.
+                with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):
+                    conn.execute(prepare)
                 done.add(name)
             # Parameters are quoted client-side: a multi-statement message cannot carry them.
             try:

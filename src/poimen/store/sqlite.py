@@ -41,7 +41,18 @@ _INHERITED: list[sqlite3.Connection] = []
 
 
 class _Op(Generic[T]):
-    __slots__ = ("done", "error", "fn", "future", "merge", "payload", "value", "wake")
+    __slots__ = (
+        "done",
+        "error",
+        "fn",
+        "future",
+        "may_lead",
+        "merge",
+        "payload",
+        "value",
+        "wake",
+        "woken",
+    )
 
     def __init__(
         self,
@@ -57,11 +68,20 @@ class _Op(Generic[T]):
         self.done = False
         self.value: T | None = None
         self.error: BaseException | None = None
-        # A lock held on the waiter's behalf: released once its commit is durable, or to
-        # hand it the leader's role. None for a caller that led from the start.
+        # A lock held on the waiter's behalf: released once its commit is durable, or (if
+        # `may_lead`) to hand it the leader's role. None for a caller that led at once.
         self.wake: threading.Lock | None = None
+        self.may_lead = False
+        self.woken = False  # the role was handed to it and its lock released
         # An async caller's future instead: resolved on its loop once the commit is durable.
         self.future: asyncio.Future[T] | None = None
+
+
+class _Thread:
+    """The role's holder while the writer thread leads."""
+
+
+_THREAD: Any = _Thread()
 
 
 class _GroupCommit:
@@ -76,17 +96,27 @@ class _GroupCommit:
     An async caller cannot lead (its loop must not block): it queues a future, and when the
     role falls to it, the store's writer thread leads instead and resolves the futures of
     each batch on their loops, one callback per loop.
+
+    Interrupts: a signal handler's exception (KeyboardInterrupt, an alarm) lands only on the
+    main thread, anywhere. So the main thread never leads another caller's write, and is
+    never handed the role while it waits: the writer thread leads in its place. An
+    interrupted caller gets the interrupt and its own write's fate is unknown to it (it is
+    committed or not; a caller retries with the same call id); the role always passes on,
+    a transaction it opened is rolled back, and every other caller's answer stays true.
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._lock = threading.Lock()
         self._queue: list[_Op[Any]] = []
-        self._leading = False
+        # Who leads: an op (its caller's thread), _THREAD, or None. Set under `_lock`; the
+        # role is handed on only by its holder, or for it by `_abandon`.
+        self._holder: Any = None
         self._go = threading.Lock()  # released to make the writer thread lead once
         self._go.acquire()
         self._thread: threading.Thread | None = None
-        self._thread_leads = False  # the role was handed to the thread
+        self._thread_leads = False  # the role was handed to the thread, not yet taken up
+        self._thread_gone = False
         self._stopped = False
         self._idle = threading.Condition(self._lock)  # notified when nobody leads
 
@@ -97,21 +127,29 @@ class _GroupCommit:
         payload: Any = None,
     ) -> T:
         op: _Op[T] = _Op(fn, merge, payload)
-        with self._lock:
-            if self._stopped:
-                raise StoreUnavailableError("the store is closed")
-            self._queue.append(op)
-            lead = not self._leading
-            if lead:
-                self._leading = True
-            else:
-                op.wake = wake = threading.Lock()
-                wake.acquire()
-        if not lead:
-            assert op.wake is not None
-            op.wake.acquire()  # our commit is durable, or we are the next leader
-        if not op.done:
-            self._lead(op)
+        alone = threading.current_thread() is threading.main_thread()
+        try:
+            with self._lock:
+                if self._stopped:
+                    raise StoreUnavailableError("the store is closed")
+                if self._holder is None:
+                    self._holder = op
+                    if not alone:  # leads whatever queues meanwhile, its own write first
+                        self._queue.append(op)
+                else:
+                    if alone:  # the writer thread leads this write's batch
+                        self._ensure_thread()
+                    wake = threading.Lock()
+                    wake.acquire()
+                    op.wake, op.may_lead = wake, not alone
+                    self._queue.append(op)
+            if op.wake is not None:
+                op.wake.acquire()  # our commit is durable, or we are the next leader
+            if not op.done:
+                self._lead(op, alone=alone)
+        except BaseException:
+            self._abandon(op)
+            raise
         if op.error is not None:
             raise op.error
         return op.value  # type: ignore[return-value]
@@ -126,14 +164,16 @@ class _GroupCommit:
         durable, and the loop never blocks on the write."""
         op: _Op[T] = _Op(fn, merge, payload)
         op.future = fut = asyncio.get_running_loop().create_future()
-        with self._lock:
-            if self._stopped:
-                raise StoreUnavailableError("the store is closed")
-            self._queue.append(op)
-            if self._leading:
-                return fut
-            self._leading = True
-        self._hand_to_thread()
+        try:
+            with self._lock:
+                if self._stopped:
+                    raise StoreUnavailableError("the store is closed")
+                self._ensure_thread()
+                self._queue.append(op)
+                self._pass_role(None)  # to the thread, if nobody leads
+        except BaseException:
+            self._abandon(op)
+            raise
         return fut
 
     def stop(self, within: float) -> bool:
@@ -141,87 +181,139 @@ class _GroupCommit:
         those queued before; True once nobody uses the connection any more."""
         with self._lock:
             self._stopped = True
-            thread = self._thread
-        if thread is not None:
-            with contextlib.suppress(RuntimeError):  # already released: it will see _stopped
-                self._go.release()
+            self._kick()  # an idle thread exits
         with self._idle:
-            return self._idle.wait_for(lambda: not self._leading, within)
+            return self._idle.wait_for(lambda: self._holder is None, within)
 
-    def _hand_to_thread(self) -> None:
-        """Give the leader's role to the writer thread (called by the role's holder)."""
-        with self._lock:
-            stopped = self._stopped
-            if not stopped:
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._thread_main, name="poimen-sqlite-writer", daemon=True
-                    )
-                    self._thread.start()
-                self._thread_leads = True
-        if stopped:  # no thread will lead again: nobody may wait for it
-            self._fail_queued()
-            return
-        with contextlib.suppress(RuntimeError):  # stop() released it first: the thread wakes
-            self._go.release()
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._thread_main, name="poimen-sqlite-writer", daemon=True
+            )
+            self._thread.start()
+
+    def _kick(self) -> None:
+        if self._thread is not None:
+            with contextlib.suppress(RuntimeError):  # released already: it wakes all the same
+                self._go.release()
 
     def _thread_main(self) -> None:
         while True:
             self._go.acquire()
             with self._lock:
                 leads, self._thread_leads = self._thread_leads, False
-                stopped = self._stopped
-            if leads and not stopped:
-                self._lead(None)
-                continue
-            if leads:  # queued async callers wait for this thread: tell them
-                self._fail_queued()
-            if stopped:
-                return
+                if not leads and self._stopped and self._holder is None:
+                    self._thread_gone = True
+                    return
+            if leads:
+                try:
+                    self._lead(_THREAD, alone=False)
+                except BaseException:  # the batch is settled and the role passed on: go on
+                    log.exception("SQLite writer thread: a batch failed")
 
-    def _fail_queued(self) -> None:
-        with self._lock:
-            batch, self._queue = self._queue, []
-            self._leading = False
-            self._idle.notify_all()
-        err = StoreUnavailableError("the store is closed")
-        for op in batch:
-            op.error, op.done = err, True
-        self._wake(batch, None)
-
-    def _lead(self, me: _Op[Any] | None) -> None:
-        with self._lock:
-            batch, self._queue = self._queue, []
-        try:
-            self._commit(batch)  # marks every op of the batch done, success or not
-        finally:
+    def _lead(self, me: Any, *, alone: bool) -> None:
+        """Commit a batch as the role's holder `me`, then hand the role on. `alone`: only
+        `me`'s write, for the main thread, where an interrupt must reach no other caller."""
+        batch = [me]
+        if not alone:
             with self._lock:
-                nxt = self._queue[0] if self._queue else None
-                if nxt is None:
-                    self._leading = False
-                    self._idle.notify_all()
+                batch, self._queue = self._queue, []
+        try:
+            if me is _THREAD and self._stopped:  # queued async writes are refused on close
+                self._commit(self._refuse_async(batch))
+            else:
+                self._commit(batch)  # marks every op of the batch done, success or not
+        finally:
             self._wake(batch, me)
-            if nxt is not None:  # the role passes on; _leading stays set
-                if nxt.wake is not None:
-                    nxt.wake.release()
-                else:
-                    self._hand_to_thread()
+            with self._lock:
+                self._pass_role(me)
+
+    def _pass_role(self, holder: Any) -> None:
+        """Hand the leader's role on from `holder`, under `_lock`: a no-op unless `holder`
+        has it, so a caller interrupted midway may call it again. Each step sets the state
+        before it wakes anyone, so an interrupt in between leaves work `_abandon` redoes."""
+        if self._holder is not holder:
+            return
+        nxt = self._queue[0] if self._queue else None
+        if nxt is None:
+            if self._stopped:
+                self._kick()  # the writer thread exits once nobody leads
+            self._idle.notify_all()
+            self._holder = None
+        elif nxt.may_lead:
+            self._holder = nxt
+            self._wake_holder()
+        elif self._thread is None or self._thread_gone:
+            # Nobody can lead this write (its caller was interrupted mid-submit, or the
+            # store closed): it was never committed, so say so.
+            self._queue.remove(nxt)
+            nxt.error, nxt.done = StoreUnavailableError("the store is closed"), True
+            self._wake([nxt], None)
+            self._pass_role(holder)
+        else:
+            self._holder = _THREAD
+            self._thread_leads = True
+            self._wake_holder()
+
+    def _wake_holder(self) -> None:
+        """Wake the role's holder if it was handed the role and not yet woken (idempotent)."""
+        h = self._holder
+        if h is _THREAD:
+            if self._thread_leads:
+                self._kick()
+        elif h is not None and h.wake is not None and not h.woken:
+            with contextlib.suppress(RuntimeError):  # released by an interrupted try
+                h.wake.release()
+            h.woken = True
+
+    def _abandon(self, op: _Op[Any]) -> None:
+        """After an exception anywhere in `op`'s caller: drop its write if no leader took it
+        (then it is never committed), roll back a transaction it left open, and see the role
+        handed on. Repeated until done: a second interrupt must not leave half of it."""
+        for _ in range(8):
+            try:
+                with self._lock:
+                    if op in self._queue:
+                        self._queue.remove(op)
+                    if self._holder is op:
+                        with contextlib.suppress(sqlite3.Error):
+                            if self._conn.in_transaction:
+                                self._conn.execute("ROLLBACK")
+                        self._pass_role(op)
+                    self._wake_holder()
+                    self._pass_role(None)  # a role dropped between two holders
+                return
+            except BaseException:  # a second interrupt: the first is the one raised
+                continue
+
+    def _refuse_async(self, batch: list[_Op[Any]]) -> list[_Op[Any]]:
+        refused = [op for op in batch if op.future is not None]
+        err = StoreUnavailableError("the store is closed")
+        for op in refused:
+            op.error, op.done = err, True
+        return [op for op in batch if op.future is None]
 
     @staticmethod
-    def _wake(batch: list[_Op[Any]], me: _Op[Any] | None) -> None:
+    def _wake(batch: list[_Op[Any]], me: Any) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[_Op[Any]]] = {}
         for op in batch:
             if op.future is not None:
                 by_loop.setdefault(op.future.get_loop(), []).append(op)
             elif op is not me and op.wake is not None:
-                op.wake.release()
+                with contextlib.suppress(RuntimeError):  # its caller was interrupted
+                    op.wake.release()
         for loop, ops in by_loop.items():
             with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
                 loop.call_soon_threadsafe(_resolve, ops)
 
     def _commit(self, batch: list[_Op[Any]]) -> None:
+        """Write and commit `batch`. Each op ends with an error, or with a value only if its
+        write is committed, whatever stops the batch: what the connection says decides."""
         conn = self._conn
+        committing = False
         try:
+            if not batch:
+                return
             conn.execute("BEGIN IMMEDIATE")
             if len(batch) == 1:
                 op = batch[0]
@@ -229,8 +321,6 @@ class _GroupCommit:
                     op.value = op.fn(conn)
                 except BaseException as exc:
                     op.error = exc
-                    conn.execute("ROLLBACK")
-                    return
             elif not _run_all(conn, batch):
                 # One op raised: undo the whole batch, then run it again with each op in its
                 # own savepoint, so one caller's failure does not sink the others. An op
@@ -239,6 +329,7 @@ class _GroupCommit:
                     conn.execute("ROLLBACK")
                 conn.execute("BEGIN IMMEDIATE")
                 for op in batch:
+                    op.value, op.error = None, None
                     conn.execute("SAVEPOINT op")
                     try:
                         op.value = op.fn(conn)
@@ -247,17 +338,28 @@ class _GroupCommit:
                         op.error = exc
                         conn.execute("ROLLBACK TO op")
                         conn.execute("RELEASE op")
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            # A store closed under the batch: even asking about the transaction raises.
-            with contextlib.suppress(sqlite3.Error):
+            if all(op.error is not None for op in batch):
+                conn.execute("ROLLBACK")
+            else:
+                committing = True
+                conn.execute("COMMIT")
+        except BaseException as exc:
+            # A transaction still open never committed; a COMMIT that ran and raised nothing
+            # did, whatever was interrupted after it.
+            committed = False
+            with contextlib.suppress(sqlite3.Error):  # a closed store: nothing is committed
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-            err = StoreError(f"commit failed: {exc}")
-            err.__cause__ = exc
-            for op in batch:
-                if op.error is None:
-                    op.error, op.value = err, None
+                else:
+                    committed = committing and not isinstance(exc, sqlite3.Error)
+            if not committed:
+                err = StoreError(f"commit failed: {exc!r}")
+                err.__cause__ = exc
+                for op in batch:
+                    if op.error is None:
+                        op.error, op.value = err, None
+            if not isinstance(exc, sqlite3.Error):
+                raise  # an interrupt: the leader's caller gets it
         finally:
             for op in batch:
                 op.done = True
@@ -504,6 +606,8 @@ _END_ATTEMPTS = (
 class SqliteStore(SqlStore):
     """A SQLite intent log at `path`. Thread-safe; several processes may share the file.
 
+    Writes go through one connection (group commit); reads borrow one of at most `readers`
+    connections for the length of one statement, however many threads read.
     `readonly=True` opens it for reading only (``mode=ro``): no migration, no switch to WAL,
     no writer, and every write raises `ReadOnlyStoreError`; the file is never changed.
     """
@@ -518,6 +622,7 @@ class SqliteStore(SqlStore):
         synchronous: str = "FULL",
         migrate: bool = True,
         readonly: bool = False,
+        readers: int = 8,
     ) -> None:
         if not sqlite_writes(str(path)):
             url = f"sqlite:///{path}"
@@ -529,15 +634,21 @@ class SqliteStore(SqlStore):
             )
         if synchronous.upper() not in SYNCHRONOUS:
             raise StoreError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
+        if isinstance(readers, bool) or not isinstance(readers, int) or readers < 1:
+            raise StoreError(f"readers must be a whole number >= 1, not {readers!r}")
         self.path = str(path)
         self.url = f"sqlite:///{self.path}"
         self._synchronous = synchronous.upper()
-        self._local = threading.local()
         self._closed = False
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
-        self._reads = threading.Condition()  # reads running, waited for by close()
+        lock = threading.Lock()
+        self._reads = threading.Condition(lock)  # no read running, waited for by close()
+        self._free = threading.Condition(lock)  # a reader connection came back
         self._reading = 0
+        self._idle: list[sqlite3.Connection] = []  # reader connections not in use
+        self._readers = 0  # reader connections open, in use or idle
+        self._max_readers = readers
         self._readonly = readonly
         self._writer = None if readonly else _GroupCommit(self._connect(writer=True))
         self._writer_lock = threading.Lock()
@@ -594,15 +705,6 @@ class SqliteStore(SqlStore):
                 raise
         return self._open(f"{base}?mode=ro&immutable=1", uri=True)
 
-    def _reader(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            if self._closed:
-                raise StoreUnavailableError("the store is closed")
-            conn = self._connect()
-            self._local.conn = conn
-        return conn
-
     def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return self._writer_open().run(fn)
 
@@ -611,19 +713,40 @@ class SqliteStore(SqlStore):
         return self._write(lambda conn: fn(conn, False))
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._reads:
-            if self._closed:
-                raise StoreUnavailableError("the store is closed")
-            self._reading += 1
+        conn: sqlite3.Connection | None = None
+        counted = opening = False
         try:
-            return self._reader().execute(sql, params).fetchall()
+            with self._reads:
+                while not (self._closed or self._idle or self._readers < self._max_readers):
+                    self._free.wait()
+                if self._closed:
+                    raise StoreUnavailableError("the store is closed")
+                # No call between taking a connection (or a slot) and noting it: a signal's
+                # exception can land only at a call, and the `finally` gives back what is noted.
+                self._reading += 1
+                counted = True
+                if self._idle:
+                    conn = self._idle[-1]
+                    del self._idle[-1]
+                else:
+                    self._readers += 1
+                    opening = True
+            if conn is None:
+                conn = self._connect()
+            return conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"read failed: {exc}") from exc
         finally:
-            with self._reads:
-                self._reading -= 1
-                if not self._reading:
-                    self._reads.notify_all()
+            if counted:
+                with self._reads:
+                    self._reading -= 1
+                    if conn is not None:
+                        self._idle += [conn]
+                    elif opening:  # it never opened
+                        self._readers -= 1
+                    self._free.notify()
+                    if not self._reading:
+                        self._reads.notify_all()
 
     def close(self) -> None:
         self._closed = True
@@ -631,6 +754,7 @@ class SqliteStore(SqlStore):
         # the writes already accepted.
         drained = self._forked or self._writer is None or self._writer.stop(within=30.0)
         with self._reads:  # reads are short: wait for those running
+            self._free.notify_all()  # readers waiting for a connection give up
             self._reads.wait_for(lambda: not self._reading, 30.0)
         with self._conns_lock:
             conns, self._conns = self._conns, []
@@ -651,9 +775,12 @@ class SqliteStore(SqlStore):
         _INHERITED.extend(self._conns)
         self._conns = []
         self._conns_lock = threading.Lock()
-        self._local = threading.local()
-        self._reads = threading.Condition()
+        lock = threading.Lock()
+        self._reads = threading.Condition(lock)
+        self._free = threading.Condition(lock)
         self._reading = 0
+        self._idle = []
+        self._readers = 0
         self._writer_lock = threading.Lock()
         self._forked = True  # the child's writer connection opens on its first write
 
