@@ -121,3 +121,19 @@ class WrongRunnerError(PoimenError):
 class DuplicateWorkerError(PoimenError):
     """Another live kernel in this process has this worker id; two kernels with one identity
     would take over each other's calls."""
+
+
+class OperatorsFileError(PoimenError):
+    """The console's operators file cannot be read, or a line of it is not ``name:hash``."""
+
+
+class DuplicateOperatorError(OperatorsFileError):
+    """The operators file already has an operator of this name."""
+
+
+class UnknownOperatorError(OperatorsFileError):
+    """The operators file has no operator of this name."""
+
+
+class ConsoleConfigError(PoimenError):
+    """The console cannot start with these options."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -130,8 +130,17 @@ class Store(Protocol):
         operator: str,
         reason: str,
         now: float,
+        context: Mapping[str, str] | None = None,
     ) -> Intent: ...
-    def abandon(self, intent_id: str, *, operator: str, reason: str, now: float) -> Intent: ...
+    def abandon(
+        self,
+        intent_id: str,
+        *,
+        operator: str,
+        reason: str,
+        now: float,
+        context: Mapping[str, str] | None = None,
+    ) -> Intent: ...
     def get_intent(self, intent_id: str) -> Intent | None: ...
     def get_by_call_id(self, call_id: str) -> Intent | None: ...
     def list_intents(

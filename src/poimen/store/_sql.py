@@ -6,7 +6,7 @@ its retries) and the methods that really differ."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from poimen._intents import (
@@ -462,6 +462,7 @@ class SqlStore:
         operator: str,
         reason: str,
         now: float,
+        context: Mapping[str, str] | None = None,
     ) -> None:
         self._event(
             ex,
@@ -471,7 +472,13 @@ class SqlStore:
             S.INDETERMINATE,
             target,
             operator,
-            {"operator": operator, "reason": reason, "landed": landed, "result": result},
+            {
+                **(context or {}),
+                "operator": operator,
+                "reason": reason,
+                "landed": landed,
+                "result": result,
+            },
         )
 
     # The call path.
@@ -651,8 +658,17 @@ class SqlStore:
 
     # The operator path.
 
-    def abandon(self, intent_id: str, *, operator: str, reason: str, now: float) -> Intent:
-        """DISPATCHED -> INDETERMINATE by an operator, bumping the fence; one winner."""
+    def abandon(
+        self,
+        intent_id: str,
+        *,
+        operator: str,
+        reason: str,
+        now: float,
+        context: Mapping[str, str] | None = None,
+    ) -> Intent:
+        """DISPATCHED -> INDETERMINATE by an operator, bumping the fence; one winner.
+        `context` (how the operator is known) goes into the event beside the name."""
         check_transition(S.DISPATCHED, S.INDETERMINATE)
 
         def op(ex: Executor, retrying: bool) -> Intent:
@@ -673,6 +689,7 @@ class SqlStore:
                         S.INDETERMINATE,
                         operator,
                         {
+                            **(context or {}),
                             "operator": operator,
                             "reason": reason,
                             "fence": it.fence + 1,
