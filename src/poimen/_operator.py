@@ -434,6 +434,17 @@ class IntentDetail:
     def event_detail(self, event: Event) -> Any:
         return _event_detail(event)
 
+    def actor(self, event: Event) -> str:
+        """The event's actor with how poimen knew them, if recorded: ``ann (cli, os user
+        root)``, ``bob (own token)``, ``ana (typed)``."""
+        detail = _event_detail(event)
+        if not isinstance(detail, dict) or detail.get("identified_by") not in VIA:
+            return event.actor
+        how = [_VIA_SHORT[detail["identified_by"]]]
+        if isinstance(detail.get("os_user"), str):
+            how.append(f"os user {detail['os_user']}")
+        return f"{event.actor} ({', '.join(how)})"
+
     def to_json(self) -> dict[str, Any]:
         return {
             **intent_summary(self.intent),
@@ -511,6 +522,14 @@ VIA = {
     "proxy-header": "named by the trusted proxy in front of the console",
     "typed-name": "typed into the console under its shared token: not verified",
     "cli": "given to the command line; os_user is the account that ran it",
+}
+
+
+_VIA_SHORT = {
+    "operator-token": "own token",
+    "proxy-header": "named by proxy",
+    "typed-name": "typed",
+    "cli": "cli",
 }
 
 

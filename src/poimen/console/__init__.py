@@ -12,6 +12,7 @@ import secrets
 import socket
 import sys
 
+from poimen._identity import read_operators
 from poimen.console._app import ConsoleOptions, check_modes, create_app
 from poimen.errors import ConsoleConfigError
 from poimen.store._base import Store
@@ -30,6 +31,8 @@ def check_setup(host: str, token: str | None, options: ConsoleOptions) -> None:
     """Refuse (`ConsoleConfigError`) what must not start: a user header believed from
     anyone who can reach a non-local address, unless the operator says only the proxy can."""
     check_modes(token, options)
+    if options.operators_file:
+        read_operators(options.operators_file)  # unreadable or malformed: said before listening
     if options.user_header and not _loopback(host) and not options.proxy_is_the_only_way_in:
         raise ConsoleConfigError(
             f"--trust-user-header on {host}: anyone who reaches this address can send "
