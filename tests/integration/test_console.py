@@ -847,6 +847,9 @@ def test_a_trusted_proxy_header_names_the_operator(scene: Scene) -> None:
             assert dave.post(target, data=data).status_code == 403
             assert me_of(dave.get("/").text) == "dave"
         assert c.intent(c.email_id)[0] == IntentState.INDETERMINATE
+        # A proxy sends a name as UTF-8 bytes.
+        with c.client(headers={USER: "jürgen".encode()}) as jurgen:
+            assert me_of(jurgen.get("/").text) == "jürgen"
 
 
 def test_a_user_header_is_refused_where_anyone_could_send_it(

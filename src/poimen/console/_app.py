@@ -250,7 +250,10 @@ class Console:
         values = request.headers.getlist(self.header)
         if len(values) != 1:
             return None
-        name = values[0].strip()
+        try:  # the server decodes header bytes as Latin-1; proxies send names as UTF-8
+            name = values[0].encode("latin-1").decode("utf-8").strip()
+        except UnicodeError:
+            name = values[0].strip()
         ok = 0 < len(name) <= op.MAX_OPERATOR and name.isprintable()
         return name if ok else None
 
