@@ -9,6 +9,7 @@ import hmac
 import json
 import re
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -299,3 +300,25 @@ def test_a_decision_records_who_made_it_and_how_poimen_knows(tmp_path: Path) -> 
         op.Identity(" ", via="cli")
     with pytest.raises(OperatorInputError, match="via"):
         op.Identity("ann", via="guess")
+
+
+def test_operators_added_at_once_are_all_kept_and_a_name_only_once(tmp_path: Path) -> None:
+    path = tmp_path / "operators"
+    gate = threading.Barrier(6)
+    got: list[str] = []
+
+    def add(name: str) -> None:
+        gate.wait()
+        try:
+            add_operator(path, name)
+            got.append(f"added {name}")
+        except DuplicateOperatorError:
+            got.append("refused")
+
+    threads = [threading.Thread(target=add, args=(n,)) for n in ("a1", "a2", "a3", *["dup"] * 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == ["added a1", "added a2", "added a3", "added dup", "refused", "refused"]
+    assert sorted(operator_names(path)) == ["a1", "a2", "a3", "dup"]
