@@ -8,8 +8,10 @@ what an intent looks like, what is redacted, or when a resolution is refused.
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -38,6 +40,7 @@ __all__ = [
     "ABANDONED",
     "REDACTED",
     "SECRET_NAME",
+    "Identity",
     "IntentDetail",
     "OperatorInputError",
     "Status",
@@ -48,6 +51,7 @@ __all__ = [
     "fmt_age",
     "fmt_time",
     "list_intents",
+    "os_user",
     "parse_result",
     "parse_since",
     "parse_state",
@@ -430,6 +434,17 @@ class IntentDetail:
     def event_detail(self, event: Event) -> Any:
         return _event_detail(event)
 
+    def actor(self, event: Event) -> str:
+        """The event's actor with how poimen knew them, if recorded: ``ann (cli, os user
+        root)``, ``bob (own token)``, ``ana (typed)``."""
+        detail = _event_detail(event)
+        if not isinstance(detail, dict) or detail.get("identified_by") not in VIA:
+            return event.actor
+        how = [_VIA_SHORT[detail["identified_by"]]]
+        if isinstance(detail.get("os_user"), str):
+            how.append(f"os user {detail['os_user']}")
+        return f"{event.actor} ({', '.join(how)})"
+
     def to_json(self) -> dict[str, Any]:
         return {
             **intent_summary(self.intent),
@@ -499,6 +514,64 @@ def audit(
     return store.denials(tool_id=tool_id, since=since, limit=limit)
 
 
+# Who decides.
+
+#: How poimen knows who an operator is, recorded with each decision as ``identified_by``.
+VIA = {
+    "operator-token": "logged in to the console with their own token",
+    "proxy-header": "named by the trusted proxy in front of the console",
+    "typed-name": "typed into the console under its shared token: not verified",
+    "cli": "given to the command line; os_user is the account that ran it",
+}
+
+
+_VIA_SHORT = {
+    "operator-token": "own token",
+    "proxy-header": "named by proxy",
+    "typed-name": "typed",
+    "cli": "cli",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The operator behind a decision and how poimen knows it (`via`, one of `VIA`);
+    `os_user` is the operating-system account of a command-line decision."""
+
+    name: str
+    via: str
+    os_user: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise OperatorInputError("an identity needs the operator's name", field="operator")
+        if self.via not in VIA:
+            raise OperatorInputError(
+                f"via {self.via!r} is not one of {', '.join(VIA)}", field="via"
+            )
+
+    def detail(self) -> dict[str, str]:
+        """What goes into the decision's event besides the name."""
+        out = {"identified_by": self.via}
+        if self.os_user is not None:
+            out["os_user"] = self.os_user
+        return out
+
+
+def os_user() -> str | None:
+    """The account this process runs as (its real uid, not what the environment says)."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError, AttributeError):
+        pass
+    try:
+        return getpass.getuser()
+    except Exception:  # getpass raises OSError, or worse on odd platforms: no name to give
+        return None
+
+
 # The one state change an operator makes.
 
 
@@ -508,15 +581,16 @@ def resolve(
     *,
     landed: bool,
     result: Any = None,
-    operator: str,
+    operator: str | Identity,
     reason: str,
 ) -> Intent:
     """Decide an INDETERMINATE intent: landed (with an optional result) or not landed.
 
-    Terminal and audited: the operator and reason go into the intent's events in the same
-    transaction. Any other state is refused (`NotIndeterminateError`); nothing here retries.
+    Terminal and audited: the operator (with how poimen knows them, for an `Identity`) and
+    the reason go into the intent's events in the same transaction. Any other state is
+    refused (`NotIndeterminateError`); nothing here retries.
     """
-    operator, reason = _who_and_why("resolve", operator, reason)
+    name, reason, context = _who_and_why("resolve", operator, reason)
     if not landed and result is not None:
         raise OperatorInputError("a result makes sense only for a landed call", field="result")
     text = None if result is None else encode_value(result, "result")
@@ -524,13 +598,14 @@ def resolve(
         intent_id,
         landed=landed,
         result=text,
-        operator=operator,
+        operator=name,
         reason=reason,
         now=store.now(),
+        context=context,
     )
 
 
-def abandon(store: Store, intent_id: str, *, operator: str, reason: str) -> Intent:
+def abandon(store: Store, intent_id: str, *, operator: str | Identity, reason: str) -> Intent:
     """Give up on a DISPATCHED intent whose worker will not come back: it becomes
     INDETERMINATE (`ABANDONED`) for an operator to resolve as usual.
 
@@ -538,23 +613,28 @@ def abandon(store: Store, intent_id: str, *, operator: str, reason: str) -> Inte
     evidence. Audited like `resolve`; any other state is refused (`NotDispatchedError`),
     and of two operators abandoning at once exactly one wins.
     """
-    operator, reason = _who_and_why("abandon", operator, reason)
-    return store.abandon(intent_id, operator=operator, reason=reason, now=store.now())
+    name, reason, context = _who_and_why("abandon", operator, reason)
+    return store.abandon(intent_id, operator=name, reason=reason, now=store.now(), context=context)
 
 
 def decide_approval(
-    store: Store, intent_id: str, *, approve: bool, operator: str, reason: str
+    store: Store, intent_id: str, *, approve: bool, operator: str | Identity, reason: str
 ) -> Intent:
     """Approve (dispatched once, by its class) or reject (FAILED, nothing sent) a call that
     awaits approval. Audited like `resolve`; any other state is refused
     (`NotAwaitingApprovalError`), and of two operators deciding at once exactly one wins."""
-    operator, reason = _who_and_why("approve" if approve else "reject", operator, reason)
+    name, reason, context = _who_and_why("approve" if approve else "reject", operator, reason)
     return store.decide_approval(
-        intent_id, approve=approve, operator=operator, reason=reason, now=store.now()
+        intent_id, approve=approve, operator=name, reason=reason, now=store.now(), context=context
     )
 
 
-def _who_and_why(what: str, operator: Any, reason: Any) -> tuple[str, str]:
+def _who_and_why(
+    what: str, operator: str | Identity, reason: Any
+) -> tuple[str, str, dict[str, str] | None]:
+    context = operator.detail() if isinstance(operator, Identity) else None
+    if isinstance(operator, Identity):
+        operator = operator.name
     if not isinstance(operator, str) or not operator.strip():
         raise OperatorInputError(f"{what} needs the operator's name", field="operator")
     if not isinstance(reason, str) or not reason.strip():
@@ -565,7 +645,7 @@ def _who_and_why(what: str, operator: Any, reason: Any) -> tuple[str, str]:
         )
     if len(reason) > MAX_REASON:
         raise OperatorInputError(f"reason is longer than {MAX_REASON} characters", field="reason")
-    return operator.strip(), reason.strip()
+    return operator.strip(), reason.strip(), context
 
 
 # JSON shapes, shared by `--json` and the console.

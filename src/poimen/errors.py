@@ -138,3 +138,19 @@ class OutcomeUnknownError(PoimenError):
     """A tool call's effect may or may not have happened (Indeterminate), or it is not settled
     yet (Pending). Do not call it again: an operator decides, then `Kernel.wait(call_id)`
     returns the decision. `call_id`, `intent_id`, `outcome` and `reason` say which call."""
+
+
+class OperatorsFileError(PoimenError):
+    """The console's operators file cannot be read, or a line of it is not ``name:hash``."""
+
+
+class DuplicateOperatorError(OperatorsFileError):
+    """The operators file already has an operator of this name."""
+
+
+class UnknownOperatorError(OperatorsFileError):
+    """The operators file has no operator of this name."""
+
+
+class ConsoleConfigError(PoimenError):
+    """The console cannot start with these options."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
+import re
 import shutil
 import socket
 import sqlite3
@@ -670,3 +672,94 @@ def test_two_operators_abandoning_at_once_exactly_one_wins(store_url: str) -> No
             assert it is not None and it.fence == 2 and it.state == IntentState.INDETERMINATE
     finally:
         store.close()
+
+
+# Operator identity.
+
+TOKEN_OF = re.compile(r"\b(ann\.[A-Za-z0-9_-]{43})\b")
+
+
+def test_operators_are_added_listed_and_removed_and_the_file_never_holds_a_token(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "operators"
+    f = str(path)
+    missing = poimen("operators", "list", "--file", f)
+    assert missing.returncode == 2 and "no operators file" in one_line(missing.stderr)
+
+    added = poimen("operators", "add", "ann", "--file", f)  # no --db: the file is all it needs
+    assert added.returncode == 0, added.stderr
+    tokens = TOKEN_OF.findall(added.stdout)
+    assert len(tokens) == 1, added.stdout  # shown once
+    ann = tokens[0]
+    assert "poimen console --operators" in added.stdout
+    bob = poimen_json("operators", "add", "bob", "--file", f)
+    assert bob["name"] == "bob" and bob["token"].startswith("bob.") and bob["file"] == f
+    text = path.read_text()
+    assert ann not in text and bob["token"] not in text
+    assert ann.split(".")[1] not in text and bob["token"].split(".")[1] not in text
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+
+    again = poimen("operators", "add", "ann", "--file", f)
+    assert again.returncode == 1 and "already" in one_line(again.stderr)
+    assert TOKEN_OF.search(again.stdout) is None and path.read_text() == text
+    bad = poimen("operators", "add", "ann smith", "--file", f)
+    assert bad.returncode == 2 and "name" in one_line(bad.stderr)
+
+    listed = poimen("operators", "list", "--file", f)
+    assert listed.returncode == 0 and listed.stdout == "ann\nbob\n"
+    assert poimen_json("operators", "list", "--file", f) == ["ann", "bob"]
+
+    assert poimen("operators", "remove", "ann", "--file", f).returncode == 0
+    assert poimen("operators", "list", "--file", f).stdout == "bob\n"
+    gone = poimen("operators", "remove", "ann", "--file", f)
+    assert gone.returncode == 1 and "ann" in one_line(gone.stderr)
+    assert poimen("operators", "remove", "bob", "--file", f).returncode == 0
+    empty = poimen("operators", "list", "--file", f)
+    assert empty.returncode == 1 and "no operators" in empty.stdout
+
+
+def test_cli_decisions_record_the_given_name_and_the_os_account(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        first, second = (dispatch(store, f"run-5/{n}", effect="unsafe") for n in range(2))
+        stuck = dispatch(store, "run-5/stuck", effect="unsafe")
+        for iid in (first, second):
+            assert store.mark_indeterminate(iid, 1, "unsafe_unknown_outcome", note(iid), 1.0)
+    finally:
+        store.close()
+    account = pwd.getpwuid(os.getuid()).pw_name
+
+    nobody = poimen("resolve", first, "--not-landed", "--reason", "x", db=store_url)
+    assert nobody.returncode == 2 and "POIMEN_OPERATOR" in one_line(nobody.stderr)
+    r = poimen(
+        "resolve", first, "--not-landed", "--reason", "checked", db=store_url, POIMEN_OPERATOR="ann"
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"by ann (os user {account})" in r.stdout
+    r = poimen(
+        "resolve",
+        second,
+        "--landed",
+        "--operator",
+        "bo",
+        "--reason",
+        "seen",
+        db=store_url,
+        POIMEN_OPERATOR="ann",
+    )
+    assert r.returncode == 0, r.stderr  # --operator wins over the environment
+    r = poimen("abandon", stuck, "--reason", "host gone", db=store_url, POIMEN_OPERATOR="ann")
+    assert r.returncode == 0, r.stderr
+
+    for iid, kind, name in (
+        (first, "resolved", "ann"),
+        (second, "resolved", "bo"),
+        (stuck, "abandoned", "ann"),
+    ):
+        last = poimen_json("show", iid, db=store_url)["events"][-1]
+        assert (last["kind"], last["actor"]) == (kind, name)
+        assert last["detail"]["operator"] == name and last["detail"]["os_user"] == account
+        assert last["detail"]["identified_by"] == "cli"
+    shown = poimen("show", first, db=store_url).stdout
+    assert f"ann (cli, os user {account})" in shown

@@ -5,6 +5,7 @@ real headless Chromium driven by Playwright. Screenshots go to artifacts/."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import select
@@ -30,6 +31,7 @@ from tests.integration.operator_app import (
     ROOT,
     crash,
     poimen,
+    poimen_json,
     run_call,
     shadow_denial,
 )
@@ -75,12 +77,16 @@ def hook_effects(ledger: ProviderClient) -> int:
 
 
 @contextlib.contextmanager
-def serve_console(db: str, *args: str, **env_extra: str) -> Iterator[str]:
-    """`poimen console --port 0` on `db` with `args`; yields its base URL."""
+def serve_console(
+    db: str, *args: str, token: str | None = TOKEN, **env_extra: str
+) -> Iterator[str]:
+    """`poimen console --port 0` on `db` with `args` (and `--token`, unless None); yields
+    its base URL on 127.0.0.1, whatever address it binds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
     env.update(env_extra)
+    given = ["--token", token] if token is not None else []
     proc = subprocess.Popen(
-        [str(POIMEN), "console", "--db", db, "--port", "0", "--token", TOKEN, *args],
+        [str(POIMEN), "console", "--db", db, "--port", "0", *given, *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -92,9 +98,9 @@ def serve_console(db: str, *args: str, **env_extra: str) -> Iterator[str]:
         ready, _, _ = select.select([proc.stdout], [], [], 60)
         assert ready, "poimen console printed no address"
         line = proc.stdout.readline()
-        m = re.search(r"https?://127\.0\.0\.1:\d+", line)
+        m = re.search(r"(https?)://(?:127\.0\.0\.1|0\.0\.0\.0):(\d+)", line)
         assert m, (line, proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
-        yield m.group(0)
+        yield f"{m.group(1)}://127.0.0.1:{m.group(2)}"
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -107,13 +113,31 @@ def serve_console(db: str, *args: str, **env_extra: str) -> Iterator[str]:
                 pipe.close()
 
 
+@dataclass
+class Scene:
+    db: str
+    provider: str
+    hook_id: str
+    email_id: str
+    stuck_id: str
+
+    def console(self, url: str) -> Console:
+        return Console(url, self.db, self.hook_id, self.email_id, self.stuck_id)
+
+    def serve(
+        self, *args: str, token: str | None = TOKEN
+    ) -> contextlib.AbstractContextManager[str]:
+        env = {"POIMEN_DB": self.db, "POIMEN_TEST_PROVIDER": self.provider}
+        return serve_console(self.db, "--app", APP, *args, token=token, **env)
+
+
 @pytest.fixture
-def console(
+def scene(
     tmp_path: Path, store_url: str, provider: ProviderProcess, ledger: ProviderClient
-) -> Iterator[Console]:
+) -> Iterator[Scene]:
     """Two Unsafe calls of run-7 killed after their effect and recovered to INDETERMINATE, a
-    third killed after recovery ran (still DISPATCHED, its worker gone), a sandbox denial, a
-    capability denial, and `poimen console --app` serving that log."""
+    third killed after recovery ran (still DISPATCHED, its worker gone), a sandbox denial and
+    a capability denial."""
     args = {"channel": "ops", "api_token": SECRET, "payload": {"text": "hello"}}
     crash(tmp_path, store_url, provider.url, HOOK, args, "run-7/k-hook")
     crash(
@@ -143,11 +167,15 @@ def console(
     assert hook is not None and mail is not None and stuck is not None
     assert hook.state == mail.state == IntentState.INDETERMINATE
     assert stuck.state == IntentState.DISPATCHED
-
-    app_env = {"POIMEN_DB": store_url, "POIMEN_TEST_PROVIDER": provider.url}
-    with serve_console(store_url, "--app", APP, **app_env) as url:
-        yield Console(url, store_url, hook.id, mail.id, stuck.id)
+    yield Scene(store_url, provider.url, hook.id, mail.id, stuck.id)
     assert hook_effects(ledger) == 1  # whatever the console did, nothing was re-issued
+
+
+@pytest.fixture
+def console(scene: Scene) -> Iterator[Console]:
+    """`poimen console --app --token` serving the scene's log."""
+    with scene.serve() as url:
+        yield scene.console(url)
 
 
 def test_pages_need_the_token_and_serve_nothing_from_elsewhere(console: Console) -> None:
@@ -207,11 +235,16 @@ def test_state_changes_need_the_token_and_the_csrf_token(console: Console) -> No
         assert review.status_code == 200 and "Confirm the resolution" in review.text
         assert console.intent(console.hook_id) == before
 
-        done = c.post(target, data={**form, "operator": "ana", "csrf": csrf})
+        # Under the shared token the typed name decides: a user header is believed only
+        # when the console is told to (--trust-user-header).
+        spoof = {"X-Forwarded-User": "mallory"}
+        done = c.post(target, data={**form, "operator": "ana", "csrf": csrf}, headers=spoof)
         assert done.status_code == 303
         state, events = console.intent(console.hook_id)
         assert state == IntentState.RESOLVED_NOT_LANDED
         assert events[-1].actor == "ana" and len(events) == len(before[1]) + 1
+        detail = json.loads(events[-1].detail or "{}")
+        assert detail["operator"] == "ana" and detail["identified_by"] == "typed-name"
         again = c.post(target, data={**form, "csrf": csrf})
         assert again.status_code == 409 and "RESOLVED_NOT_LANDED" in again.text
         assert len(console.intent(console.hook_id)[1]) == len(events)
@@ -463,7 +496,9 @@ def test_without_a_token_one_is_generated_printed_and_required(store_url: str) -
             assert c.get(f"/?token={token}", follow_redirects=True).status_code == 200
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=10)
+    # One shared token: the operator is told that names are only typed, and how to do better.
+    assert "typed" in err and "poimen operators add NAME --file FILE" in err
 
 
 # Hostile requests, sessions, hosts, TLS.
@@ -626,3 +661,241 @@ def test_hosts_are_checked_and_no_redirect_carries_the_token(store_url: str) -> 
             assert not slash.headers.get("location", "/").startswith(("http", "//"))
             sneaky = c.get(f"//evil.example/?token={TOKEN}")
             assert not sneaky.headers.get("location", "/").startswith(("http", "//"))
+
+
+# Operator identity: each operator's own token, or the name a trusted proxy gives.
+
+
+@dataclass
+class Team:
+    console: Console
+    file: Path
+    tokens: dict[str, str]
+
+    @contextlib.contextmanager
+    def login(self, name: str) -> Iterator[httpx.Client]:
+        with self.console.client() as c:
+            r = c.post("/login", data={"token": self.tokens[name]})
+            assert r.status_code == 303, r.text[:300]
+            yield c
+
+
+@pytest.fixture
+def team(tmp_path: Path, scene: Scene) -> Iterator[Team]:
+    """`poimen console --operators FILE` with operators ann and bob, over the scene."""
+    path = tmp_path / "operators"
+    tokens = {
+        name: poimen_json("operators", "add", name, "--file", str(path))["token"]
+        for name in ("ann", "bob")
+    }
+    with scene.serve("--operators", str(path), token=None) as url:
+        yield Team(scene.console(url), path, tokens)
+
+
+def me_of(html: str) -> str | None:
+    m = re.search(r'<span class="me" id="me"[^>]*>([^<]*)</span>', html)
+    return m.group(1) if m else None
+
+
+def decide(c: httpx.Client, intent_id: str, action: str, **form: str) -> httpx.Response:
+    csrf = csrf_of(c.get(f"/intents/{intent_id}").text)
+    data = {"reason": "checked", "step": "confirm", "csrf": csrf, **form}
+    return c.post(f"/intents/{intent_id}/{action}", data=data)
+
+
+def last_event(db: str, intent_id: str) -> tuple[str, str, dict[str, Any]]:
+    ev = poimen_json("show", intent_id, db=db)["events"][-1]
+    return ev["kind"], ev["actor"], ev["detail"]
+
+
+def test_each_operator_decides_as_themselves_with_their_own_token(team: Team) -> None:
+    c, ann, bob = team.console, team.tokens["ann"], team.tokens["bob"]
+    with c.client() as anon:
+        page = anon.get("/")
+        assert page.status_code == 401 and "your own operator token" in page.text
+        for bad in (TOKEN, "ann.wrong", ann + "x", ann.replace("ann.", "bob."), ann[:-1], ""):
+            assert anon.get("/", params={"token": bad}).status_code == 401, bad
+            assert anon.post("/login", data={"token": bad}).status_code == 401, bad
+            if bad:  # an empty one is no header at all
+                assert anon.get("/", headers={"Authorization": f"Bearer {bad}"}).status_code == 401
+        bearer = anon.get("/", headers={"Authorization": f"Bearer {ann}"})
+        assert bearer.status_code == 200 and me_of(bearer.text) == "ann"
+
+    with team.login("ann") as a, team.login("bob") as b:
+        page = a.get(f"/intents/{c.hook_id}")
+        assert me_of(page.text) == "ann"
+        assert (
+            'name="operator"' not in page.text and "Recorded as <strong>ann</strong>" in page.text
+        )
+        # A name slipped into the form changes nothing: the session says who decides.
+        review = decide(
+            a, c.hook_id, "resolve", decision="not_landed", step="review", operator="mallory"
+        )
+        assert review.status_code == 200 and "mallory" not in review.text
+        assert (
+            decide(a, c.hook_id, "resolve", decision="not_landed", operator="mallory").status_code
+            == 303
+        )
+        assert decide(b, c.email_id, "resolve", decision="landed").status_code == 303
+        assert decide(b, c.stuck_id, "abandon").status_code == 303
+
+        for intent_id, kind, name in (
+            (c.hook_id, "resolved", "ann"),
+            (c.email_id, "resolved", "bob"),
+            (c.stuck_id, "abandoned", "bob"),
+        ):
+            got_kind, actor, detail = last_event(c.db, intent_id)
+            assert (got_kind, actor, detail["operator"]) == (kind, name, name)
+            assert detail["identified_by"] == "operator-token"
+        events = b.get(f"/intents/{c.hook_id}").text
+        assert "ann (own token)" in events and "mallory" not in events
+
+        # bob is removed: his session ends at its next request, his token at its next login.
+        assert poimen("operators", "remove", "bob", "--file", str(team.file)).returncode == 0
+        gone = b.get("/")
+        assert gone.status_code == 401 and "Access token required" in gone.text
+        assert b.post("/login", data={"token": bob}).status_code == 401
+        assert a.get("/").status_code == 200  # ann stays
+        # Added again, bob has a new token; the old one stays dead.
+        again = poimen_json("operators", "add", "bob", "--file", str(team.file))["token"]
+        assert b.post("/login", data={"token": bob}).status_code == 401
+        assert b.post("/login", data={"token": again}).status_code == 303
+        assert me_of(b.get("/").text) == "bob"
+
+
+@pytest.mark.browser
+def test_two_operators_resolve_in_the_browser_each_as_themselves(
+    team: Team, browser: Any, shot: Shot
+) -> None:
+    c = team.console
+    pages = {}
+    for name in ("ann", "bob"):
+        page = browser.new_context().new_page()  # a browser each: their own cookies
+        page.goto(c.url + "/")
+        assert page.locator("h1").inner_text() == "Access token required"
+        page.fill("#token", team.tokens[name])
+        click_and_load(page, "form.stack button")
+        assert page.locator("#me").inner_text() == name
+        pages[name] = page
+    shot(pages["ann"], "operator-overview")
+
+    for name, intent_id, decision in (
+        ("ann", c.hook_id, "#decision-not-landed"),
+        ("bob", c.email_id, "#decision-landed"),
+    ):
+        page = pages[name]
+        page.goto(f"{c.url}/intents/{intent_id}")
+        assert page.locator("#operator").count() == 0  # nothing to type: the login says who
+        assert page.locator("#deciding-as").inner_text() == f"Recorded as {name}."
+        page.check(decision)
+        page.fill("#reason", f"{name} checked the provider")
+        click_and_load(page, "#review")
+        assert page.locator("#confirm-operator").inner_text() == name
+        shot(page, f"operator-confirm-{name}")
+        click_and_load(page, "#confirm")
+        assert "RESOLVED" in page.locator("#state").inner_text()
+        assert f"{name} (own token)" in page.locator("#events").inner_text()
+
+    # Each sees who decided which.
+    pages["ann"].goto(f"{c.url}/intents/{c.email_id}")
+    assert "bob (own token)" in pages["ann"].locator("#events tr.event-resolved").inner_text()
+    pages["bob"].goto(f"{c.url}/intents/{c.hook_id}")
+    assert "ann (own token)" in pages["bob"].locator("#events tr.event-resolved").inner_text()
+    shot(pages["bob"], "operator-who-resolved")
+    assert last_event(c.db, c.hook_id)[1] == "ann" and last_event(c.db, c.email_id)[1] == "bob"
+
+    assert poimen("operators", "remove", "bob", "--file", str(team.file)).returncode == 0
+    pages["bob"].reload()
+    assert pages["bob"].locator("h1").inner_text() == "Access token required"
+    pages["ann"].reload()
+    assert pages["ann"].locator("#me").inner_text() == "ann"
+    for page in pages.values():
+        page.context.close()
+
+
+USER = "X-Forwarded-User"
+
+
+def test_a_trusted_proxy_header_names_the_operator(scene: Scene) -> None:
+    with scene.serve("--trust-proxy", "--trust-user-header", USER, token=None) as url:
+        c = scene.console(url)
+        with c.client() as anon:
+            page = anon.get("/")
+            assert page.status_code == 401 and "Not identified" in page.text and USER in page.text
+            assert 'name="token"' not in page.text
+            assert anon.get("/", params={"token": TOKEN}).status_code == 401
+            assert anon.post("/login", data={"token": TOKEN}).status_code == 401
+            two = anon.get("/", headers=[(USER, "carol"), (USER, "dave")])
+            assert two.status_code == 401  # two names: none believed
+            assert anon.get("/", headers={USER: "x" * 201}).status_code == 401  # not a name
+
+        with c.client(headers={USER: "carol"}) as carol:
+            page = carol.get(f"/intents/{c.hook_id}")
+            assert page.status_code == 200 and me_of(page.text) == "carol"
+            assert 'name="operator"' not in page.text
+            r = decide(carol, c.hook_id, "resolve", decision="not_landed", operator="mallory")
+            assert r.status_code == 303
+            assert last_event(c.db, c.hook_id)[:2] == ("resolved", "carol")
+            assert last_event(c.db, c.hook_id)[2]["identified_by"] == "proxy-header"
+            csrf = csrf_of(carol.get(f"/intents/{c.email_id}").text)
+            cookies = dict(carol.cookies)
+
+        # carol's session is carol's: the same cookie under another name is not let in as her.
+        with c.client(headers={USER: "dave"}, cookies=cookies) as dave:
+            target = f"/intents/{c.email_id}/resolve"
+            data = {"decision": "landed", "reason": "x", "step": "confirm", "csrf": csrf}
+            assert dave.post(target, data=data).status_code == 403
+            assert me_of(dave.get("/").text) == "dave"
+        assert c.intent(c.email_id)[0] == IntentState.INDETERMINATE
+        # A proxy sends a name as UTF-8 bytes.
+        with c.client(headers={USER: "jürgen".encode()}) as jurgen:
+            assert me_of(jurgen.get("/").text) == "jürgen"
+
+
+def test_a_user_header_is_refused_where_anyone_could_send_it(
+    tmp_path: Path, store_url: str
+) -> None:
+    assert poimen("migrate", db=store_url).returncode == 0
+    ops = tmp_path / "operators"
+    poimen("operators", "add", "ann", "--file", str(ops))
+    header = ["--trust-user-header", USER]
+    refused = {
+        "needs --trust-proxy": [*header],
+        "--proxy-is-the-only-way-in": ["--trust-proxy", *header, "--host", "0.0.0.0"],
+        "do not go together": ["--operators", str(ops), "--trust-proxy", *header],
+        "does not go with": ["--operators", str(ops), "--token", TOKEN],
+        "no operators file": ["--operators", str(tmp_path / "nope")],
+        "not a header name": ["--trust-proxy", "--trust-user-header", "X User"],
+    }
+    for words, args in refused.items():
+        r = poimen("console", "--port", "0", *args, db=store_url)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert words in r.stderr and r.stderr.count("\n") == 1, (words, r.stderr)
+        assert "listening" not in r.stdout
+    env_token = poimen(
+        "console",
+        "--port",
+        "0",
+        "--operators",
+        str(ops),
+        db=store_url,
+        POIMEN_CONSOLE_TOKEN=TOKEN,
+    )
+    assert env_token.returncode == 2 and "POIMEN_CONSOLE_TOKEN" in env_token.stderr
+
+    # Told that only the proxy can reach it, the console listens beyond this machine.
+    with (
+        serve_console(
+            store_url,
+            "--host",
+            "0.0.0.0",
+            "--trust-proxy",
+            *header,
+            "--proxy-is-the-only-way-in",
+            token=None,
+        ) as url,
+        httpx.Client(base_url=url, timeout=10) as c,
+    ):
+        assert c.get("/").status_code == 401
+        r = c.get("/", headers={USER: "carol"})
+        assert r.status_code == 200 and me_of(r.text) == "carol"

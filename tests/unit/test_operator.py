@@ -7,9 +7,22 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+import re
+import stat
+import threading
+from pathlib import Path
 
 import pytest
 
+from poimen import _operator as op
+from poimen._identity import (
+    Operators,
+    add_operator,
+    operator_names,
+    read_operators,
+    remove_operator,
+    verify_token,
+)
 from poimen._notify import sign, verify_signature
 from poimen._operator import (
     REDACTED,
@@ -23,6 +36,9 @@ from poimen._operator import (
     redact_urls,
     safe_json,
 )
+from poimen.errors import DuplicateOperatorError, OperatorsFileError, UnknownOperatorError
+from poimen.store import open_store
+from tests.contract.test_store_contract import dispatch, note
 
 
 @pytest.mark.parametrize(
@@ -162,3 +178,147 @@ def test_urls_are_shown_with_scheme_and_host_only(url: str, shown: str) -> None:
     assert out == f"webhook {shown} unreachable: connection refused ({shown})"
     for secret in ("XyZsecret", "abc123", "pw@"):
         assert secret not in out
+
+
+# Operator identity: the operators file and what a decision records.
+
+TOKEN_LINE = re.compile(r"^([^:]+):scrypt\$n=16384,r=8,p=1\$([0-9a-f]{32})\$([0-9a-f]{64})$")
+
+
+def test_operator_tokens_are_stored_only_as_salted_scrypt_hashes(tmp_path: Path) -> None:
+    path = tmp_path / "operators"
+    ann, bob = add_operator(path, "ann"), add_operator(path, "bob")
+    text = path.read_text()
+    lines = text.splitlines()
+    assert len(lines) == 2
+    matched = [TOKEN_LINE.match(line) for line in lines]
+    assert all(matched) and [m.group(1) for m in matched if m] == ["ann", "bob"]
+    salts = {m.group(2) for m in matched if m}
+    assert len(salts) == 2  # a salt per line: equal tokens would still hash apart
+    for token in (ann, bob):
+        secret = token.rpartition(".")[2]
+        assert len(secret) >= 40 and token not in text and secret not in text
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    stored = read_operators(path)
+    assert verify_token(ann, stored["ann"]) and not verify_token(bob, stored["ann"])
+    assert not verify_token(ann + "x", stored["ann"]) and not verify_token("", stored["ann"])
+    # The hash is the one documented: anyone can check a line with the stdlib alone.
+    m = matched[0]
+    assert m is not None
+    digest = hashlib.scrypt(
+        ann.encode(), salt=bytes.fromhex(m.group(2)), n=16384, r=8, p=1, dklen=32
+    )
+    assert digest.hex() == m.group(3)
+
+
+def test_operators_are_added_once_listed_by_name_and_removed(tmp_path: Path) -> None:
+    path = tmp_path / "ops" / "operators"
+    with pytest.raises(OperatorsFileError, match="no operators file"):
+        operator_names(path)
+    path.parent.mkdir()
+    add_operator(path, "ann")
+    with pytest.raises(DuplicateOperatorError, match="ann"):
+        add_operator(path, "ann")
+    for bad in ("", "a:b", "a b", "x" * 65, "ann\n", "-ann", "é"):
+        with pytest.raises(OperatorInputError, match="name"):
+            add_operator(path, bad)
+    add_operator(path, "bob.smith@ops")
+    assert operator_names(path) == ["ann", "bob.smith@ops"]
+    with pytest.raises(UnknownOperatorError, match="carl"):
+        remove_operator(path, "carl")
+    remove_operator(path, "ann")
+    assert operator_names(path) == ["bob.smith@ops"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_malformed_operators_file_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "operators"
+    add_operator(path, "ann")
+    good = path.read_text()
+    for bad in (
+        "bob:plaintext-token\n",
+        "bob:scrypt$n=16384,r=8,p=1$zz$00\n",
+        "bob\n",
+        "bob:scrypt$n=99999999999,r=8,p=1$" + "00" * 16 + "$" + "00" * 32 + "\n",
+    ):
+        path.write_text(good + "# a comment\n\n" + bad)
+        with pytest.raises(OperatorsFileError) as info:
+            read_operators(path)
+        assert info.value.data["line"] == 4, bad
+    path.write_text(good + good)
+    with pytest.raises(OperatorsFileError, match="twice"):
+        read_operators(path)
+
+
+def test_a_login_names_its_operator_and_ends_when_the_operator_is_removed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "operators"
+    ann, bob = add_operator(path, "ann"), add_operator(path, "bob")
+    ops = Operators(path)
+    a, b = ops.login(ann), ops.login(bob)
+    assert a is not None and b is not None and (a.name, b.name) == ("ann", "bob")
+    assert ops.login("ann." + "x" * 43) is None and ops.login("nobody.x") is None
+    assert ops.login(bob.replace("bob.", "ann.")) is None  # a token is its operator's alone
+    assert ops.holds(a) and ops.holds(b)
+    remove_operator(path, "ann")
+    assert not ops.holds(a) and ops.holds(b) and ops.login(ann) is None
+    # Added again: a new token, and the old login does not come back with the name.
+    ann2 = add_operator(path, "ann")
+    assert not ops.holds(a) and ops.login(ann) is None
+    a2 = ops.login(ann2)
+    assert a2 is not None and a2.name == "ann" and ops.holds(a2)
+    path.unlink()  # gone: nobody gets in, nobody stays in
+    assert not ops.holds(a2) and ops.login(bob) is None
+
+
+def test_a_decision_records_who_made_it_and_how_poimen_knows(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'intents.db'}")
+    try:
+        ids = [dispatch(store, f"run/{n}", effect="unsafe") for n in range(3)]
+        for iid in ids[:2]:
+            assert store.mark_indeterminate(iid, 1, "unsafe_unknown_outcome", note(iid), 1.0)
+        op.resolve(
+            store,
+            ids[0],
+            landed=False,
+            operator=op.Identity("ann", via="cli", os_user="ops1"),
+            reason="checked",
+        )
+        op.resolve(store, ids[1], landed=True, operator=" bo ", reason="seen")
+        op.abandon(store, ids[2], operator=op.Identity("carl", via="proxy-header"), reason="gone")
+        details = [json.loads(store.events(i)[-1].detail or "{}") for i in ids]
+        actors = [store.events(i)[-1].actor for i in ids]
+    finally:
+        store.close()
+    assert actors == ["ann", "bo", "carl"]
+    assert details[0]["operator"] == "ann" and details[0]["os_user"] == "ops1"
+    assert details[0]["identified_by"] == "cli" and details[0]["reason"] == "checked"
+    assert "identified_by" not in details[1] and details[1]["operator"] == "bo"
+    assert details[2]["identified_by"] == "proxy-header" and "os_user" not in details[2]
+    with pytest.raises(OperatorInputError, match="operator"):
+        op.Identity(" ", via="cli")
+    with pytest.raises(OperatorInputError, match="via"):
+        op.Identity("ann", via="guess")
+
+
+def test_operators_added_at_once_are_all_kept_and_a_name_only_once(tmp_path: Path) -> None:
+    path = tmp_path / "operators"
+    gate = threading.Barrier(6)
+    got: list[str] = []
+
+    def add(name: str) -> None:
+        gate.wait()
+        try:
+            add_operator(path, name)
+            got.append(f"added {name}")
+        except DuplicateOperatorError:
+            got.append("refused")
+
+    threads = [threading.Thread(target=add, args=(n,)) for n in ("a1", "a2", "a3", *["dup"] * 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == ["added a1", "added a2", "added a3", "added dup", "refused", "refused"]
+    assert sorted(operator_names(path)) == ["a1", "a2", "a3", "dup"]

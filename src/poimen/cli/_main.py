@@ -23,12 +23,16 @@ from poimen import _operator as op
 from poimen._kernel import Kernel
 from poimen.cli import _render as render
 from poimen.errors import (
+    ConsoleConfigError,
+    DuplicateOperatorError,
     IntentNotFoundError,
     NotAwaitingApprovalError,
     NotDispatchedError,
     NotIndeterminateError,
+    OperatorsFileError,
     PoimenError,
     StoreError,
+    UnknownOperatorError,
 )
 from poimen.store import Store, open_store
 
@@ -153,34 +157,49 @@ def cmd_show(ns: argparse.Namespace, store: Store) -> int:
     return OK
 
 
+def _decider(ns: argparse.Namespace, what: str) -> op.Identity:
+    """Who decides on the command line: --operator, else POIMEN_OPERATOR; the operating
+    system's account that runs the command goes with it."""
+    name = ns.operator if ns.operator is not None else os.environ.get("POIMEN_OPERATOR")
+    if name is None or not name.strip():
+        raise CliError(
+            f"{what} needs the operator's name: --operator NAME or POIMEN_OPERATOR", code=USAGE
+        )
+    return op.Identity(name.strip(), via="cli", os_user=op.os_user())
+
+
+def _by(who: op.Identity, reason: str) -> str:
+    account = f" (os user {op.escape_text(who.os_user)})" if who.os_user else ""
+    return f"by {op.escape_text(who.name)}{account} ({op.escape_text(reason.strip())})"
+
+
 def cmd_resolve(ns: argparse.Namespace, store: Store) -> int:
     if ns.result is not None and not ns.landed:
         raise CliError("--result goes only with --landed", code=USAGE)
     result = None if ns.result is None else op.parse_result(ns.result)
+    who = _decider(ns, "resolve")
     intent = op.find(store, ns.intent)
     done = op.resolve(
-        store, intent.id, landed=ns.landed, result=result, operator=ns.operator, reason=ns.reason
+        store, intent.id, landed=ns.landed, result=result, operator=who, reason=ns.reason
     )
     _emit(
         ns,
         op.intent_summary(done),
-        lambda: (
-            f"resolved {done.id}: {intent.state} -> {done.state} by "
-            f"{op.escape_text(ns.operator.strip())} ({op.escape_text(ns.reason.strip())})"
-        ),
+        lambda: f"resolved {done.id}: {intent.state} -> {done.state} {_by(who, ns.reason)}",
     )
     return OK
 
 
 def cmd_abandon(ns: argparse.Namespace, store: Store) -> int:
+    who = _decider(ns, "abandon")
     intent = op.find(store, ns.intent)
-    done = op.abandon(store, intent.id, operator=ns.operator, reason=ns.reason)
+    done = op.abandon(store, intent.id, operator=who, reason=ns.reason)
     _emit(
         ns,
         op.intent_summary(done),
         lambda: (
-            f"abandoned {done.id}: {intent.state} -> {done.state} ({done.reason}) by "
-            f"{op.escape_text(ns.operator.strip())} ({op.escape_text(ns.reason.strip())}); "
+            f"abandoned {done.id}: {intent.state} -> {done.state} ({done.reason}) "
+            f"{_by(who, ns.reason)}; "
             f"now resolve it: poimen resolve {done.id} --landed|--not-landed"
         ),
     )
@@ -188,18 +207,16 @@ def cmd_abandon(ns: argparse.Namespace, store: Store) -> int:
 
 
 def cmd_approve(ns: argparse.Namespace, store: Store) -> int:
-    intent = op.find(store, ns.intent)
     approve = ns.cmd == "approve"
-    done = op.decide_approval(
-        store, intent.id, approve=approve, operator=ns.operator, reason=ns.reason
-    )
+    who = _decider(ns, ns.cmd)
+    intent = op.find(store, ns.intent)
+    done = op.decide_approval(store, intent.id, approve=approve, operator=who, reason=ns.reason)
     _emit(
         ns,
         op.intent_summary(done),
         lambda: (
             f"{'approved' if approve else 'rejected'} {done.id}: {intent.state} -> "
-            f"{done.state} by {op.escape_text(ns.operator.strip())} "
-            f"({op.escape_text(ns.reason.strip())})"
+            f"{done.state} {_by(who, ns.reason)}"
             + ("; it is dispatched once by the next kernel that resumes it" if approve else "")
         ),
     )
@@ -280,9 +297,40 @@ def cmd_migrate(ns: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_operators(ns: argparse.Namespace) -> int:
+    from poimen import _identity
+
+    if ns.action == "add":
+        token = _identity.add_operator(ns.file, ns.name)
+        _emit(
+            ns,
+            {"name": ns.name, "token": token, "file": ns.file},
+            lambda: (
+                f"added operator {ns.name} to {ns.file}\n"
+                f"token (shown this once; give it to {ns.name} only): {token}\n"
+                f"serve it with: poimen console --operators {ns.file}"
+            ),
+        )
+    elif ns.action == "remove":
+        _identity.remove_operator(ns.file, ns.name)
+        _emit(
+            ns,
+            {"removed": ns.name, "file": ns.file},
+            lambda: (
+                f"removed operator {ns.name} from {ns.file}: their token no longer logs in, "
+                "and their console sessions end at their next request"
+            ),
+        )
+    else:
+        names = _identity.operator_names(ns.file)
+        _emit(ns, names, lambda: "\n".join(names) if names else f"no operators in {ns.file}")
+        return OK if names else NOT_FOUND
+    return OK
+
+
 def cmd_console(ns: argparse.Namespace) -> int:
     try:
-        from poimen.console import ConsoleOptions, listen, serve
+        from poimen.console import ConsoleOptions, check_setup, listen, serve
     except ImportError as exc:
         raise CliError(
             f"the console needs its extra: pip install 'poimen[console]' ({exc})", code=USAGE
@@ -290,6 +338,12 @@ def cmd_console(ns: argparse.Namespace) -> int:
     token = ns.token or os.environ.get("POIMEN_CONSOLE_TOKEN") or None
     if token is not None and len(token) < 16:
         raise CliError("the console token must be at least 16 characters", code=USAGE)
+    if token is not None and not ns.token and (ns.operators or ns.trust_user_header):
+        raise CliError(
+            "POIMEN_CONSOLE_TOKEN is set: a shared token does not go with --operators or "
+            "--trust-user-header; unset it",
+            code=USAGE,
+        )
     if bool(ns.tls_cert) != bool(ns.tls_key):
         raise CliError("--tls-cert and --tls-key go together", code=USAGE)
     checks: dict[str, str] = {}
@@ -312,7 +366,11 @@ def cmd_console(ns: argparse.Namespace) -> int:
         trust_proxy=ns.trust_proxy,
         allowed_hosts=tuple(ns.allowed_host or ()),
         checks=checks,
+        operators_file=ns.operators,
+        user_header=ns.trust_user_header,
+        proxy_is_the_only_way_in=ns.proxy_is_the_only_way_in,
     )
+    check_setup(ns.host, token, options)
     try:
         sock = listen(ns.host, ns.port)
     except OSError as exc:
@@ -333,6 +391,11 @@ def cmd_console(ns: argparse.Namespace) -> int:
 
 
 # The parser.
+
+_OPERATOR_HELP = (
+    "who decides (or POIMEN_OPERATOR); the operating system's account running the command "
+    "is recorded with it"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -386,7 +449,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--landed", action="store_true", help="the effect happened")
     g.add_argument("--not-landed", action="store_true", help="the effect did not happen")
     s.add_argument("--result", help="JSON result of a landed call (optional)")
-    s.add_argument("--operator", required=True, help="who decides")
+    s.add_argument("--operator", help=_OPERATOR_HELP)
     s.add_argument("--reason", required=True, help="why: what you checked")
 
     s = sub.add_parser(
@@ -395,7 +458,7 @@ def _parser() -> argparse.ArgumentParser:
         help="give up on a DISPATCHED intent whose worker is gone: it becomes INDETERMINATE",
     )
     s.add_argument("intent", help="intent id or call id")
-    s.add_argument("--operator", required=True, help="who decides")
+    s.add_argument("--operator", help=_OPERATOR_HELP)
     s.add_argument("--reason", required=True, help="why: how you know the worker is gone")
 
     for name, what in (
@@ -404,7 +467,7 @@ def _parser() -> argparse.ArgumentParser:
     ):
         s = sub.add_parser(name, parents=[common], help=what)
         s.add_argument("intent", help="intent id or call id")
-        s.add_argument("--operator", required=True, help="who decides")
+        s.add_argument("--operator", help=_OPERATOR_HELP)
         s.add_argument("--reason", required=True, help="why")
 
     s = sub.add_parser("audit", parents=[common], help="capability and sandbox denials")
@@ -452,6 +515,41 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     s.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    s.add_argument(
+        "--operators",
+        metavar="FILE",
+        help="each operator logs in with their own token (poimen operators add NAME --file "
+        "FILE), and decisions carry their name",
+    )
+    s.add_argument(
+        "--trust-user-header",
+        metavar="HEADER",
+        help="take the operator's name from this header set by the authenticating proxy "
+        "(e.g. X-Forwarded-User); needs --trust-proxy",
+    )
+    s.add_argument(
+        "--proxy-is-the-only-way-in",
+        action="store_true",
+        help="allow --trust-user-header on an address beyond this machine: only when nothing "
+        "but the proxy can reach the console, since anyone who can sends the header",
+    )
+
+    s = sub.add_parser("operators", help="the console's operators file: add, remove, list")
+    ops = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    json_only = argparse.ArgumentParser(add_help=False)
+    json_only.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    json_only.add_argument("--file", required=True, help="the operators file")
+    o = ops.add_parser(
+        "add", parents=[json_only], help="add an operator and print their new token, once"
+    )
+    o.add_argument("name", help="letters, digits and ._@- (at most 64)")
+    o = ops.add_parser(
+        "remove", parents=[json_only], help="remove an operator: their sessions end too"
+    )
+    o.add_argument("name")
+    ops.add_parser("list", parents=[json_only], help="the operators' names")
     return p
 
 
@@ -498,10 +596,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_recover(ns)
         if ns.cmd == "migrate":
             return cmd_migrate(ns)
+        if ns.cmd == "operators":
+            return cmd_operators(ns)
         return cmd_console(ns)
     except CliError as exc:
         return _fail(ns, exc.code, exc, "")
-    except op.OperatorInputError as exc:
+    except (op.OperatorInputError, ConsoleConfigError) as exc:
+        return _fail(ns, USAGE, exc, "")
+    except (DuplicateOperatorError, UnknownOperatorError) as exc:
+        return _fail(ns, NOT_FOUND, exc, "refused: ")
+    except OperatorsFileError as exc:
         return _fail(ns, USAGE, exc, "")
     except IntentNotFoundError as exc:
         return _fail(ns, NOT_FOUND, exc, "")

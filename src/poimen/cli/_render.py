@@ -149,7 +149,7 @@ def detail_text(d: IntentDetail) -> str:
                         fmt_time(e.at),
                         e.kind,
                         f"{e.from_state or '-'} -> {e.to_state or '-'}" if e.to_state else "-",
-                        e.actor,
+                        d.actor(e),
                         safe_json(d.event_detail(e)),
                     )
                     for e in d.events

@@ -2,16 +2,21 @@
 
 Access: a token, given once (``?token=`` on any page, the login form, or an
 ``Authorization: Bearer`` header), opens a session: a random id in an HttpOnly,
-SameSite=Strict cookie (Secure over HTTPS), kept server-side with its expiry and its own
-CSRF token, and ended server-side by logging out. State changes (resolve, abandon, logout)
-are POSTs that must carry the session's CSRF token and, if the browser sends an Origin,
-come from this console's own origin. Requests naming another host than the console's are
+SameSite=Strict cookie (Secure over HTTPS), kept server-side with its expiry, its own
+CSRF token and who it belongs to, and ended server-side by logging out. The token is an
+operator's own (``--operators``: the session carries their name, and ends at the next
+request once their line leaves the file) or one shared token (the name is typed into each
+decision). Behind an authenticating proxy (``--trust-user-header``) the proxy's header
+names the operator instead, and each name gets its own session. State changes (resolve,
+abandon, logout) are POSTs that must carry the session's CSRF token and, if the browser
+sends an Origin, come from this console's own origin. Requests naming another host than the console's are
 refused before routing. Anything else is refused before a store method is called.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -34,8 +39,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from poimen import _operator as op
+from poimen._identity import Login, Operators
 from poimen._intents import Intent, IntentState
-from poimen.errors import IntentNotFoundError, NotDispatchedError, NotIndeterminateError
+from poimen.errors import (
+    ConsoleConfigError,
+    IntentNotFoundError,
+    NotDispatchedError,
+    NotIndeterminateError,
+)
 from poimen.store._base import Store
 
 T = TypeVar("T")
@@ -59,15 +70,64 @@ _HEADERS = {
 class ConsoleOptions:
     """How the console runs: `session_ttl` seconds a login lasts; `trust_proxy` believes
     X-Forwarded-Proto/-For; `allowed_hosts` are host names it answers to besides localhost;
-    `checks` maps a tool id to what an operator should check before resolving its calls."""
+    `checks` maps a tool id to what an operator should check before resolving its calls.
+
+    Who decides: `operators_file` gives each operator a token of their own; `user_header`
+    (with `trust_proxy`) takes the operator's name from that header of the proxy, which on
+    an address beyond this machine also needs `proxy_is_the_only_way_in`. With neither,
+    one shared token opens the console and each decision carries a typed name."""
 
     session_ttl: float = 12 * 3600.0
     trust_proxy: bool = False
     allowed_hosts: tuple[str, ...] = ()
     checks: Mapping[str, str] = field(default_factory=dict)
+    operators_file: str | None = None
+    user_header: str | None = None
+    proxy_is_the_only_way_in: bool = False
 
     def with_hosts(self, *hosts: str) -> ConsoleOptions:
         return replace(self, allowed_hosts=(*self.allowed_hosts, *hosts))
+
+
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}")
+
+
+def check_modes(token: str | None, options: ConsoleOptions) -> None:
+    """Refuse a mix of ways to know the operator that would leave it unclear who decides."""
+    if options.operators_file and options.user_header:
+        raise ConsoleConfigError(
+            "--operators and --trust-user-header do not go together: pick one way to know "
+            "the operator"
+        )
+    if token is not None and (options.operators_file or options.user_header):
+        raise ConsoleConfigError(
+            "a shared --token does not go with --operators or --trust-user-header: each "
+            "operator is known by their own token or by the proxy"
+        )
+    if options.user_header is not None:
+        if not _HEADER_NAME.fullmatch(options.user_header):
+            raise ConsoleConfigError(
+                f"--trust-user-header {options.user_header[:100]!r} is not a header name",
+                header=options.user_header[:100],
+            )
+        if not options.trust_proxy:
+            raise ConsoleConfigError(
+                "--trust-user-header needs --trust-proxy: the console believes a proxy's "
+                "headers only when told it sits behind one"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    """Whom a session or a request speaks for: `name` None means the shared token, whose
+    decisions carry a typed name; `login` is the operators-file line it was opened with."""
+
+    name: str | None
+    via: str
+    login: Login | None = None
+
+
+SHARED = Who(None, "typed-name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +135,16 @@ class Session:
     id: str
     csrf: str
     expires_at: float
+    who: Who = SHARED
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who is looking at a page: a session, or (no session) a Bearer request, which can
+    read but not change anything."""
+
+    who: Who
+    session: Session | None
 
 
 class Sessions:
@@ -86,8 +156,10 @@ class Sessions:
         self._by_id: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def open(self) -> Session:
-        s = Session(secrets.token_urlsafe(32), secrets.token_hex(32), time.monotonic() + self.ttl)
+    def open(self, who: Who = SHARED) -> Session:
+        s = Session(
+            secrets.token_urlsafe(32), secrets.token_hex(32), time.monotonic() + self.ttl, who
+        )
         with self._lock:
             self._purge()
             if len(self._by_id) >= MAX_SESSIONS:  # the oldest goes first
@@ -144,11 +216,15 @@ def _env() -> jinja2.Environment:
 
 
 class Console:
-    """Holds the store, the access token, the sessions and the options."""
+    """Holds the store, how operators are known, the sessions and the options."""
 
-    def __init__(self, store: Store, token: str, options: ConsoleOptions) -> None:
-        if len(token) < 16:
-            raise ValueError("the console token must be at least 16 characters")
+    def __init__(self, store: Store, token: str | None, options: ConsoleOptions) -> None:
+        check_modes(token, options)
+        self.operators = Operators(options.operators_file) if options.operators_file else None
+        self.header = options.user_header
+        shared = self.operators is None and self.header is None
+        if shared and (token is None or len(token) < 16):
+            raise ConsoleConfigError("the console token must be at least 16 characters")
         self.store = store
         self.options = options
         self._token = token
@@ -157,32 +233,83 @@ class Console:
 
     # Authentication.
 
-    def token_ok(self, candidate: str | None) -> bool:
-        return candidate is not None and _same(candidate, self._token)
+    async def token_login(self, candidate: Any) -> Who | None:
+        """Whom this token opens the console for, or None."""
+        if not isinstance(candidate, str) or self.header is not None:
+            return None
+        if self.operators is not None:
+            login = await _io(self.operators.login, candidate)  # scrypt: off the loop
+            return None if login is None else Who(login.name, "operator-token", login)
+        assert self._token is not None
+        return SHARED if _same(candidate, self._token) else None
+
+    def header_user(self, request: Request) -> str | None:
+        """The operator the trusted proxy names: one header, a printable name."""
+        if self.header is None:
+            return None
+        values = request.headers.getlist(self.header)
+        if len(values) != 1:
+            return None
+        try:  # the server decodes header bytes as Latin-1; proxies send names as UTF-8
+            name = values[0].encode("latin-1").decode("utf-8").strip()
+        except UnicodeError:
+            name = values[0].strip()
+        ok = 0 < len(name) <= op.MAX_OPERATOR and name.isprintable()
+        return name if ok else None
 
     def session(self, request: Request) -> Session | None:
-        return self.sessions.get(request.cookies.get(COOKIE))
+        """This request's session, if it still speaks for someone: an operator still in the
+        file with the same token, or the user the proxy names on this very request."""
+        s = self.sessions.get(request.cookies.get(COOKIE))
+        if s is None:
+            return None
+        if self.operators is not None and (
+            s.who.login is None or not self.operators.holds(s.who.login)
+        ):
+            self.sessions.close(s.id)
+            return None
+        if self.header is not None and s.who.name != self.header_user(request):
+            return None
+        return s
 
-    def authenticated(self, request: Request) -> bool:
-        if self.session(request) is not None:
-            return True
+    async def identify(self, request: Request) -> Viewer | None:
+        s = self.session(request)
+        if s is not None:
+            return Viewer(s.who, s)
+        user = self.header_user(request)
+        if user is not None:
+            who = Who(user, "proxy-header")
+            # A page view opens the session its forms will need; a POST without one is
+            # refused by the CSRF check.
+            opened = self.sessions.open(who) if request.method in ("GET", "HEAD") else None
+            request.state.opened = opened
+            return Viewer(who, opened)
         auth = request.headers.get("authorization", "")
-        return auth.startswith("Bearer ") and self.token_ok(auth[len("Bearer ") :])
+        if auth.startswith("Bearer "):
+            bearer = await self.token_login(auth[len("Bearer ") :])
+            if bearer is not None:
+                return Viewer(bearer, None)
+        return None
+
+    def viewer(self, request: Request) -> Viewer | None:
+        """Who the request was let in as (by `guarded`), else its cookie's session."""
+        v = getattr(request.state, "viewer", None)
+        if isinstance(v, Viewer):
+            return v
+        s = self.session(request)
+        return None if s is None else Viewer(s.who, s)
 
     def csrf_ok(self, request: Request, form_value: Any) -> bool:
-        session = self.session(request)
-        if session is None or not isinstance(form_value, str):
+        v = self.viewer(request)
+        if v is None or v.session is None or not isinstance(form_value, str):
             return False
         origin = request.headers.get("origin")
         if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
             return False
-        return _same(form_value, session.csrf)
+        return _same(form_value, v.session.csrf)
 
-    def login_response(self, request: Request, target: str) -> Response:
-        session = self.sessions.open()
-        # Only ever a path of this console: "//host" would send the browser elsewhere.
-        r = RedirectResponse("/" + target.lstrip("/"), status_code=303)
-        r.set_cookie(
+    def set_cookie(self, request: Request, response: Response, session: Session) -> None:
+        response.set_cookie(
             COOKIE,
             session.id,
             max_age=int(self.options.session_ttl),
@@ -191,6 +318,11 @@ class Console:
             secure=request.url.scheme == "https",
             path="/",
         )
+
+    def login_response(self, request: Request, target: str, who: Who) -> Response:
+        # Only ever a path of this console: "//host" would send the browser elsewhere.
+        r = RedirectResponse("/" + target.lstrip("/"), status_code=303)
+        self.set_cookie(request, r, self.sessions.open(who))
         return r
 
     # Rendering.
@@ -205,14 +337,23 @@ class Console:
         **ctx: Any,
     ) -> HTMLResponse:
         # A page for someone without a session must not carry a CSRF token.
-        session = None if anonymous else self.session(request)
+        v = None if anonymous else self.viewer(request)
+        session = v.session if v else None
         html = self.env.get_template(name).render(
-            csrf=session.csrf if session else "", anonymous=anonymous, **ctx
+            csrf=session.csrf if session else "",
+            anonymous=anonymous,
+            me=v.who if v else SHARED,
+            mode="header" if self.header else "operators" if self.operators else "token",
+            header=self.header,
+            **ctx,
         )
         return HTMLResponse(html, status_code=status_code, headers=_HEADERS)
 
+    def login_page(self, request: Request, status_code: int, error: str | None) -> HTMLResponse:
+        return self.page(request, "login.html", status_code, error=error, anonymous=True)
+
     def refuse(self, request: Request, status_code: int, title: str, message: str) -> HTMLResponse:
-        anonymous = not self.authenticated(request)
+        anonymous = self.viewer(request) is None
         return self.page(
             request, "refused.html", status_code, anonymous=anonymous, title=title, message=message
         )
@@ -223,18 +364,28 @@ async def _io(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
     return await run_in_threadpool(fn, *args, **kw)
 
 
-def _decided(form: dict[str, str], errors: dict[str, str]) -> tuple[str, str]:
-    """The operator and reason of a decision form, with an error for each one missing."""
-    operator, reason = form.get("operator", "").strip(), form.get("reason", "").strip()
-    if not operator:
-        errors["operator"] = "the operator's name is required"
+def _decided(
+    form: dict[str, str], errors: dict[str, str], who: Who
+) -> tuple[op.Identity | None, str]:
+    """Who decides and why, with an error for each one missing. A known operator decides
+    as themselves, whatever the form says; under the shared token the name is typed."""
+    reason = form.get("reason", "").strip()
     if not reason:
         errors["reason"] = "a reason is required"
-    return operator, reason
+    if who.name is not None:
+        return op.Identity(who.name, via=who.via), reason
+    typed = form.get("operator", "").strip()
+    if not typed:
+        errors["operator"] = "the operator's name is required"
+        return None, reason
+    return op.Identity(typed, via=who.via), reason
 
 
-def create_app(store: Store, *, token: str, options: ConsoleOptions | None = None) -> ASGIApp:
-    """The console over `store`; `token` is what an operator must present."""
+def create_app(
+    store: Store, *, token: str | None = None, options: ConsoleOptions | None = None
+) -> ASGIApp:
+    """The console over `store`. `token` is the shared token an operator must present,
+    unless `options` names an operators file or a trusted user header instead."""
     options = options or ConsoleOptions()
     c = Console(store, token, options)
     states = [s.value for s in IntentState]
@@ -243,14 +394,21 @@ def create_app(store: Store, *, token: str, options: ConsoleOptions | None = Non
         async def run(request: Request) -> Response:
             given = request.query_params.get("token")
             if given is not None and request.method == "GET":
-                if not c.token_ok(given):
-                    return c.page(request, "login.html", 401, error="wrong token", anonymous=True)
+                who = await c.token_login(given)
+                if who is None:
+                    return c.login_page(request, 401, "wrong token")
                 rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
                 target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
-                return c.login_response(request, target)
-            if not c.authenticated(request):
-                return c.page(request, "login.html", 401, error=None, anonymous=True)
-            return await handler(request)
+                return c.login_response(request, target, who)
+            viewer = await c.identify(request)
+            if viewer is None:
+                return c.login_page(request, 401, None)
+            request.state.viewer = viewer
+            response = await handler(request)
+            opened = getattr(request.state, "opened", None)
+            if isinstance(opened, Session):
+                c.set_cookie(request, response, opened)
+            return response
 
         return run
 
@@ -340,8 +498,10 @@ def create_app(store: Store, *, token: str, options: ConsoleOptions | None = Non
                     result = op.parse_result(raw)
                 except op.OperatorInputError as exc:
                     errors["result"] = str(exc)
-        operator, reason = _decided(form, errors)
-        if errors:
+        viewer = c.viewer(request)
+        assert viewer is not None  # guarded
+        operator, reason = _decided(form, errors, viewer.who)
+        if errors or operator is None:
             return await _intent_page(request, form=form, errors=errors, status_code=400)
         current = await _current(request, form_data)
         if not isinstance(current, Intent):
@@ -388,8 +548,10 @@ def create_app(store: Store, *, token: str, options: ConsoleOptions | None = Non
         if not isinstance(current, Intent):
             return current
         errors: dict[str, str] = {}
-        operator, reason = _decided(form, errors)
-        if errors:
+        viewer = c.viewer(request)
+        assert viewer is not None  # guarded
+        operator, reason = _decided(form, errors, viewer.who)
+        if errors or operator is None:
             return await _intent_page(request, form=form, errors=errors, status_code=400)
         if current.state != IntentState.DISPATCHED:
             return c.refuse(
@@ -424,12 +586,12 @@ def create_app(store: Store, *, token: str, options: ConsoleOptions | None = Non
 
     async def login(request: Request) -> Response:
         if request.method == "GET":
-            return c.page(request, "login.html", error=None, anonymous=True)
+            return c.login_page(request, 200, None)
         form = await request.form()
-        given = form.get("token")
-        if not c.token_ok(given if isinstance(given, str) else None):
-            return c.page(request, "login.html", 401, error="wrong token", anonymous=True)
-        return c.login_response(request, "/")
+        who = await c.token_login(form.get("token"))
+        if who is None:
+            return c.login_page(request, 401, "wrong token")
+        return c.login_response(request, "/", who)
 
     async def logout(request: Request) -> Response:
         form = await request.form()

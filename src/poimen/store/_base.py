@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -130,13 +130,29 @@ class Store(Protocol):
         operator: str,
         reason: str,
         now: float,
+        context: Mapping[str, str] | None = None,
     ) -> Intent: ...
-    def abandon(self, intent_id: str, *, operator: str, reason: str, now: float) -> Intent: ...
+    def abandon(
+        self,
+        intent_id: str,
+        *,
+        operator: str,
+        reason: str,
+        now: float,
+        context: Mapping[str, str] | None = None,
+    ) -> Intent: ...
     def record_awaiting(
         self, d: NewDispatch, note: NewNotification, expires_at: float | None
     ) -> tuple[Intent, bool]: ...
     def decide_approval(
-        self, intent_id: str, *, approve: bool, operator: str, reason: str, now: float
+        self,
+        intent_id: str,
+        *,
+        approve: bool,
+        operator: str,
+        reason: str,
+        now: float,
+        context: Mapping[str, str] | None = None,
     ) -> Intent: ...
     def expire_approvals(self, now: float, limit: int = 500) -> list[str]: ...
     def get_intent(self, intent_id: str) -> Intent | None: ...

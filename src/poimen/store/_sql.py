@@ -6,7 +6,7 @@ its retries) and the methods that really differ."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from poimen._intents import (
@@ -485,6 +485,7 @@ class SqlStore:
         operator: str,
         reason: str,
         now: float,
+        context: Mapping[str, str] | None = None,
     ) -> None:
         self._event(
             ex,
@@ -494,7 +495,13 @@ class SqlStore:
             S.INDETERMINATE,
             target,
             operator,
-            {"operator": operator, "reason": reason, "landed": landed, "result": result},
+            {
+                **(context or {}),
+                "operator": operator,
+                "reason": reason,
+                "landed": landed,
+                "result": result,
+            },
         )
 
     # The call path.
@@ -674,8 +681,17 @@ class SqlStore:
 
     # The operator path.
 
-    def abandon(self, intent_id: str, *, operator: str, reason: str, now: float) -> Intent:
-        """DISPATCHED -> INDETERMINATE by an operator, bumping the fence; one winner."""
+    def abandon(
+        self,
+        intent_id: str,
+        *,
+        operator: str,
+        reason: str,
+        now: float,
+        context: Mapping[str, str] | None = None,
+    ) -> Intent:
+        """DISPATCHED -> INDETERMINATE by an operator, bumping the fence; one winner.
+        `context` (how the operator is known) goes into the event beside the name."""
         check_transition(S.DISPATCHED, S.INDETERMINATE)
 
         def op(ex: Executor, retrying: bool) -> Intent:
@@ -696,6 +712,7 @@ class SqlStore:
                         S.INDETERMINATE,
                         operator,
                         {
+                            **(context or {}),
                             "operator": operator,
                             "reason": reason,
                             "fence": it.fence + 1,
@@ -747,7 +764,14 @@ class SqlStore:
         return self._tx("record_awaiting", op)
 
     def decide_approval(
-        self, intent_id: str, *, approve: bool, operator: str, reason: str, now: float
+        self,
+        intent_id: str,
+        *,
+        approve: bool,
+        operator: str,
+        reason: str,
+        now: float,
+        context: Mapping[str, str] | None = None,
     ) -> Intent:
         """AWAITING_APPROVAL -> DISPATCHED (approved: any kernel with the tool then runs it
         once) or FAILED (rejected: nothing was sent); audited; of two deciding at once
@@ -772,7 +796,8 @@ class SqlStore:
                     self._event(
                         ex, intent_id, now, "approved" if approve else "rejected",
                         S.AWAITING_APPROVAL, target, operator,
-                        {"operator": operator, "reason": reason, "fence": fence + 1},
+                        {**(context or {}), "operator": operator, "reason": reason,
+                         "fence": fence + 1},
                     )
                     done = self._intent_or_none(ex, intent_id)
                     assert done is not None

@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -505,6 +505,7 @@ class PostgresStore(SqlStore):
         operator: str,
         reason: str,
         now: float,
+        context: Mapping[str, str] | None = None,
     ) -> Intent:
         target = S.RESOLVED_LANDED if landed else S.RESOLVED_NOT_LANDED
 
@@ -518,7 +519,9 @@ class PostgresStore(SqlStore):
             self._resolvable(intent_id, row, target)
             updated = cur.execute(_RESOLVE, (target.value, result, now, intent_id)).fetchone()
             assert updated is not None  # the row is locked by us
-            self._resolved_event(cur, intent_id, target, landed, result, operator, reason, now)
+            self._resolved_event(
+                cur, intent_id, target, landed, result, operator, reason, now, context
+            )
             return intent_from_row(updated)
 
         return self._run("resolve", op)

@@ -9,7 +9,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -970,6 +970,7 @@ class SqliteStore(SqlStore):
         operator: str,
         reason: str,
         now: float,
+        context: Mapping[str, str] | None = None,
     ) -> Intent:
         target = S.RESOLVED_LANDED if landed else S.RESOLVED_NOT_LANDED
 
@@ -977,7 +978,9 @@ class SqliteStore(SqlStore):
             row = conn.execute("SELECT state FROM intents WHERE id = ?", (intent_id,)).fetchone()
             self._resolvable(intent_id, row, target)
             conn.execute(SQL.resolve, (target.value, result, now, intent_id))
-            self._resolved_event(conn, intent_id, target, landed, result, operator, reason, now)
+            self._resolved_event(
+                conn, intent_id, target, landed, result, operator, reason, now, context
+            )
             return intent_from_row(conn.execute(SQL.intent_by_id, (intent_id,)).fetchone())
 
         return self._write(op)
