@@ -17,6 +17,7 @@ from poimen._guard import sqlite_writes
 from poimen._intents import Denial, Intent, IntentState, Owner
 from poimen.errors import ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
+from poimen.store._fs import refuse_network_fs
 from poimen.store._sql import (
     Executor,
     Outcome,
@@ -506,6 +507,8 @@ class SqliteStore(SqlStore):
 
     `readonly=True` opens it for reading only (``mode=ro``): no migration, no switch to WAL,
     no writer, and every write raises `ReadOnlyStoreError`; the file is never changed.
+    A log on a network or FUSE filesystem is refused (`NetworkFilesystemError`) unless
+    `allow_network_fs` or ``POIMEN_ALLOW_NETWORK_FS=1`` (docs/platforms.md).
     """
 
     dialect = "sqlite"
@@ -518,6 +521,7 @@ class SqliteStore(SqlStore):
         synchronous: str = "FULL",
         migrate: bool = True,
         readonly: bool = False,
+        allow_network_fs: bool = False,
     ) -> None:
         if not sqlite_writes(str(path)):
             url = f"sqlite:///{path}"
@@ -529,6 +533,7 @@ class SqliteStore(SqlStore):
             )
         if synchronous.upper() not in SYNCHRONOUS:
             raise StoreError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
+        refuse_network_fs(str(path), allow=allow_network_fs)
         self.path = str(path)
         self.url = f"sqlite:///{self.path}"
         self._synchronous = synchronous.upper()
