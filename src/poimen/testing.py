@@ -394,6 +394,7 @@ with poimen     recovery settles each call by its effect class: Idempotent is se
                 the same key, Queryable is looked up first, Unsafe is never sent again
 state           the call in poimen's log after recovery. INDETERMINATE: nothing can make a
                 retry safe, so an operator checks the provider and records what happened
+                (here the first email went out, the second never did)
 ok              poimen's guarantee held: this state, this many effects, the operator notified"""
 
 
