@@ -8,13 +8,13 @@ import os
 import platform
 import sqlite3
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from poimen._decide import claimability
 from poimen._intents import Intent
 from poimen._liveness import current_owner, default_host, owner_alive
-from poimen._operator import REDACTED, intent_summary, is_secret_name, redact_store_url
+from poimen._operator import REDACTED, intent_summary, is_secret_name, redact_urls
 from poimen.errors import StoreError
 from poimen.store._base import Store, latest_version, migrations
 from poimen.store._fs import filesystem_of, is_network
@@ -68,7 +68,7 @@ class Verification:
     checks: tuple[str, ...]
     problems: tuple[Problem, ...] = ()
     orphans: tuple[Orphan, ...] = ()
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -240,11 +240,7 @@ def environment() -> dict[str, Any]:
         v = psycopg.pq.version()
         info["libpq"] = f"{v // 10000}.{v % 10000}"
     info["settings"] = {
-        k: (
-            REDACTED
-            if is_secret_name(k)
-            else redact_store_url(v) if "://" in v else v
-        )
+        k: REDACTED if is_secret_name(k) else redact_urls(v)
         for k, v in sorted(os.environ.items())
         if k.startswith("POIMEN_")
     }
@@ -263,7 +259,7 @@ def store_facts(store: Store) -> dict[str, Any]:
         m = filesystem_of(path)
         facts["filesystem"] = None if m is None else {
             "type": m.fstype, "mount_point": m.point, "source": m.source,
-            "refused": is_network(m.fstype),
+            "network_or_fuse": is_network(m.fstype),
         }  # fmt: skip
     else:
         facts["known_version"] = latest_version("postgres")

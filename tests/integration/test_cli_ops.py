@@ -261,17 +261,22 @@ def test_doctor_reports_versions_settings_and_the_store_without_secrets(
     db = made_log(f"sqlite:///{tmp_path / 'intents.db'}", provider)
     before = digest(sqlite_file(db))
     token = "console-token-0123456789"
-    code, d = cli_json(db, "doctor", POIMEN_CONSOLE_TOKEN=token)
+    hook = "https://hooks.example/services/T0/B0/hook-secret-9"
+    code, d = cli_json(db, "doctor", POIMEN_CONSOLE_TOKEN=token, POIMEN_HOOK=hook)
     assert code == 0
     assert d["poimen"] == importlib.metadata.version("poimen")
     assert d["sqlite_library"] == sqlite3.sqlite_version
     assert d["python"].endswith(".".join(map(str, sys.version_info[:3])))
     assert d["psycopg"] == importlib.metadata.version("psycopg")
     assert d["platform"] and d["host"]
-    assert d["settings"] == {"POIMEN_CONSOLE_TOKEN": "[redacted]", "POIMEN_DB": db}
+    assert d["settings"] == {
+        "POIMEN_CONSOLE_TOKEN": "[redacted]",
+        "POIMEN_DB": db,
+        "POIMEN_HOOK": "https://hooks.example/…",
+    }
     store = d["store"]
     assert store["url"] == db and store["schema_version"] == latest_version("sqlite")
-    assert store["journal_mode"] == "wal" and store["filesystem"]["refused"] is False
+    assert store["journal_mode"] == "wal" and store["filesystem"]["network_or_fuse"] is False
     assert digest(sqlite_file(db)) == before
     code, out, _ = cli(db, "doctor", POIMEN_CONSOLE_TOKEN=token)
     assert code == 0 and token not in out
