@@ -24,8 +24,15 @@ def default_host() -> str:
     return f"{socket.gethostname()}/{boot_id()[:8]}"
 
 
+# Without /proc (macOS, the BSDs) a start time cannot be read: see `_exists`.
+_PROC = os.path.exists("/proc/self/stat")
+
+
 def process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot, or None if there is no such pid."""
+    """The process's start time in clock ticks since boot, or None if there is no such pid;
+    "" when the process exists but its start time cannot be known (no /proc)."""
+    if not _PROC:
+        return _exists(pid)
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             stat = f.read()
@@ -39,13 +46,29 @@ def process_start(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
+def _exists(pid: int) -> str | None:
+    # Signal 0 only asks. Without a start time a reused pid looks alive: the intent then
+    # waits for its owner's lease to expire instead of being taken over at once.
+    if pid <= 0:
+        return None
+    if os.name != "posix":  # there os.kill would end the process
+        return ""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # another user's process: it exists
+        return ""
+    return ""
+
+
 def process_alive(pid: int, start: str) -> bool:
     if pid <= 0:
         return False
     found = process_start(pid)
     if found is None:
         return False
-    return found == start if start else True
+    return found == start if start and found else True
 
 
 def current_owner(worker_id: str | None = None, host: str | None = None) -> Owner:

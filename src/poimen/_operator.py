@@ -13,10 +13,10 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from poimen._intents import (
     TERMINAL,
@@ -56,6 +56,7 @@ __all__ = [
     "parse_since",
     "parse_state",
     "redact",
+    "redact_store_url",
     "redact_url",
     "redact_urls",
     "resolve",
@@ -172,6 +173,7 @@ def safe_json(value: Any, *, indent: int | None = None) -> str:
 # Showing URLs: a webhook's path or query is often its credential.
 
 _URL = re.compile(r"\bhttps?://[^\s'\"<>]+", re.IGNORECASE)
+_STORE_URL = re.compile(r"\b(?:postgres(?:ql)?|sqlite)://[^\s'\"<>]+", re.IGNORECASE)
 _TRAILING = ".,;:!?)]}"
 
 
@@ -190,17 +192,42 @@ def redact_url(url: str) -> str:
     return base + "/…" if hidden else base + parts.path
 
 
+def redact_store_url(url: str) -> str:
+    """A store URL as it can be shown: the password and every secret-looking query value
+    (``password``, ``sslpassword``, ``token``, ...) replaced; the rest kept, to be recognised.
+    Split by hand, so that a URL redacted once comes out the same."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "[url]"
+    cut = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    tail, hashed, fragment = tail.partition("#")
+    path, _, query = tail.partition("?")
+    user, at, host = netloc.rpartition("@")
+    if at and ":" in user:
+        netloc = f"{user.partition(':')[0]}:{REDACTED}@{host}"
+    query = "&".join(
+        f"{k}={REDACTED if is_secret_name(k) or k == 'sslkey' else v}"
+        for k, v in parse_qsl(query, keep_blank_values=True)
+    )
+    return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "") + hashed + fragment
+
+
 def redact_urls(text: str) -> str:
-    """`redact_url` applied to every http(s) URL inside a text (an error message)."""
+    """`redact_url` applied to every http(s) URL inside a text (an error message), and
+    `redact_store_url` to every store URL."""
 
-    def one(m: re.Match[str]) -> str:
-        url = m.group(0)
-        tail = ""
-        while url and url[-1] in _TRAILING:
-            url, tail = url[:-1], url[-1] + tail
-        return redact_url(url) + tail
+    def by(redactor: Callable[[str], str]) -> Callable[[re.Match[str]], str]:
+        def one(m: re.Match[str]) -> str:
+            url = m.group(0)
+            tail = ""
+            while url and url[-1] in _TRAILING:
+                url, tail = url[:-1], url[-1] + tail
+            return redactor(url) + tail
 
-    return _URL.sub(one, text)
+        return one
+
+    return _STORE_URL.sub(by(redact_store_url), _URL.sub(by(redact_url), text))
 
 
 # Parsing operator input.

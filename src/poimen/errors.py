@@ -59,6 +59,11 @@ class SchemaTooNewError(StoreError):
     """The database schema is newer than this version of poimen knows."""
 
 
+class NetworkFilesystemError(StoreError):
+    """A SQLite log on a network or FUSE filesystem, where locks and fsync cannot be trusted:
+    use PostgreSQL to share a log between machines."""
+
+
 class CorruptRowError(StoreError):
     """A row in the intent log does not decode."""
 

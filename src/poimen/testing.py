@@ -5,7 +5,10 @@
 - `register_test_tools`: three tools, one per effect class, writing to that provider.
 - `spawn_call` / `kill_at_pause`: run one call in a child process and SIGKILL it at a crash
   point (see `poimen._crashpoints` for the points and the environment variables).
-- `crash_drill`: the end-to-end drill the README runs.
+- `spawn_held_calls` / `spawn_held_plan` / `kill_when_held`: many calls in one child, each
+  held at its crash point, and one SIGKILL for all of them.
+- `crash_drill`: the end-to-end drill the README runs: the same kills without poimen (a naive
+  at-least-once runner, `poimen._naive`) and with it.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,7 @@ from poimen._effects import (
 )
 from poimen._intents import Outcome
 from poimen._kernel import Kernel
-from poimen._provider import ProviderClient, ProviderProcess
+from poimen._provider import LOOKUP_MODES, ProviderClient, ProviderProcess
 from poimen._tools import Caps
 from poimen.errors import DefiniteFailure
 
@@ -54,10 +58,12 @@ __all__ = [
     "crash_drill",
     "held_call",
     "kill_at_pause",
+    "kill_when_held",
     "provider_lookup",
     "register_test_tools",
     "spawn_call",
     "spawn_held_calls",
+    "spawn_held_plan",
 ]
 
 CHARGE = "test.charge"  # Idempotent: keyed write
@@ -200,9 +206,11 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
 
 
 HOLD_POINTS = ("after_dispatch_commit", "mid_call", "after_effect")
+#: A call held at a crash point: (call id, tool, args, point).
+HeldCall = tuple[str, str, dict[str, Any], str]
 
 
-def held_call(prefix: str, i: int) -> tuple[str, str, dict[str, Any], str]:
+def held_call(prefix: str, i: int) -> HeldCall:
     """Call `i` of a held batch: (call id, tool, args, the point it is held at)."""
     tool = (CHARGE, SHIP, EMAIL)[i % 3]
     every: dict[str, dict[str, Any]] = {
@@ -228,15 +236,62 @@ def spawn_held_calls(
 ) -> subprocess.Popen[str]:
     """A child that makes `count` calls at once (mixed classes, see `held_call`), holds each at
     its crash point, writes `ready_file` once all are held, and waits for the parent's SIGKILL."""
-    cmd = [sys.executable, "-m", "poimen.testing", "hold", "--db", db_url, "--provider",
-           provider_url, "--count", str(count), "--ready", str(ready_file), "--prefix", prefix,
+    cmd = ["--db", db_url, "--count", str(count), "--prefix", prefix,
            "--lease-ttl", str(lease_ttl), "--timeout", str(timeout)]
     if worker_id:
         cmd += ["--worker-id", worker_id]
     if host:
         cmd += ["--host", host]
+    return _spawn_hold(provider_url, ready_file, cmd)
+
+
+def spawn_held_plan(
+    provider_url: str,
+    plan: Sequence[HeldCall],
+    ready_file: str | os.PathLike[str],
+    *,
+    db_url: str | None = None,
+    naive_journal: str | os.PathLike[str] | None = None,
+    timeout: float = 1.0,
+) -> subprocess.Popen[str]:
+    """`spawn_held_calls` for given calls: through poimen (`db_url`), or through the naive
+    at-least-once runner of `poimen._naive` (`naive_journal`), never both."""
+    if (db_url is None) == (naive_journal is None):
+        raise ValueError("give db_url or naive_journal, not both")
+    where = ["--db", db_url] if db_url is not None else ["--naive", str(naive_journal)]
+    return _spawn_hold(provider_url, ready_file,
+                       [*where, "--plan", json.dumps(list(plan)), "--timeout", str(timeout)])
+
+
+def _spawn_hold(
+    provider_url: str, ready_file: str | os.PathLike[str], options: list[str]
+) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "poimen.testing", "hold", "--provider", provider_url,
+           "--ready", str(ready_file), *options]
     return subprocess.Popen(cmd, env=_child_env({}), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def kill_when_held(
+    proc: subprocess.Popen[str], ready_file: str | os.PathLike[str], *, timeout: float = 60.0
+) -> int:
+    """Wait until a holding child has every call at its point, SIGKILL it; returns how many
+    calls it held."""
+    ready = Path(ready_file)
+    end = time.monotonic() + timeout
+    while not ready.exists():
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            raise RuntimeError(f"holding child exited {proc.returncode}:\n{err[-3000:]}")
+        if time.monotonic() > end:
+            proc.kill()
+            proc.communicate()
+            raise TimeoutError(f"holding child did not get its calls in flight in {timeout}s")
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    held: int = json.loads(ready.read_text(encoding="utf-8"))["held"]
+    return held
 
 
 def _hook_points(on_point: Any) -> None:
@@ -244,7 +299,8 @@ def _hook_points(on_point: Any) -> None:
     setattr(_crashpoints, "hit", on_point)  # noqa: B010
 
 
-def _hold(kernel: Kernel, count: int, prefix: str, ready: str) -> int:
+def _hold(run: Callable[[str, str, dict[str, Any]], object], calls: Sequence[HeldCall],
+          ready: str) -> int:
     local = threading.local()
     cond = threading.Condition()
     held: list[str] = []
@@ -258,22 +314,22 @@ def _hold(kernel: Kernel, count: int, prefix: str, ready: str) -> int:
             cond.notify_all()
         threading.Event().wait()  # held until the parent's SIGKILL
 
-    def run(i: int) -> None:
-        call_id, tool, args, point = held_call(prefix, i)
+    def one(call: HeldCall) -> None:
+        call_id, tool, args, point = call
         local.point, local.call_id = point, call_id
         try:
-            kernel.call(tool, args, call_id=call_id)
+            run(call_id, tool, args)
         except Exception as exc:  # reported to the parent, which fails the test
             with cond:
                 errors.append(f"{call_id}: {type(exc).__name__}: {exc}")
                 cond.notify_all()
 
     _hook_points(on_point)
-    for i in range(count):
-        threading.Thread(target=run, args=(i,), daemon=True).start()
+    for call in calls:
+        threading.Thread(target=one, args=(call,), daemon=True).start()
     with cond:
-        if not cond.wait_for(lambda: len(held) + len(errors) >= count, timeout=120):
-            print(f"only {len(held)} of {count} calls reached their points", file=sys.stderr)
+        if not cond.wait_for(lambda: len(held) + len(errors) >= len(calls), timeout=120):
+            print(f"only {len(held)} of {len(calls)} calls reached their points", file=sys.stderr)
             return 1
     if errors:
         print("\n".join(errors), file=sys.stderr)
@@ -284,6 +340,17 @@ def _hold(kernel: Kernel, count: int, prefix: str, ready: str) -> int:
     os.replace(tmp, ready)
     threading.Event().wait()
     return 0
+
+
+def _hold_naive(journal_path: str, provider_url: str, calls: Sequence[HeldCall],
+                ready: str, timeout: float) -> int:
+    from poimen import _naive
+
+    journal = _naive.Journal(journal_path)
+    with httpx.Client(base_url=provider_url, timeout=timeout) as client:
+        tools = _naive.tools(client)
+        return _hold(lambda step, tool, args: _naive.run_step(journal, tools, step, tool, args),
+                     calls, ready)
 
 
 def _stop_at(point: str, marker: str) -> None:
@@ -303,80 +370,221 @@ def _stop_at(point: str, marker: str) -> None:
     _hook_points(on_point)
 
 
+# The drill: one plan, run without poimen and with it.
+_EFFECT = {CHARGE: "idempotent", SHIP: "queryable", EMAIL: "unsafe"}
+_CLASSES = {CHARGE: "charge (Idempotent)", SHIP: "ship (Queryable)", EMAIL: "email (Unsafe)"}
+_KILLED = {"after_effect": "after the effect", "mid_call": "before the effect"}
+# (tool, args, the point the agent is killed at, poimen's state and effect count)
+DRILL_PLAN: tuple[tuple[str, dict[str, Any], str, str, int], ...] = (
+    (CHARGE, {"order_id": "o-1", "amount_cents": 1200}, "after_effect", "COMPLETED", 1),
+    (CHARGE, {"order_id": "o-2", "amount_cents": 900}, "mid_call", "COMPLETED", 1),
+    (SHIP, {"order_id": "o-1", "address": "1 Main St"}, "after_effect", "COMPLETED", 1),
+    (SHIP, {"order_id": "o-2", "address": "2 Main St"}, "mid_call", "COMPLETED", 1),
+    (EMAIL, {"to": "a@example.com", "subject": "hi"}, "after_effect", "INDETERMINATE", 1),
+    (EMAIL, {"to": "b@example.com", "subject": "hi"}, "mid_call", "INDETERMINATE", 0),
+)
+_LEGEND = """\
+killed          where the agent process was SIGKILLed: before the tool's request went out, or
+                after the provider applied it but before the outcome was recorded
+effects         how many times the provider applied the call, counted in its own ledger (a
+                separate process): 2 is a second charge, a second parcel, a second email
+without poimen  a runner that journals each step and runs unfinished ones again on restart,
+                as a framework's retry does; its charge sends no idempotency key
+with poimen     recovery settles each call by its effect class: Idempotent is sent again with
+                the same key, Queryable is looked up first, Unsafe is never sent again
+state           the call in poimen's log after recovery. INDETERMINATE: nothing can make a
+                retry safe, so an operator checks the provider and records what happened
+                (here the first email went out, the second never did)
+ok              poimen's guarantee held: this state, this many effects, the operator notified"""
+
+
 @dataclass
 class DrillReport:
-    """What the crash drill saw: per scenario, the state and the provider's ledger count."""
+    """What the crash drill saw, per scenario: the naive runner's effects, poimen's state and
+    effects (both counted in the provider's ledger), and whether poimen's guarantee held."""
 
     scenarios: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    notified: int = 0
+    kept: str | None = None  # the drill's directory, when asked to keep it
 
     def ok(self) -> bool:
-        return all(s["ok"] for s in self.scenarios)
+        return bool(self.scenarios) and all(s["ok"] for s in self.scenarios)
 
     def table(self) -> str:
-        lines = [f"{'scenario':44} {'state':15} {'ledger':>6}  ok"]
+        rows = [("call", "killed", "effects", "state", "effects", "ok")]
         for s in self.scenarios:
-            lines.append(f"{s['name']:44} {s['state']:15} {s['ledger']:>6}  "
-                         f"{'yes' if s['ok'] else 'NO'}")
-        lines.append(f"drill took {self.seconds:.2f}s; "
-                     f"{'all guarantees held' if self.ok() else 'A GUARANTEE FAILED'}")
+            naive = f"{s['naive_effects']}{'  twice!' if s['naive_effects'] > 1 else ''}"
+            rows.append((s["call"], s["killed"], naive, s["state"], str(s["effects"]),
+                         "yes" if s["ok"] else "NO"))
+        w = [max(len(r[i]) for r in rows) for i in range(6)]
+        w[2] = max(w[2], len("without poimen"))
+        lines = [
+            "six tool calls in flight when their agent process is SIGKILLed, then a restart",
+            "",
+            f"{'':{w[0] + w[1] + 4}}{'without poimen':{w[2]}} | with poimen",
+        ]
+        for r in rows:
+            lines.append(f"{r[0]:{w[0]}}  {r[1]:{w[1]}}  {r[2]:{w[2]}} | {r[3]:{w[3]}}  "
+                         f"{r[4]:>{w[4]}}  {r[5]}".rstrip())
+        doubles = sum(1 for s in self.scenarios if s["naive_effects"] > 1)
+        fixed = sum(1 for s in self.scenarios if s["effects"] > 1)
+        waiting = sum(1 for s in self.scenarios if s["state"] == "INDETERMINATE")
+        lines += [
+            "",
+            _LEGEND,
+            "",
+            f"operator notified: {self.notified} (the INDETERMINATE calls; in your application "
+            "a log line,\n  a webhook or your own callback)",
+            f"without poimen {doubles} of {len(self.scenarios)} calls took effect twice; with "
+            f"poimen {fixed or 'none'} did, and {waiting} wait for an operator",
+            f"drill took {self.seconds:.2f}s; "
+            f"{'all poimen guarantees held' if self.ok() else 'A POIMEN GUARANTEE FAILED'}",
+            "",
+        ]
+        if self.kept is None:
+            lines.append("next: run it again with --keep DIR to keep its log, and look at it with\n"
+                         "  poimen status --db ...  and  poimen console --db ...")
+        else:
+            db = f"sqlite:///{Path(self.kept, 'intents.db')}"
+            cmd = _poimen_command()
+            lines += [
+                f"the drill's log is kept in {self.kept}; look at it:",
+                f"  {cmd} status --db {db}    # counts, the oldest INDETERMINATE call",
+                f"  {cmd} intents --db {db} --state INDETERMINATE",
+                f"  {cmd} console --db {db}   # the web console: resolve the emails",
+            ]
         return "\n".join(lines)
 
 
-def crash_drill(workdir: str | os.PathLike[str] | None = None) -> DrillReport:
-    """Kill a real child mid-call for each effect class, recover, count effects in the ledger."""
+def _poimen_command() -> str:
+    """The `poimen` command beside this interpreter, spelt so that it runs when pasted."""
+    script = Path(sys.executable).with_name("poimen")
+    if not script.exists():
+        return "poimen"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return "poimen" if shutil.which("poimen") == str(script) else str(script)
+
+
+def _drill_effects(entries: Sequence[Mapping[str, Any]], tool: str, args: Mapping[str, Any]) -> int:
+    """The provider's effects for one call, whichever endpoint it used: a charge by order and
+    amount, a shipment by order and address, an email by recipient."""
+    fields = {CHARGE: ("order_id", "amount_cents"), SHIP: ("order_id", "address"),
+              EMAIL: ("to",)}[tool]
+    return sum(1 for e in entries if all(e["body"].get(f) == args[f] for f in fields))
+
+
+def _naive_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    # The same calls under other names, so that one ledger tells the two halves apart.
+    return {k: f"naive-{v}" if k in ("order_id", "to") else v for k, v in args.items()}
+
+
+def _settle(kernel: Kernel, call_ids: Sequence[str], *, within: float = 60.0) -> None:
+    """Recover until no drill call is DISPATCHED. A Queryable call whose owner died is looked
+    up only once the deadline recorded for it has passed: wait for that time, then recover."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        left = [i for i in map(kernel.store.get_by_call_id, call_ids)
+                if i is not None and i.state.value == "DISPATCHED"]
+        if not left:
+            return
+        due = max((i.next_check_at or i.deadline_at or 0.0) for i in left)
+        while kernel.store.now() < due and time.monotonic() < end:
+            time.sleep(min(0.02, max(due - kernel.store.now(), 0.0)))
+        kernel.recover()
+    raise TimeoutError(f"drill calls still unfinished after {within}s")
+
+
+def crash_drill(
+    workdir: str | os.PathLike[str] | None = None, *, lookup_mode: str = "truthful"
+) -> DrillReport:
+    """The same six calls killed mid-flight twice: once in a naive at-least-once runner
+    (`poimen._naive`) that runs unfinished steps again on restart, once through poimen, whose
+    restarted kernel recovers them. Both halves are counted in one provider's ledger.
+
+    `workdir` keeps the drill's files (its log `intents.db`, the provider's ledger, the naive
+    runner's journal) there; it must not hold a drill's log already. Without it they go to a
+    temporary directory that is removed at the end. `lookup_mode` makes the provider's
+    lookup answer as `ProviderProcess` describes; anything but "truthful" shows the drill
+    catching a wrong answer (and failing)."""
     started = time.monotonic()
-    base = Path(workdir or tempfile.mkdtemp(prefix="poimen-drill-"))
-    base.mkdir(parents=True, exist_ok=True)
+    if workdir is not None:
+        base = Path(workdir).absolute()
+        base.mkdir(parents=True, exist_ok=True)
+        if (base / "intents.db").exists():
+            raise FileExistsError(f"{base} holds a drill's log already: give an empty directory")
+    else:
+        base = Path(tempfile.mkdtemp(prefix="poimen-drill-"))
+    try:
+        report = _drill(base, lookup_mode)
+    finally:
+        if workdir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    report.kept = None if workdir is None else str(base)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _drill(base: Path, lookup_mode: str) -> DrillReport:
+    from poimen import _naive
+    from poimen._notify import CallbackNotifier
+
     db_url = f"sqlite:///{base / 'intents.db'}"
+    journal = base / "naive-journal.jsonl"
+    plan = [(f"drill-{i}", tool, args, point)
+            for i, (tool, args, point, _, _) in enumerate(DRILL_PLAN)]
+    naive_plan = [(f"naive-{i}", tool, _naive_args(args), point)
+                  for i, (tool, args, point, _, _) in enumerate(DRILL_PLAN)]
     report = DrillReport()
-    # (name, tool, args, pause point, expected state, expected ledger count, ledger filter)
-    plan: list[tuple[str, str, dict[str, Any], str, str, int]] = [
-        ("idempotent, killed after the effect", CHARGE,
-         {"order_id": "o-1", "amount_cents": 1200}, "after_effect", "COMPLETED", 1),
-        ("idempotent, killed before the effect", CHARGE,
-         {"order_id": "o-2", "amount_cents": 900}, "mid_call", "COMPLETED", 1),
-        ("queryable, landed before the kill", SHIP,
-         {"order_id": "o-1", "address": "1 Main St"}, "after_effect", "COMPLETED", 1),
-        ("queryable, never arrived", SHIP,
-         {"order_id": "o-2", "address": "2 Main St"}, "mid_call", "COMPLETED", 1),
-        ("unsafe, killed after the effect", EMAIL,
-         {"to": "a@example.com", "subject": "hi"}, "after_effect", "INDETERMINATE", 1),
-        ("unsafe, killed before the effect", EMAIL,
-         {"to": "b@example.com", "subject": "hi"}, "mid_call", "INDETERMINATE", 0),
-    ]
-    with ProviderProcess(base / "ledger.db") as provider, ProviderClient(provider.url) as ledger:
-        call_ids = []
-        for i, (_name, tool, args, point, _state, _n) in enumerate(plan):
-            pause = base / f"pause-{i}"
-            proc = spawn_call(db_url, provider.url, tool, args, f"drill-{i}", pause_at=point,
-                              pause_file=pause, timeout=0.5)
-            kill_at_pause(proc, pause)
-            call_ids.append(f"drill-{i}")
-        kernel = Kernel(db_url, deadline_margin=0.1)
+    with ProviderProcess(base / "ledger.db", lookup_mode=lookup_mode) as provider, \
+            ProviderClient(provider.url) as ledger:
+        # Both agents run at once; each is killed with all six calls in flight.
+        held = [
+            (spawn_held_plan(provider.url, plan, base / "ready-poimen", db_url=db_url,
+                             timeout=0.5), base / "ready-poimen"),
+            (spawn_held_plan(provider.url, naive_plan, base / "ready-naive",
+                             naive_journal=journal, timeout=0.5), base / "ready-naive"),
+        ]
+        for proc, ready in held:
+            kill_when_held(proc, ready)
+        # Without poimen: the restart runs every unfinished step again (beside poimen's).
+        naive = threading.Thread(target=_naive.restart, args=(journal, provider.url))
+        naive.start()
+
+        notified: dict[str, str] = {}  # delivery id -> intent id, as the operator got them
+        kernel = Kernel(db_url, deadline_margin=0.1, notifiers=[CallbackNotifier(
+            lambda n: notified.setdefault(n.delivery_id, n.intent_id), name="drill-operator")])
         register_test_tools(kernel, provider.url, timeout=0.5)
         try:
             kernel.launch(background=False)
-            time.sleep(0.7)  # past the Queryable deadline: "never arrived" is trusted only then
-            kernel.recover()
-            for (name, tool, args, _point, state, n), cid in zip(plan, call_ids, strict=True):
+            _settle(kernel, [cid for cid, *_ in plan])
+            kernel.deliver_notifications()
+            naive.join()
+            entries = ledger.entries()
+            for (cid, tool, args, point), (_, _, naive_args, _), (*_, state, n) in zip(
+                plan, naive_plan, DRILL_PLAN, strict=True
+            ):
                 intent = kernel.store.get_by_call_id(cid)
                 assert intent is not None
-                if tool == CHARGE:
-                    count = ledger.count(kind="keyed", key=intent.key)
-                elif tool == SHIP:
-                    count = ledger.count(kind="request", request_id=intent.request_id)
-                else:
-                    count = sum(1 for e in ledger.entries(kind="plain")
-                                if e["body"].get("to") == args["to"])
+                effects = _drill_effects(entries, tool, args)
+                was_notified = intent.id in notified.values()
                 report.scenarios.append({
-                    "name": name, "tool": tool, "state": intent.state.value, "ledger": count,
-                    "ok": intent.state.value == state and count == n,
-                    "notified": bool(kernel.store.notifications(intent.id)),
+                    "name": f"{_EFFECT[tool]}, killed {_KILLED[point]}",
+                    "call": _CLASSES[tool],
+                    "killed": _KILLED[point],
+                    "tool": tool,
+                    "naive_effects": _drill_effects(entries, tool, naive_args),
+                    "state": intent.state.value,
+                    "effects": effects,
+                    "notified": was_notified,
+                    "ok": intent.state.value == state and effects == n
+                    and was_notified == (state == "INDETERMINATE"),
                 })
+            report.notified = len(notified)
         finally:
             kernel.close()
-    report.seconds = time.monotonic() - started
     return report
 
 
@@ -403,29 +611,48 @@ def _main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--host")
     r.add_argument("--lease-ttl", type=float, default=30.0)
     h = sub.add_parser("hold", help="many calls at once, each held at a crash point")
-    h.add_argument("--db", required=True)
+    where = h.add_mutually_exclusive_group(required=True)
+    where.add_argument("--db", help="through poimen, with this log")
+    where.add_argument("--naive", metavar="JOURNAL", help="through the naive runner instead")
     h.add_argument("--provider", required=True)
-    h.add_argument("--count", type=int, required=True)
+    calls = h.add_mutually_exclusive_group(required=True)
+    calls.add_argument("--count", type=int, help="this many mixed calls (see held_call)")
+    calls.add_argument("--plan", help="JSON list of [call id, tool, args, point]")
     h.add_argument("--ready", required=True)
     h.add_argument("--prefix", default="held")
     h.add_argument("--timeout", type=float, default=1.0)
     h.add_argument("--worker-id")
     h.add_argument("--host")
     h.add_argument("--lease-ttl", type=float, default=30.0)
-    d = sub.add_parser("drill", help="the end-to-end crash drill")
-    d.add_argument("--dir")
+    d = sub.add_parser("drill", help="the end-to-end crash drill, without poimen and with it")
+    d.add_argument("--keep", metavar="DIR",
+                   help="keep the drill's log, ledger and journal in DIR (default: removed)")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--lookup-mode", default="truthful", choices=LOOKUP_MODES,
+                   help="how the provider answers lookups; a lying one makes the drill fail")
     ns = p.parse_args(argv)
     if ns.cmd == "drill":
-        report = crash_drill(ns.dir)
+        try:
+            report = crash_drill(ns.keep, lookup_mode=ns.lookup_mode)
+        except FileExistsError as exc:
+            print(f"drill: {exc}", file=sys.stderr)
+            return 2
         print(json.dumps(asdict(report), indent=2) if ns.json else report.table())
         return 0 if report.ok() else 1
+    if ns.cmd == "hold":
+        held: list[HeldCall] = (
+            [tuple(c) for c in json.loads(ns.plan)]
+            if ns.plan else [held_call(ns.prefix, i) for i in range(ns.count)]
+        )
+        if ns.naive:
+            return _hold_naive(ns.naive, ns.provider, held, ns.ready, ns.timeout)
     kernel = Kernel(ns.db, worker_id=ns.worker_id, host=ns.host, deadline_margin=0.1,
                     lease_ttl=ns.lease_ttl)
     register_test_tools(kernel, ns.provider, timeout=ns.timeout)
     try:
         if ns.cmd == "hold":
-            return _hold(kernel, ns.count, ns.prefix, ns.ready)
+            return _hold(lambda cid, tool, args: kernel.call(tool, args, call_id=cid),
+                         held, ns.ready)
         if ns.cmd == "call" and ns.stop_at:
             _stop_at(ns.stop_at, ns.stop_file or os.devnull)
         if ns.cmd == "call":

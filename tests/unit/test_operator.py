@@ -32,6 +32,7 @@ from poimen._operator import (
     parse_since,
     parse_state,
     redact,
+    redact_store_url,
     redact_url,
     redact_urls,
     safe_json,
@@ -322,3 +323,26 @@ def test_operators_added_at_once_are_all_kept_and_a_name_only_once(tmp_path: Pat
         t.join()
     assert sorted(got) == ["added a1", "added a2", "added a3", "added dup", "refused", "refused"]
     assert sorted(operator_names(path)) == ["a1", "a2", "a3", "dup"]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("sqlite:////var/lib/agent/intents.db", "sqlite:////var/lib/agent/intents.db"),
+        ("sqlite:///rel/a b.db", "sqlite:///rel/a b.db"),
+        ("postgresql://agent@db:5432/agent", "postgresql://agent@db:5432/agent"),
+        ("postgresql://agent:pw-1@db/agent", "postgresql://agent:[redacted]@db/agent"),
+        (
+            "postgres://a:pw-2@db/x?sslpassword=pw-3&application_name=app&api_key=pw-4",
+            "postgres://a:[redacted]@db/x?sslpassword=[redacted]&application_name=app"
+            "&api_key=[redacted]",
+        ),
+        ("postgresql://a:p%40w-5@db/x?password=pw-6", "postgresql://a:[redacted]@db/x?password=[redacted]"),
+    ],
+)
+def test_store_urls_keep_everything_but_their_secrets(url: str, shown: str) -> None:
+    assert redact_store_url(url) == shown
+    assert redact_store_url(shown) == shown  # redacting twice changes nothing
+    out = redact_urls(f"cannot open {url}: refused ({url}).")
+    assert out == f"cannot open {shown}: refused ({shown})."
+    assert "pw-" not in out

@@ -3,7 +3,8 @@
 Exit codes: 0 ok · 1 nothing found, or refused (e.g. resolving an intent that is not
 INDETERMINATE) · 2 usage (bad or missing options, an --app that cannot be loaded, a console
 address that cannot be listened on) · 3 the store cannot be opened, read or written ·
-4 anything unforeseen (a bug here or in the loaded app). Every failure is one line on stderr
+4 anything unforeseen (a bug here or in the loaded app) · 5 `status --fail-if-indeterminate`
+found INDETERMINATE intents · 6 `verify` found a problem. Every failure is one line on stderr
 (and with ``--json`` an error object on stdout); ``POIMEN_DEBUG=1`` adds the traceback.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from poimen import _health as health
 from poimen import _operator as op
 from poimen._kernel import Kernel
 from poimen.cli import _render as render
@@ -31,12 +33,13 @@ from poimen.errors import (
     NotIndeterminateError,
     OperatorsFileError,
     PoimenError,
+    SchemaTooNewError,
     StoreError,
     UnknownOperatorError,
 )
 from poimen.store import Store, open_store
 
-OK, NOT_FOUND, USAGE, STORE, UNEXPECTED = 0, 1, 2, 3, 4
+OK, NOT_FOUND, USAGE, STORE, UNEXPECTED, INDETERMINATE, VERIFY_FAILED = 0, 1, 2, 3, 4, 5, 6
 
 
 class CliError(PoimenError):
@@ -67,7 +70,9 @@ def _open(url: str, *, readonly: bool = False) -> Store:
     store = open_store(url, migrate=False, readonly=readonly)
     if store.schema_version() == 0:
         store.close()
-        raise CliError(f"{url} holds no poimen schema: run `poimen migrate`", code=STORE)
+        raise CliError(
+            f"{op.redact_store_url(url)} holds no poimen schema: run `poimen migrate`", code=STORE
+        )
     return store
 
 
@@ -123,7 +128,49 @@ def _emit(ns: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
 def cmd_status(ns: argparse.Namespace, store: Store) -> int:
     st = op.status(store)
     _emit(ns, st.to_json(), lambda: render.status_text(st))
-    return OK
+    return INDETERMINATE if ns.fail_if_indeterminate and st.indeterminate else OK
+
+
+def cmd_verify(ns: argparse.Namespace) -> int:
+    try:
+        store = _open(_db_url(ns), readonly=True)
+    except SchemaTooNewError as exc:
+        v = health.Verification(
+            backend="sqlite" if _db_url(ns).startswith("sqlite:") else "postgres",
+            schema_version=int(exc.data["found"]),
+            known_version=int(exc.data["known"]),
+            checks=("schema version",),
+            problems=(health.Problem("schema version", str(exc)),),
+        )
+    else:
+        try:
+            v = health.verify(store)
+        finally:
+            store.close()
+    _emit(ns, v.to_json(), lambda: render.verification_text(v))
+    return OK if v.ok else VERIFY_FAILED
+
+
+def cmd_doctor(ns: argparse.Namespace) -> int:
+    info = health.environment()
+    url = ns.db or os.environ.get("POIMEN_DB")
+    code = OK
+    if url:
+        facts: dict[str, Any] = {"url": op.redact_store_url(url)}
+        try:
+            store = _open(url, readonly=True)
+            try:
+                facts.update(health.store_facts(store))
+            finally:
+                store.close()
+        except (StoreError, CliError) as exc:  # a report is still worth printing
+            facts["error"] = f"{type(exc).__name__}: {op.redact_urls(str(exc))}"
+            code = STORE
+        info["store"] = facts
+    else:
+        info["store"] = "none given (--db URL or POIMEN_DB)"
+    _emit(ns, info, lambda: render.doctor_text(info))
+    return code
 
 
 def _since(ns: argparse.Namespace, store: Store) -> float | None:
@@ -239,7 +286,9 @@ def cmd_recover(ns: argparse.Namespace) -> int:
         given = ns.db or os.environ.get("POIMEN_DB")
         if given and not _same_store(given, kernel.store.url):
             raise CliError(
-                f"--db/POIMEN_DB {given} is not the app's store {kernel.store.url}", code=USAGE
+                f"--db/POIMEN_DB {op.redact_store_url(given)} is not the app's store "
+                f"{op.redact_store_url(kernel.store.url)}",
+                code=USAGE,
             )
         show = ns.progress if ns.progress is not None else sys.stderr.isatty()
         bar: render.ProgressBar | None = None
@@ -354,7 +403,9 @@ def cmd_console(ns: argparse.Namespace) -> int:
             checks = dict(kernel.checks)
             if url and not _same_store(url, kernel.store.url):
                 raise CliError(
-                    f"--db/POIMEN_DB {url} is not the app's store {kernel.store.url}", code=USAGE
+                    f"--db/POIMEN_DB {op.redact_store_url(url)} is not the app's store "
+                    f"{op.redact_store_url(kernel.store.url)}",
+                    code=USAGE,
                 )
             url = kernel.store.url
         finally:
@@ -415,16 +466,22 @@ def _parser() -> argparse.ArgumentParser:
         description="Operate the poimen intent log: status, find, Indeterminate intents, abandon, audit, "
         "recovery.",
         epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable, "
-        "4 unexpected error",
+        "4 unexpected error, 5 INDETERMINATE intents (status --fail-if-indeterminate), "
+        "6 verify found a problem",
     )
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    sub.add_parser(
+    s = sub.add_parser(
         "status",
         parents=[common],
         help="counts by state and tool, oldest Indeterminate, unfinished intents",
+    )
+    s.add_argument(
+        "--fail-if-indeterminate",
+        action="store_true",
+        help="exit 5 when any intent is INDETERMINATE (for cron jobs and alerts)",
     )
 
     s = sub.add_parser("intents", parents=[common], help="list intents, oldest first")
@@ -487,6 +544,17 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    sub.add_parser(
+        "verify",
+        parents=[common],
+        help="check the log: integrity, schema, constraints, unfinished intents whose owner is "
+        "gone (exit 6 on a problem)",
+    )
+    sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="versions, platform, the store (secrets redacted) and its settings, for a bug report",
+    )
 
     s = sub.add_parser("console", parents=[common], help="serve the web console")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -576,7 +644,11 @@ def _fail(ns: argparse.Namespace | None, code: int, exc: BaseException, prefix: 
         error = {
             "type": type(exc).__name__,
             "message": message,
-            **{k: v for k, v in data.items() if k != "code"},
+            **{
+                k: op.redact_urls(v) if isinstance(v, str) else v
+                for k, v in data.items()
+                if k != "code"
+            },
         }
         print(op.safe_json({"error": error}))
     return code
@@ -598,6 +670,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_migrate(ns)
         if ns.cmd == "operators":
             return cmd_operators(ns)
+        if ns.cmd == "verify":
+            return cmd_verify(ns)
+        if ns.cmd == "doctor":
+            return cmd_doctor(ns)
         return cmd_console(ns)
     except CliError as exc:
         return _fail(ns, exc.code, exc, "")

@@ -233,3 +233,44 @@ class ProgressBar:
             self._draw(done)
         self.stream.write("\n")
         self.stream.flush()
+
+
+def verification_text(v: Any) -> str:
+    """`poimen verify`: what was checked, what is wrong, the intents nothing will finish."""
+    out = [
+        f"{v.backend} log, schema version {v.schema_version} (this poimen knows "
+        f"{v.known_version})",
+        f"checked: {', '.join(v.checks)}",
+    ]
+    out += [f"note: {n}" for n in v.notes]
+    for p in v.problems:
+        out.append(f"PROBLEM ({p.check}): {escape_text(p.message)}")
+    if v.orphans:
+        out.append(
+            f"{len(v.orphans)} unfinished intents whose owner is gone (recovery takes them over "
+            "once a kernel with their tools runs, or `poimen recover --app ...`):"
+        )
+        out.append(
+            table(
+                ["id", "tool", "call_id", "why"],
+                [(o.intent.id, o.intent.tool_id, o.intent.call_id, o.why) for o in v.orphans],
+            )
+        )
+    out.append("ok" if v.ok else "verify FAILED")
+    return "\n".join(out)
+
+
+def doctor_text(info: dict[str, Any]) -> str:
+    """`poimen doctor`: one `name: value` per line, nested sections indented."""
+    out = ["poimen doctor (secrets redacted; paste it into a bug report)"]
+
+    def walk(d: dict[str, Any], indent: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out.append(f"{indent}{k}:" + ("" if v else " -"))
+                walk(v, indent + "  ")
+            else:
+                out.append(f"{indent}{k}: {escape_text('-' if v is None else str(v))}")
+
+    walk(info, "")
+    return "\n".join(out)

@@ -17,6 +17,7 @@ from poimen._guard import sqlite_writes
 from poimen._intents import Denial, Intent, IntentState, Owner
 from poimen.errors import ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
+from poimen.store._fs import refuse_network_fs
 from poimen.store._sql import (
     Executor,
     Outcome,
@@ -610,6 +611,8 @@ class SqliteStore(SqlStore):
     connections for the length of one statement, however many threads read.
     `readonly=True` opens it for reading only (``mode=ro``): no migration, no switch to WAL,
     no writer, and every write raises `ReadOnlyStoreError`; the file is never changed.
+    A log on a network or FUSE filesystem is refused (`NetworkFilesystemError`) unless
+    `allow_network_fs` or ``POIMEN_ALLOW_NETWORK_FS=1`` (docs/platforms.md).
     """
 
     dialect = "sqlite"
@@ -623,6 +626,7 @@ class SqliteStore(SqlStore):
         migrate: bool = True,
         readonly: bool = False,
         readers: int = 8,
+        allow_network_fs: bool = False,
     ) -> None:
         if not sqlite_writes(str(path)):
             url = f"sqlite:///{path}"
@@ -636,6 +640,7 @@ class SqliteStore(SqlStore):
             raise StoreError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
         if isinstance(readers, bool) or not isinstance(readers, int) or readers < 1:
             raise StoreError(f"readers must be a whole number >= 1, not {readers!r}")
+        refuse_network_fs(str(path), allow=allow_network_fs)
         self.path = str(path)
         self.url = f"sqlite:///{self.path}"
         self._synchronous = synchronous.upper()

@@ -1,0 +1,113 @@
+"""The filesystem under a SQLite log, and refusing those whose locks and fsync cannot be trusted.
+
+SQLite's WAL mode needs POSIX locks and a shared-memory file that every process maps; on a
+network filesystem (NFS, SMB/CIFS, ...) or most FUSE filesystems locks may be advisory, lost
+or emulated and fsync may return before the data is safe, so two processes can both commit
+and a "durable" commit can vanish. The log must then live in PostgreSQL.
+
+Linux only: the mount is found in /proc/self/mountinfo. Elsewhere nothing is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from poimen.errors import NetworkFilesystemError
+
+MOUNTINFO = "/proc/self/mountinfo"
+#: Set to 1 to open a SQLite log on a filesystem poimen would refuse.
+ALLOW_ENV = "POIMEN_ALLOW_NETWORK_FS"
+
+# Network filesystems, and local ones that share a directory with another machine or the host
+# of a VM (9p: WSL2's drives, QEMU shares). Every FUSE filesystem ("fuse", "fuseblk",
+# "fuse.sshfs", ...) is refused too: its locks and fsync are whatever its daemon does.
+NETWORK_TYPES = frozenset({
+    "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "ncpfs", "afs", "coda", "9p",
+    "ceph", "glusterfs", "lustre", "gpfs", "ocfs2", "gfs2", "beegfs", "davfs", "orangefs",
+    "pvfs2", "vboxsf", "vmhgfs", "prl_fs",
+})  # fmt: skip
+
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One line of mountinfo: where it is mounted, its type, and what is mounted."""
+
+    point: str
+    fstype: str
+    source: str
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash in paths as \ooo octal escapes.
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """The mounts of a mountinfo text, in its order; lines that do not parse are skipped."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        try:
+            sep = fields.index("-", 6)  # optional fields end at a lone "-"
+            mounts.append(Mount(_unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])))
+        except (ValueError, IndexError):
+            continue
+    return mounts
+
+
+def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
+    """The mount holding the absolute, resolved `path`: the longest mount point above it,
+    the last one mounted there when several are stacked."""
+    best: Mount | None = None
+    for m in mounts:
+        point = m.point.rstrip("/") or "/"
+        inside = point == "/" or path == point or path.startswith(point + "/")
+        if inside and (best is None or len(point) >= len(best.point.rstrip("/") or "/")):
+            best = m
+    return best
+
+
+def is_network(fstype: str) -> bool:
+    return fstype in NETWORK_TYPES or fstype in ("fuse", "fuseblk") or fstype.startswith("fuse.")
+
+
+def _log_dir(path: str) -> str:
+    # Symlinks resolved as far as the folders exist: a log's folder made later is made on
+    # the mount that holds its nearest existing parent, or one below it.
+    return os.path.realpath(os.path.dirname(os.path.abspath(path)))
+
+
+def filesystem_of(path: str, *, mountinfo: str = MOUNTINFO) -> Mount | None:
+    """The mount holding the directory of the file at `path`; None where mountinfo cannot be
+    read (not Linux)."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return mount_of(_log_dir(path), parse_mountinfo(text))
+
+
+def refuse_network_fs(path: str, *, allow: bool = False, mountinfo: str = MOUNTINFO) -> None:
+    """Raise `NetworkFilesystemError` when the SQLite log at `path` would live on a network
+    or FUSE filesystem, unless `allow` or ``POIMEN_ALLOW_NETWORK_FS=1`` says otherwise."""
+    if allow or os.environ.get(ALLOW_ENV) == "1":
+        return
+    mount = filesystem_of(path, mountinfo=mountinfo)
+    if mount is None or not is_network(mount.fstype):
+        return
+    raise NetworkFilesystemError(
+        f"the SQLite intent log {path!r} would be on a {mount.fstype} filesystem "
+        f"({mount.source} on {mount.point}), where SQLite's locks and fsync cannot be trusted: "
+        "two processes could both commit and a commit could be lost. Keep the log on a local "
+        "disk, or use PostgreSQL (postgresql://...) to share it between machines; "
+        f"{ALLOW_ENV}=1 opens it anyway",
+        path=path,
+        fstype=mount.fstype,
+        mount_point=mount.point,
+    )
