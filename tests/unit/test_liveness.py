@@ -21,9 +21,11 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 _JUDGE = """
 import subprocess, sys
 import psutil
-if len(sys.argv) > 1:
-    psutil.PROCFS_PATH = sys.argv[1]  # psutil's own view of processes, as on other systems
 from poimen import _liveness
+if len(sys.argv) > 2 and sys.argv[1] == "--psutil-proc":
+    psutil.PROCFS_PATH = sys.argv[2]  # psutil's own view of processes, as on other systems
+if len(sys.argv) > 2 and sys.argv[1] == "--poimen-proc":
+    _liveness.PROC_ROOT = sys.argv[2]  # where poimen looks for procfs: nothing there
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 start = _liveness.process_start(child.pid)
 me = _liveness.current_owner()
@@ -54,10 +56,18 @@ def test_a_live_process_is_seen_alive_on_a_host_without_proc(tmp_path: Path) -> 
     real.mkdir()
     script = (
         f"mount --bind /proc {real} && mount -t tmpfs none /proc && "
-        f'exec {sys.executable} -c "$0" {real}'
+        f'exec {sys.executable} -c "$0" --psutil-proc {real}'
     )
     got = _run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, _JUDGE])
     # Started, own start known, alive, a reused pid is not the owner, dead once exited.
+    assert got == "True True True False False"
+
+
+def test_a_live_process_is_seen_alive_through_psutil_when_procfs_is_elsewhere(
+    tmp_path: Path,
+) -> None:
+    # Without root: poimen is pointed at an empty directory for procfs.
+    got = _run([sys.executable, "-c", _JUDGE, "--poimen-proc", str(tmp_path)])
     assert got == "True True True False False"
 
 
