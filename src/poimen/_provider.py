@@ -158,6 +158,10 @@ class _Ledger:
 
 class _ProviderServer(ThreadingHTTPServer):
     daemon_threads = True
+    # Tests open hundreds of connections at once. With the default backlog of 5 a busy accept
+    # loop overflows it, the kernel drops the connections, and clients retry seconds later,
+    # past their tools' timeouts.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], ledger: _Ledger, lookup_mode: str) -> None:
         super().__init__(address, _Handler)

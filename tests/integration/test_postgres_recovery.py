@@ -59,7 +59,7 @@ def hold_and_kill(
     Returns the Unsafe effects that landed before the kill: recovery must add none."""
     ready = tmp / "ready.json"
     proc = spawn_held_calls(url, provider_url, count, ready, **options)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # a bound for a broken child only: we wait on `ready`
     while not ready.exists():
         if proc.poll() is not None:
             _, err = proc.communicate()
@@ -74,9 +74,10 @@ def hold_and_kill(
 
 
 def recoverers(
-    url: str, provider_url: str, n: int, *, host: str | None = None
+    url: str, provider_url: str, n: int, *, host: str | None = None, timeout: float = 2.0
 ) -> list[dict[str, Any]]:
-    """`n` recovery processes started at once; each runs one pass. Returns their reports."""
+    """`n` recovery processes started at once; each runs one pass. Returns their reports.
+    `timeout` is their tools' (and lookups') HTTP timeout."""
     procs = []
     for i in range(n):
         cmd = [
@@ -89,7 +90,7 @@ def recoverers(
             "--provider",
             provider_url,
             "--timeout",
-            "2",
+            str(timeout),
             "--worker-id",
             f"recoverer-{i}",
         ]
@@ -102,20 +103,22 @@ def recoverers(
         )
     reports = []
     for p in procs:
-        out, err = p.communicate(timeout=120)
+        out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
         reports.append(json.loads(out.strip().splitlines()[-1]))
     return reports
 
 
-def settle_stragglers(url: str, provider_url: str, store: Store, host: str | None = None) -> None:
+def settle_stragglers(
+    url: str, provider_url: str, store: Store, host: str | None = None, timeout: float = 2.0
+) -> None:
     """On a loaded machine a lookup or a retry can meet a provider timeout: that intent is
     deferred or retried by class, so later passes finish it. Never more than three."""
     for _ in range(3):
         if not store.list_unfinished(after_id="", limit=1):
             return
         time.sleep(1.1)  # past the first lookup back-off
-        recoverers(url, provider_url, 1, host=host)
+        recoverers(url, provider_url, 1, host=host, timeout=timeout)
 
 
 def wait_past_deadlines(store: Store) -> None:
@@ -170,15 +173,19 @@ def test_four_recoverers_race_over_a_thousand_orphans(
     postgres_url: str, store: Store, provider: Any, ledger: ProviderClient, tmp_path: Path
 ) -> None:
     count = 1000
+    # Timeouts far above any request's time on a loaded machine: a SHIP call held after its
+    # effect must have had its request answered, not timed out, for its lookup to find it.
+    # The deadlines they set are waited for below, not guessed.
+    timeout = 30.0
     landed = hold_and_kill(
-        postgres_url, provider.url, ledger, count, tmp_path, prefix="race", timeout=3.0
+        postgres_url, provider.url, ledger, count, tmp_path, prefix="race", timeout=timeout
     )
     assert len(store.list_unfinished(after_id="", limit=count + 1)) == count
     wait_past_deadlines(store)
     started = time.monotonic()
-    recoverers(postgres_url, provider.url, 4)
+    recoverers(postgres_url, provider.url, 4, timeout=timeout)
     took = time.monotonic() - started
-    settle_stragglers(postgres_url, provider.url, store)
+    settle_stragglers(postgres_url, provider.url, store, timeout=timeout)
     assert store.list_unfinished(after_id="", limit=10) == []
     check_ledger(store, ledger, "race", count, landed)
     # One resolution per intent in the history, and the work really was shared.
