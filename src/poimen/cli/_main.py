@@ -23,6 +23,7 @@ from typing import Any
 from poimen import _health as health
 from poimen import _operator as op
 from poimen._kernel import Kernel
+from poimen._prune import prune
 from poimen.cli import _render as render
 from poimen.errors import (
     ConsoleConfigError,
@@ -278,6 +279,44 @@ def cmd_audit(ns: argparse.Namespace, store: Store) -> int:
         lambda: render.denials_text(rows) if rows else "no denials match",
     )
     return OK if rows else NOT_FOUND
+
+
+def cmd_prune(ns: argparse.Namespace, store: Store) -> int:
+    older = op.parse_duration(ns.older_than, "older_than")
+    ttls: dict[str, float] = {}
+    if ns.app:  # the tools' provider key windows: an intent inside one is kept
+        kernel = load_app(ns.app)
+        try:
+            for tid, reg in kernel.registered().items():
+                ttl = getattr(reg.effects, "key_ttl", None)
+                if ttl is not None:
+                    ttls[tid] = float(ttl)
+        finally:
+            kernel.close()
+    show = ns.progress if ns.progress is not None else sys.stderr.isatty()
+    bar = render.ProgressBar(0) if show else None
+    report = prune(
+        store,
+        older_than=older,
+        archive=ns.archive,
+        key_ttls=ttls,
+        batch=ns.batch,
+        progress=bar.update if bar else None,
+        allow_short=ns.allow_short_window,
+    )
+    if bar:
+        bar.finish(report.scanned)
+    _emit(
+        ns,
+        asdict(report),
+        lambda: (
+            f"pruned {report.pruned} settled intents (scanned {report.scanned}; kept "
+            f"{report.kept_for_key_window} inside their key window) and {report.denials} "
+            "denials of no intent"
+            + (f"; archived to {op.escape_text(report.archive)}" if report.archive else "")
+        ),
+    )
+    return OK
 
 
 def cmd_recover(ns: argparse.Namespace) -> int:
@@ -544,6 +583,25 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+
+    s = sub.add_parser(
+        "prune", parents=[common], help="remove settled intents and their history past a window"
+    )
+    s.add_argument("--older-than", required=True, help="the window: 30d, 12h (at least 7d)")
+    s.add_argument("--archive", help="append what is removed to this JSON Lines file first")
+    s.add_argument("--app", help="module:kernel: keep intents inside their tools' key windows")
+    s.add_argument("--batch", type=int, default=500, help="intents per transaction (500)")
+    s.add_argument(
+        "--allow-short-window",
+        action="store_true",
+        help="allow a window under 7 days (a re-used call id may then run again)",
+    )
+    s.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress on stderr (default: when stderr is a terminal)",
+    )
     sub.add_parser(
         "verify",
         parents=[common],
@@ -630,6 +688,7 @@ _STORE_COMMANDS: dict[str, Callable[[argparse.Namespace, Store], int]] = {
     "approve": cmd_approve,
     "reject": cmd_approve,
     "audit": cmd_audit,
+    "prune": cmd_prune,
 }
 _READING = frozenset({"status", "intents", "show", "audit"})
 

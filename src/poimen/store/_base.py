@@ -6,7 +6,7 @@ import importlib.resources
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from poimen._intents import (
     Attempt,
@@ -19,6 +19,9 @@ from poimen._intents import (
     Owner,
 )
 from poimen.errors import CorruptRowError
+
+if TYPE_CHECKING:
+    from poimen.store._retention import History
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +158,12 @@ class Store(Protocol):
         context: Mapping[str, str] | None = None,
     ) -> Intent: ...
     def expire_approvals(self, now: float, limit: int = 500) -> list[str]: ...
+
+    # Retention (`poimen prune`).
+    def prune_candidates(self, *, after_id: str, before: float, limit: int) -> list[Intent]: ...
+    def histories(self, intents: Sequence[Intent]) -> list[History]: ...
+    def prune(self, intent_ids: Sequence[str], *, before: float) -> list[str]: ...
+    def prune_denials(self, *, before: float, limit: int) -> int: ...
     def get_intent(self, intent_id: str) -> Intent | None: ...
     def get_by_call_id(self, call_id: str) -> Intent | None: ...
     def list_intents(

@@ -43,6 +43,7 @@ from poimen.store._base import (
     intent_from_row,
     notification_from_row,
 )
+from poimen.store._retention import Retention
 
 T = TypeVar("T")
 S = IntentState
@@ -393,7 +394,7 @@ def claim_params(
     )
 
 
-class SqlStore:
+class SqlStore(Retention):
     """The methods both backends run the same way. Each write's `op(ex, retrying)` gets
     `retrying=True` only on PostgreSQL, on a try after one whose answer was lost."""
 
