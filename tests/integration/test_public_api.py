@@ -181,3 +181,21 @@ def test_derived_call_ids_repeat_across_a_restart_and_count_occurrences() -> Non
     for bad in ("", None):
         with pytest.raises(PoimenError):
             call_ids.CallIds(bad)  # type: ignore[arg-type]
+
+
+def test_the_key_is_derived_from_the_recorded_arguments_not_the_raw_ones(
+    store_url: str,
+) -> None:
+    # Recovery derives the key again from the recorded (validated, defaults filled) arguments:
+    # the call path must have used the same, or every recovery would be key drift.
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="pay", effects=Idempotent(key=KeyDerivation.all_args()), caps=Caps(),
+                timeout=5)
+        def pay(ctx: ToolContext, order: str, cents: int, currency: str = "EUR") -> str:
+            return order
+
+        k.call("pay", {"order": "o1", "cents": "1200"}, call_id="c1")  # coerced, default added
+        it = intent_of(k, "c1")
+        recorded = __import__("json").loads(it.args)
+        assert recorded == {"order": "o1", "cents": 1200, "currency": "EUR"}
+        assert it.key == KeyDerivation.all_args().derive("pay", recorded)

@@ -133,6 +133,19 @@ def test_custom_derivations_reading_clocks_or_randomness_are_refused() -> None:
     assert pure.derive("t", {"order_id": "o"}) == pure.derive("t", {"order_id": "o"})
 
 
+def test_a_clock_read_in_a_nested_function_or_comprehension_is_refused_too() -> None:
+    def nested(a: Any) -> Any:
+        def stamp() -> float:
+            return time.monotonic()
+
+        return (a["x"], stamp())
+
+    with pytest.raises(NondeterministicKeyError, match="monotonic"):
+        KeyDerivation.custom(nested)
+    with pytest.raises(NondeterministicKeyError, match="random"):
+        KeyDerivation.custom(lambda a: [random.random() for _ in a])
+
+
 def test_queryable_lookup_must_be_callable() -> None:
     with pytest.raises(RegistrationError, match="callable"):
         ToolRegistration(id="q", effects=Queryable(lookup="nope"), caps=Caps(),  # type: ignore[arg-type]

@@ -1,0 +1,182 @@
+"""The mutants: each the smallest change that breaks one safety rule of docs/design.md, and the
+tests that must notice it. Versioned with the code: a mutant whose text no longer occurs
+fails the run as NOT APPLIED, so the catalogue cannot silently rot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Mutant:
+    id: str
+    rule: str
+    file: str  # under src/
+    find: str
+    replace: str
+    tests: tuple[str, ...]
+
+
+DECIDE = "poimen/_decide.py"
+PROTOCOL = "poimen/_protocol.py"
+RUNNERS = "poimen/_runners.py"
+KERNEL = "poimen/_kernel.py"
+CAP = "poimen/_capability.py"
+GUARD = "poimen/_guard.py"
+SQL = "poimen/store/_sql.py"
+T_DECIDE = ("tests/unit/test_decide.py",)
+T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
+T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not postgres")
+T_BAD = ("tests/integration/test_bad_input.py", "-k", "sqlite or not postgres")
+T_STORE = ("tests/contract/test_store_machine.py", "tests/contract/test_store_contract.py",
+           "-k", "sqlite")
+T_RECOVERY = ("tests/integration/test_effect_recovery.py", "tests/crash", "-k",
+              "sqlite or not postgres")
+
+MUTANTS: list[Mutant] = [
+    # The decision rules.
+    Mutant("unsafe-retried", "Unsafe is never retried", DECIDE,
+           'return MarkIndeterminate("unsafe_unknown_outcome")', "return Retry()",
+           T_DECIDE + T_RECOVERY[:-2]),
+    Mutant("queryable-no-lookup", "a Queryable retry only after asking the provider", DECIDE,
+           '                case Unasked():\n                    return Ask("lookup")',
+           "                case Unasked():\n                    return Retry()", T_DECIDE),
+    Mutant("queryable-before-deadline", "not landed is trusted only after the deadline", DECIDE,
+           "if intent.deadline_at is not None and now < intent.deadline_at:", "if False:",
+           T_DECIDE),
+    Mutant("key-drift-ignored", "a changed key derivation is never retried", DECIDE,
+           "if key != intent.key:", "if False:", T_DECIDE),
+    Mutant("effect-changed-ignored", "the recorded class decides", DECIDE,
+           "if effect_name(current) != intent.effect:", "if False:", T_DECIDE),
+    Mutant("key-window-ignored", "no retry past the provider's key window", DECIDE,
+           "if ttl is not None and now - intent.created_at > ttl:", "if False:", T_DECIDE),
+    Mutant("attempts-unbounded", "retries stop at the attempt bound", DECIDE,
+           "                    if intent.attempts >= policy.max_attempts:\n"
+           '                        return MarkIndeterminate("retries_exhausted")\n'
+           "                    return Retry()\n        case Queryable():",
+           "                    return Retry()\n        case Queryable():", T_DECIDE),
+    Mutant("lookup-limit-ignored", "Unknown lookups stop at their limit", DECIDE,
+           "if n >= policy.lookup_limit:", "if n >= policy.lookup_limit + 10**6:", T_DECIDE),
+    Mutant("lease-ignored", "a live owner's call is never taken over", DECIDE,
+           "if intent.lease_expires_at is not None and intent.lease_expires_at <= now:",
+           "if intent.lease_expires_at is not None:", T_DECIDE),
+    Mutant("held-ignored", "a kernel never takes over a call it drives", DECIDE,
+           '    if held:\n        return "held"\n', "", T_DECIDE + (
+               "tests/integration/test_in_process_races.py",)),
+    Mutant("pid-judged-elsewhere", "a pid means something only on its own host", DECIDE,
+           "if o.host == me.host and not alive(o):", "if not alive(o):", T_DECIDE),
+    # The protocol.
+    Mutant("no-takeover-deadline", "a dead owner's request may land until a timeout later",
+           PROTOCOL, "if later is not None and isinstance(t.registration.effects, Queryable):",
+           "if False:", T_LIFE),
+    Mutant("no-deadline-restamp", "a slow commit does not eat the deadline", PROTOCOL,
+           "    if not isinstance(t.registration.effects, Queryable):\n        return intent\n"
+           "    for _ in range(3):",
+           "    if True:\n        return intent\n    for _ in range(3):", T_LIFE),
+    Mutant("no-unknown-deadline", "an unknown outcome moves the deadline past its end",
+           PROTOCOL, "            intent = dataclasses.replace(intent, deadline_at=deadline)\n",
+           "            deadline = None\n", T_LIFE),
+    Mutant("cancel-releases-hold", "a cancelled caller leaves its tool held until it returns",
+           RUNNERS, "                    _continue_in_thread(e, gen, cf)",
+           "                    gen.close()", T_LIFE),
+    Mutant("not-sent-after-write", "a request that never left is FAILED only if nothing went "
+           "out", CAP, "if left == 0 and (scope is None or scope.writes == 0):", "if True:",
+           T_LIFE),
+    Mutant("key-from-raw-args", "the key is derived from the recorded arguments", KERNEL,
+           "            key = effects.key.derive(t.id, recorded)\n",
+           "            key = effects.key.derive(t.id, dict(args))\n",
+           ("tests/integration/test_public_api.py", "-k", "recorded_arguments and sqlite")),
+    # Identity and background duties.
+    Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
+           "        e.owner = current_owner(", "        e.owner = e.owner or current_owner(",
+           T_LIFE),
+    Mutant("duplicate-worker", "one identity per live kernel", KERNEL,
+           "if other is not None and other is not k and not other._closed:", "if False:",
+           T_LIFE),
+    Mutant("recovery-not-isolated", "one bad intent does not stop recovery",
+           "poimen/_recovery.py",
+           '    except Exception:\n        log.exception("recovery of intent %s failed',
+           '    except ZeroDivisionError:\n        log.exception("recovery of intent %s failed',
+           T_LIFE),
+    # The keyed capability and the guard.
+    Mutant("forged-token-allowed", "a forged write token is denied", CAP,
+           'if problem == "forged":', "if False:", T_CAP),
+    Mutant("denial-not-audited", "a denial is recorded before the tool sees it", CAP,
+           "denial = store.record_denial(now=store.now(), **data)",
+           "denial = type('D', (), {'id': None})()", T_CAP),
+    Mutant("purge-not-a-write", "every method but GET/HEAD/OPTIONS/TRACE carries the key", CAP,
+           'READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})',
+           'READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PURGE"})', T_BAD),
+    Mutant("read-only-writes", "a ReadOnly tool writes nothing", CAP,
+           '        scope.deny_write("http", target)\n', "",
+           ("tests/integration/test_public_api.py", "-k", "read_only and sqlite")),
+    Mutant("guard-open-flags", "an out-of-band file write is denied", GUARD,
+           "_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR", "_WRITE_FLAGS = os.O_RDWR", T_CAP),
+    Mutant("guard-sqlite-writes", "an out-of-band SQLite write is denied", GUARD,
+           '    "sqlite3.connect": _sqlite,\n', "", T_CAP + T_BAD[:1]),
+    # The store's compare-and-set rules.
+    Mutant("indeterminate-stale-fence", "a stale owner changes nothing", SQL,
+           '"UPDATE intents SET state = \'INDETERMINATE\', reason = ?, lease_expires_at = NULL, "\n'
+           '            "next_check_at = NULL, updated_at = ? "\n'
+           '            "WHERE id = ? AND fence = ?',
+           '"UPDATE intents SET state = \'INDETERMINATE\', reason = ?, lease_expires_at = NULL, "\n'
+           '            "next_check_at = NULL, updated_at = ? "\n'
+           '            "WHERE id = ? AND fence >= ?', T_STORE),
+    Mutant("renewal-shortens", "a renewal never shortens a lease", SQL,
+           'f"UPDATE intents SET lease_expires_at = {g}(COALESCE(lease_expires_at, ?), ?) "',
+           'f"UPDATE intents SET lease_expires_at = COALESCE(?, ?) "', T_STORE),
+    Mutant("resolve-two-winners", "an operator's decision has exactly one winner", SQL,
+           '"WHERE id = ? AND state = \'INDETERMINATE\'"', '"WHERE id = ?"', T_STORE),
+    Mutant("approve-two-winners", "an approval has exactly one winner", SQL,
+           "\"reason = 'approved', updated_at = ? \"\n"
+           "            \"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'\"",
+           "\"reason = 'approved', updated_at = ? \"\n"
+           "            \"WHERE id = ? AND fence = ?\"",
+           ("tests/integration/test_approval.py", "-k", "sqlite")),
+    Mutant("append-only-sqlite", "events are append-only", "poimen/store/sql/sqlite/0007_retention.sql",
+           "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\n"
+           "WHEN NOT EXISTS (SELECT 1 FROM poimen_pruning)",
+           "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\nWHEN 0",
+           T_STORE + ("tests/integration/test_retention.py",)),
+    Mutant("truncate-postgres", "the history cannot be truncated",
+           "poimen/store/sql/postgres/0001_initial.sql",
+           "CREATE TRIGGER events_append_only_t BEFORE TRUNCATE ON events\n"
+           "    FOR EACH STATEMENT EXECUTE FUNCTION poimen_append_only();\n", "",
+           ("tests/contract/test_store_contract.py", "-k", "append_only and postgres")),
+    Mutant("prune-unfinished", "a prune never removes an unfinished intent",
+           "poimen/store/_retention.py",
+           'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED")',
+           'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED", '
+           '"DISPATCHED")', ("tests/integration/test_retention.py", "-k", "sqlite")),
+    # The operator path.
+    Mutant("redaction-skipped", "secrets are redacted wherever they are shown",
+           "poimen/_operator.py",
+           'return SECRET_NAME.search(name.lower().replace("-", "_")) is not None',
+           "return False", ("tests/unit/test_operator.py", "tests/integration/test_cli.py",
+                            "-k", "redact or secret")),
+    Mutant("event-detail-unredacted", "event details are redacted in JSON output",
+           "poimen/_operator.py", "    detail = _redacted_json(e.detail)\n",
+           "    detail = json.loads(e.detail) if e.detail else None\n",
+           ("tests/unit/test_operator.py", "tests/integration/test_cli.py", "-k",
+            "redact or secret")),
+    Mutant("webhook-future-timestamp", "a webhook signature from the future is refused",
+           "poimen/_notify.py",
+           "if abs((time.time() if now is None else now) - int(timestamp)) > tolerance:",
+           "if (time.time() if now is None else now) - int(timestamp) > tolerance:",
+           ("tests/unit/test_operator.py", "tests/integration/test_webhook.py", "-k",
+            "signature or timestamp")),
+    Mutant("csrf-skipped", "a console change needs the session's CSRF token",
+           "poimen/console/_app.py", "        return _same(form_value, v.session.csrf)",
+           "        return True", ("tests/integration/test_console.py",)),
+    Mutant("origin-skipped", "a console change comes from the console's own origin",
+           "poimen/console/_app.py",
+           'if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":',
+           "if False:", ("tests/integration/test_console.py",)),
+    Mutant("approval-expiry-ignored", "an approval window ends", "poimen/_recovery.py",
+           "    report.expired = len(e.store.expire_approvals(e.store.now()))\n", "",
+           ("tests/integration/test_approval.py", "-k", "sqlite")),
+    Mutant("impure-nested", "a key derivation reading the clock in a nested function is refused",
+           "poimen/_effects.py",
+           "        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))\n", "",
+           ("tests/unit/test_keys.py", "tests/unit/test_registration.py")),
+]
