@@ -61,8 +61,7 @@ MUTANTS: list[Mutant] = [
            "if intent.lease_expires_at is not None and intent.lease_expires_at <= now:",
            "if intent.lease_expires_at is not None:", T_DECIDE),
     Mutant("held-ignored", "a kernel never takes over a call it drives", DECIDE,
-           '    if held:\n        return "held"\n', "", T_DECIDE + (
-               "tests/integration/test_in_process_races.py",)),
+           '    if held:\n        return "held"\n', "", (*T_DECIDE, "tests/integration/test_in_process_races.py")),
     Mutant("pid-judged-elsewhere", "a pid means something only on its own host", DECIDE,
            "if o.host == me.host and not alive(o):", "if not alive(o):", T_DECIDE),
     # The protocol.
@@ -137,7 +136,7 @@ MUTANTS: list[Mutant] = [
            "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\n"
            "WHEN NOT EXISTS (SELECT 1 FROM poimen_pruning)",
            "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\nWHEN 0",
-           T_STORE + ("tests/integration/test_retention.py",)),
+           (*T_STORE, "tests/integration/test_retention.py")),
     Mutant("truncate-postgres", "the history cannot be truncated",
            "poimen/store/sql/postgres/0001_initial.sql",
            "CREATE TRIGGER events_append_only_t BEFORE TRUNCATE ON events\n"
