@@ -138,3 +138,13 @@ class OutcomeUnknownError(PoimenError):
     """A tool call's effect may or may not have happened (Indeterminate), or it is not settled
     yet (Pending). Do not call it again: an operator decides, then `Kernel.wait(call_id)`
     returns the decision. `call_id`, `intent_id`, `outcome` and `reason` say which call."""
+
+
+class NondeterministicUndoError(RegistrationError):
+    """An undo's argument derivation is not a pure function of the original call's recorded
+    arguments and result."""
+
+
+class UndoError(PoimenError):
+    """`Kernel.undo` was refused before anything was undone (a bad scope, an undo tool that is
+    not registered)."""

@@ -3,7 +3,7 @@
 Access: a token, given once (``?token=`` on any page, the login form, or an
 ``Authorization: Bearer`` header), opens a session: a random id in an HttpOnly,
 SameSite=Strict cookie (Secure over HTTPS), kept server-side with its expiry and its own
-CSRF token, and ended server-side by logging out. State changes (resolve, abandon, logout)
+CSRF token, and ended server-side by logging out. State changes (resolve, abandon, undo, logout)
 are POSTs that must carry the session's CSRF token and, if the browser sends an Origin,
 come from this console's own origin. Requests naming another host than the console's are
 refused before routing. Anything else is refused before a store method is called.
@@ -35,7 +35,15 @@ from starlette.types import ASGIApp
 
 from poimen import _operator as op
 from poimen._intents import Intent, IntentState
-from poimen.errors import IntentNotFoundError, NotDispatchedError, NotIndeterminateError
+from poimen._undo import Undoer
+from poimen.errors import (
+    IntentNotFoundError,
+    NotDispatchedError,
+    NotIndeterminateError,
+    StoreError,
+    UndoError,
+    UnknownToolError,
+)
 from poimen.store._base import Store
 
 T = TypeVar("T")
@@ -59,12 +67,14 @@ _HEADERS = {
 class ConsoleOptions:
     """How the console runs: `session_ttl` seconds a login lasts; `trust_proxy` believes
     X-Forwarded-Proto/-For; `allowed_hosts` are host names it answers to besides localhost;
-    `checks` maps a tool id to what an operator should check before resolving its calls."""
+    `checks` maps a tool id to what an operator should check before resolving its calls;
+    `undo` is the application's `Kernel.undo` (only with its tools can calls be undone)."""
 
     session_ttl: float = 12 * 3600.0
     trust_proxy: bool = False
     allowed_hosts: tuple[str, ...] = ()
     checks: Mapping[str, str] = field(default_factory=dict)
+    undo: Undoer | None = None
 
     def with_hosts(self, *hosts: str) -> ConsoleOptions:
         return replace(self, allowed_hosts=(*self.allowed_hosts, *hosts))
@@ -276,6 +286,7 @@ def create_app(store: Store, *, token: str, options: ConsoleOptions | None = Non
         return c.page(
             request,
             "intents.html",
+            can_undo=options.undo is not None,
             rows=rows,
             call_id=call_id,
             state=q.get("state") or "",
@@ -306,6 +317,7 @@ def create_app(store: Store, *, token: str, options: ConsoleOptions | None = Non
             run_prefix=op.run_prefix(d.intent.call_id),
             check=options.checks.get(d.intent.tool_id),
             done=request.query_params.get("done", ""),
+            can_undo=options.undo is not None,
         )
 
     async def _current(request: Request, form: Any) -> Intent | Response:
@@ -416,6 +428,46 @@ def create_app(store: Store, *, token: str, options: ConsoleOptions | None = Non
             return c.refuse(request, 400, "Refused", f"{exc}. Nothing was changed.")
         return RedirectResponse(f"/intents/{current.id}?done=abandoned", status_code=303)
 
+    async def undo(request: Request) -> Response:
+        """GET: what undoing a scope would do (a dry run) and the form; POST: undo it."""
+        if options.undo is None:
+            return c.refuse(
+                request, 404, "Undo is not available",
+                "This console was started without --app: it cannot run the application's "
+                "undo tools. Start it with --app module:kernel.",
+            )
+        form: dict[str, str] = {}
+        if request.method == "POST":
+            form_data = await request.form()
+            if not c.csrf_ok(request, form_data.get("csrf")):
+                return c.refuse(
+                    request, 403, "Refused", "missing or wrong CSRF token: nothing was changed"
+                )
+            form = {k: v for k, v in form_data.items() if isinstance(v, str)}
+        scope = form.get("scope") or request.query_params.get("scope") or ""
+        errors: dict[str, str] = {}
+        operator, reason = _decided(form, errors) if form else ("", "")
+        run = request.method == "POST" and not errors
+        report = None
+        try:
+            if scope:
+                report = await _io(
+                    options.undo, scope, operator=operator if run else None,
+                    reason=reason if run else None, dry_run=not run,
+                )
+        except (UndoError, UnknownToolError, op.OperatorInputError) as exc:
+            return c.refuse(request, 400, "Refused", f"{exc}. Nothing was changed.")
+        except StoreError as exc:
+            return c.refuse(
+                request, 503, "The intent log failed",
+                f"{exc}. Undos made before it failed stay made; undo again to resume "
+                "(nothing is undone twice).",
+            )
+        return c.page(
+            request, "undo.html", 400 if errors else 200, report=report, scope=scope,
+            form=form, errors=errors, ran=run,
+        )
+
     async def audit(request: Request) -> Response:
         tool = request.query_params.get("tool") or None
         rows = await _io(op.audit, store, tool_id=tool, limit=1000)
@@ -456,6 +508,7 @@ def create_app(store: Store, *, token: str, options: ConsoleOptions | None = Non
         Route("/intents/{intent_id}", guarded(intent)),
         Route("/intents/{intent_id}/resolve", guarded(resolve), methods=["POST"]),
         Route("/intents/{intent_id}/abandon", guarded(abandon), methods=["POST"]),
+        Route("/undo", guarded(undo), methods=["GET", "POST"]),
         Route("/audit", guarded(audit)),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", guarded(logout), methods=["POST"]),
