@@ -49,7 +49,7 @@ S = IntentState
 #: How an undo's arguments follow from the original call: (recorded arguments, recorded
 #: result) -> the undo's arguments. The result is None when none was recorded (an
 #: Indeterminate call, a landed resolution without one).
-UndoArgs = Callable[[Mapping[str, JSONValue], JSONValue], Mapping[str, Any]]
+UndoArgs = Callable[[Mapping[str, Any], Any], Mapping[str, Any]]
 
 #: The most intents one `undo` looks at; a larger scope is refused, not cut short.
 MAX_SCOPE = 10_000

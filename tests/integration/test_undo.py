@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from poimen import Completed, IntentState, Kernel, UndoReport
+from poimen import Completed, Intent, IntentState, Kernel, UndoReport
 from poimen.call_ids import undo_of
 from poimen.errors import UndoError, UnknownToolError
 from poimen.testing import ProviderClient, ProviderProcess, kill_at_pause
@@ -36,10 +36,18 @@ def statuses(report: UndoReport) -> list[tuple[str, str]]:
     return [(s.call_id, s.status) for s in report.steps]
 
 
-def events_of(k: Kernel, call_id: str) -> list[Any]:
+def intent_of(k: Kernel, call_id: str) -> Intent:
     it = k.store.get_by_call_id(call_id)
     assert it is not None
-    return k.store.events(it.id)
+    return it
+
+
+def state_of(k: Kernel, call_id: str) -> S:
+    return intent_of(k, call_id).state
+
+
+def events_of(k: Kernel, call_id: str) -> list[Any]:
+    return k.store.events(intent_of(k, call_id).id)
 
 
 def make_run(k: Kernel, scope: str = "run-1/") -> None:
@@ -85,7 +93,7 @@ def test_a_scope_is_undone_newest_first_each_effect_exactly_once(
         assert len(asked) == len(undone) == 1 and undone[0].actor == asked[0].actor == "ann"
         assert json.loads(asked[0].detail)["reason"] == "customer cancelled"
         assert json.loads(undone[0].detail)["undo_intent_id"] == report.steps[3].undo_intent_id
-        assert k.store.get_by_call_id("run-1/1").state == S.COMPLETED  # its state stays
+        assert state_of(k, "run-1/1") == S.COMPLETED  # its state stays
 
         # Again: everything is found undone, nothing is sent, no event doubles.
         again = k.undo("run-1/", operator="bob")
@@ -138,7 +146,7 @@ def test_an_indeterminate_call_is_not_undone_blindly(
         assert kill_at_pause(p, pause) == "after_effect"
     with make_kernel(store_url, provider.url) as k:
         k.recover()
-        assert k.store.get_by_call_id("run-1/2").state == S.INDETERMINATE
+        assert state_of(k, "run-1/2") == S.INDETERMINATE
         report = k.undo("run-1/", operator="ann")
         assert statuses(report) == [("run-1/3", "undone"), ("run-1/2", "waiting"),
                                     ("run-1/1", "undone")]
@@ -148,7 +156,7 @@ def test_an_indeterminate_call_is_not_undone_blindly(
             1, 0, 1)
         assert k.store.get_by_call_id("undo/run-1/2") is None
 
-        k.resolve(k.store.get_by_call_id("run-1/2").id, landed=True, operator="ann",
+        k.resolve(intent_of(k, "run-1/2").id, landed=True, operator="ann",
                   reason="bob got the email")
         again = k.undo("run-1/", operator="ann")
         assert again.complete and [s.status for s in again.steps] == [
@@ -221,7 +229,7 @@ def test_bad_requests_are_refused_before_anything_is_undone(
         def charge(ctx: Any, order: str, cents: int) -> None:
             return None
 
-        with pytest.raises(UnknownToolError, match="u.missing"):
+        with pytest.raises(UnknownToolError, match=r"u\.missing"):
             k2.undo("run-1/", operator="ann")
     finally:
         k2.close()
