@@ -5,7 +5,6 @@ lost. Both backends."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -13,19 +12,12 @@ from poimen._intents import IntentState
 from poimen.errors import IntentNotFoundError, ReadOnlyStoreError, StoreError
 from poimen.store import Store, open_store
 from poimen.store.postgres import PostgresStore
+from tests.contract import test_store_contract
 from tests.contract.test_store_contract import dispatch
 from tests.integration.test_postgres_lost_commit import CommitCutter, cutter  # noqa: F401
 
 S = IntentState
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    s = open_store(store_url)
-    try:
-        yield s
-    finally:
-        s.close()
+store = test_store_contract.store  # the conformance suite's fixture
 
 
 def test_an_event_is_appended_once_and_changes_nothing_else(

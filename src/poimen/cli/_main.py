@@ -216,14 +216,21 @@ def cmd_audit(ns: argparse.Namespace, store: Store) -> int:
     return OK if rows else NOT_FOUND
 
 
-def cmd_recover(ns: argparse.Namespace) -> int:
+def _app_on_db(ns: argparse.Namespace) -> Kernel:
+    """The --app kernel; refused (and closed) if --db/POIMEN_DB names another store."""
     kernel = load_app(ns.app)
+    given = ns.db or os.environ.get("POIMEN_DB")
+    if given and not _same_store(given, kernel.store.url):
+        kernel.close()
+        raise CliError(
+            f"--db/POIMEN_DB {given} is not the app's store {kernel.store.url}", code=USAGE
+        )
+    return kernel
+
+
+def cmd_recover(ns: argparse.Namespace) -> int:
+    kernel = _app_on_db(ns)
     try:
-        given = ns.db or os.environ.get("POIMEN_DB")
-        if given and not _same_store(given, kernel.store.url):
-            raise CliError(
-                f"--db/POIMEN_DB {given} is not the app's store {kernel.store.url}", code=USAGE
-            )
         show = ns.progress if ns.progress is not None else sys.stderr.isatty()
         bar: render.ProgressBar | None = None
         if show:
@@ -260,13 +267,8 @@ def cmd_undo(ns: argparse.Namespace) -> int:
     """Reverse a scope's landed calls by the app's undo tools, newest first (docs/undo.md)."""
     if not ns.dry_run and not ns.operator:
         raise CliError("undo needs --operator (who asks), or --dry-run", code=USAGE)
-    kernel = load_app(ns.app)
+    kernel = _app_on_db(ns)
     try:
-        given = ns.db or os.environ.get("POIMEN_DB")
-        if given and not _same_store(given, kernel.store.url):
-            raise CliError(
-                f"--db/POIMEN_DB {given} is not the app's store {kernel.store.url}", code=USAGE
-            )
         report = kernel.undo(
             ns.scope, operator=ns.operator, reason=ns.reason, dry_run=ns.dry_run
         )
