@@ -392,7 +392,10 @@ def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
         return _step(it, "to_undo", **named, undo_intent_id=latest.id if resume and latest else None)
     try:
         args = r.derive(it)
+        undo_tool.validate(args)  # refused here, before anything is recorded for it
     except ArgumentError as exc:
+        if it.state == S.INDETERMINATE:  # e.g. the derivation needs the result it lacks
+            return _step(it, "waiting", undo_tool=r.tool, reason=f"its outcome is unknown: {exc}")
         return _step(it, "stopped", **named, reason=str(exc))
     if not resume:
         detail = {"undo_call_id": uid, "undo_tool": r.tool, "operator": who.operator,

@@ -274,3 +274,43 @@ def test_an_undo_whose_arguments_cannot_be_derived_stops_and_sends_nothing(
         report = k.undo("s/1", operator="ann")  # the older one as a scope of its own
         assert statuses(report) == [("s/1", "stopped")]
         assert "KeyError" in str(report.steps[0].reason) and sent == []
+
+        @k.tool(id="t.c", effects=Unsafe(), caps=Caps(), timeout=1, undo="t.undo",
+                undo_args=lambda a, r: {"y": 1})
+        def c(ctx: Any) -> None:
+            return None
+
+        k.call("t.c", {}, call_id="s3/1")
+        report = k.undo("s3/", operator="ann")  # arguments the undo tool does not take
+        assert statuses(report) == [("s3/1", "stopped")]
+        assert "argument 'x'" in str(report.steps[0].reason) and sent == []
+        assert k.store.get_by_call_id("undo/s3/1") is None
+        assert all(e.kind != "undo_requested" for e in events_of(k, "s3/1"))
+
+
+def test_an_indeterminate_call_whose_undo_needs_its_result_waits_for_the_operators(
+    store_url: str,
+) -> None:
+    """The operator's landed resolution supplies the result the undo's arguments need."""
+    from poimen import Caps, Idempotent, Indeterminate, KeyDerivation, Unsafe
+
+    with Kernel(store_url, notifiers=[]) as k:
+        refunded: list[int] = []
+
+        @k.tool(id="t.pay", effects=Unsafe(), caps=Caps(), timeout=1, undo="t.refund",
+                undo_args=lambda a, r: {"payment": r["id"]})
+        def pay(ctx: Any) -> None:
+            raise ConnectionResetError("the answer was lost")
+
+        @k.tool(id="t.refund", effects=Idempotent(key=KeyDerivation.all_args()), caps=Caps(),
+                timeout=1)
+        def refund(ctx: Any, payment: int) -> None:
+            refunded.append(payment)
+
+        assert isinstance(k.call("t.pay", {}, call_id="p/1"), Indeterminate)
+        report = k.undo("p/", operator="ann")
+        assert statuses(report) == [("p/1", "waiting")] and report.stopped_at is None
+        assert "outcome is unknown" in str(report.steps[0].reason) and refunded == []
+        k.resolve(intent_of(k, "p/1").id, landed=True, result={"id": 42}, operator="ann",
+                  reason="the provider shows payment 42")
+        assert k.undo("p/", operator="ann").complete and refunded == [42]
