@@ -35,6 +35,7 @@ from poimen._recovery import RecoveryReport
 from poimen._retry import Retry
 from poimen._spec import ToolHandle, ToolSpec
 from poimen._tools import Caps, ToolRegistration
+from poimen._undo import UndoReport, UndoStep
 from poimen.errors import DefiniteFailure, NotSent
 
 __all__ = [
@@ -80,6 +81,8 @@ __all__ = [
     "ToolHandle",
     "ToolRegistration",
     "ToolSpec",
+    "UndoReport",
+    "UndoStep",
     "Unknown",
     "Unsafe",
     "WebhookNotifier",

@@ -4,7 +4,9 @@
 ``POIMEN_PAUSE_AT=point`` writes ``POIMEN_PAUSE_FILE`` and waits there for the parent's SIGKILL.
 Points: ``before_dispatch_commit``, ``after_dispatch_commit``, ``mid_call`` (inside a test tool,
 before its effect), ``after_effect`` (the tool returned, its outcome not yet committed),
-``before_notify`` (an INDETERMINATE state and its outbox row committed, not yet delivered).
+``before_notify`` (an INDETERMINATE state and its outbox row committed, not yet delivered),
+``undo_landed`` (`Kernel.undo`: an undo's outcome committed, its "undone" event not yet
+recorded), ``between_undos`` (an undo and its event recorded, the next undo not started).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ POINTS = (
     "mid_call",
     "after_effect",
     "before_notify",
+    "undo_landed",
+    "between_undos",
 )
 
 _CRASH = frozenset(p for p in os.environ.get("POIMEN_CRASH_AT", "").split(",") if p)

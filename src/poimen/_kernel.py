@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
-from poimen import _guard, _protocol, _runners
+from poimen import _guard, _protocol, _runners, _undo
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, Unsafe, effect_name
 from poimen._intents import Denial, Intent, Outcome
@@ -35,6 +35,7 @@ from poimen._retry import Retry
 from poimen._runners import run_async, run_sync
 from poimen._spec import ToolHandle, ToolSpec, safe_name, spec_of
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
+from poimen._undo import UndoArgs, UndoReport, UndoRule
 from poimen._upkeep import Upkeep
 from poimen.errors import (
     ArgumentError,
@@ -156,6 +157,7 @@ class Kernel:
         )
         self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
         self._approvals: dict[str, _ApprovalRule] = {}
+        self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
         _LIVE.add(self)
@@ -186,6 +188,8 @@ class Kernel:
         description: str | None = None,
         requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
         approval_ttl: float | None = None,
+        undo: str | None = None,
+        undo_args: UndoArgs | None = None,
     ) -> Callable[[Callable[Concatenate[ToolContext, P], R]], ToolHandle[P, R]]:
         """Register the decorated function; returns a `ToolHandle` (the function, callable as
         before, with typed `call`/`acall`). Every argument but `retry` and `description` is
@@ -193,7 +197,10 @@ class Kernel:
         `Retry(attempts=max_attempts)`); `description` is what models read (default: the
         function's docstring). `requires_approval` (True, or a predicate on the recorded
         arguments) records such a call AWAITING_APPROVAL and dispatches it only once an
-        operator approves; `approval_ttl` seconds without a decision fail it."""
+        operator approves; `approval_ttl` seconds without a decision fail it. `undo` names the
+        tool that reverses a call (`Kernel.undo`), `undo_args` derives its arguments from the
+        call's recorded arguments and result (a pure function; default: the same arguments);
+        `@handle.undo(...)` registers an undo function directly."""
         registration = ToolRegistration(id=id, effects=effects, caps=caps, timeout=timeout)
 
         def decorate(fn: Callable[Concatenate[ToolContext, P], R]) -> ToolHandle[P, R]:
@@ -204,6 +211,8 @@ class Kernel:
                 description=description,
                 requires_approval=requires_approval,
                 approval_ttl=approval_ttl,
+                undo=undo,
+                undo_args=undo_args,
             )
             return ToolHandle(self, registration.id, fn)
 
@@ -218,6 +227,8 @@ class Kernel:
         description: str | None = None,
         requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
         approval_ttl: float | None = None,
+        undo: str | None = None,
+        undo_args: UndoArgs | None = None,
     ) -> Tool:
         if not isinstance(registration, ToolRegistration):
             raise RegistrationError(
@@ -238,6 +249,7 @@ class Kernel:
         if isinstance(registration.effects, Idempotent | ReadOnly):
             _guard.install()
         rule = _approval_rule(registration.id, requires_approval, approval_ttl)
+        undo_rule = _undo.rule(registration.id, undo, undo_args)
         if description is not None and not isinstance(description, str):
             raise RegistrationError(
                 f"tool {registration.id!r}: description must be text", tool_id=registration.id
@@ -247,6 +259,8 @@ class Kernel:
             self._approvals[registration.id] = rule
         if retry is not None:
             self._engine.retries[registration.id] = retry
+        if undo_rule is not None:
+            self._undos[registration.id] = undo_rule
         name = safe_name(registration.id, set(self._names))
         self._names[name] = registration.id
         self._specs[registration.id] = spec_of(tool, name, description)
@@ -526,6 +540,36 @@ class Kernel:
         """An operator rejects a call awaiting approval: FAILED, nothing is sent."""
         return operator_decide_approval(
             self.store, intent_id, approve=False, operator=operator, reason=reason
+        )
+
+    def undo(
+        self,
+        scope: str,
+        *,
+        operator: str | None = None,
+        reason: str | None = None,
+        dry_run: bool = False,
+    ) -> UndoReport:
+        """Reverse the landed calls (COMPLETED, RESOLVED_LANDED) whose call id starts with
+        `scope`, newest first, each by its tool's undo, an ordinary call under the call id
+        ``undo/<call id>``. Run again after a crash, it resumes and undoes nothing twice.
+        Calls without an undo are listed; an Indeterminate call waits for an operator unless
+        its undo is Idempotent; an undo that fails, or whose outcome is unknown, stops the
+        sequence there. `operator` (who asks) and `reason` go into the audit; `dry_run` only
+        reports what would be done (docs/undo.md)."""
+        return _undo.undo(self, scope, operator=operator, reason=reason, dry_run=dry_run)
+
+    async def aundo(
+        self,
+        scope: str,
+        *,
+        operator: str | None = None,
+        reason: str | None = None,
+        dry_run: bool = False,
+    ) -> UndoReport:
+        """`undo` for async applications (run off the event loop)."""
+        return await asyncio.to_thread(
+            self.undo, scope, operator=operator, reason=reason, dry_run=dry_run
         )
 
     def _approval(self, t: Tool, d: NewDispatch) -> _protocol.Approval | None:

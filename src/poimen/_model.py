@@ -1189,6 +1189,13 @@ def _set(t: tuple[X, ...], k: int, v: X) -> tuple[X, ...]:
 # The command line.
 
 
+_FULL: tuple[tuple[Kind, tuple[int, ...]], ...] = (
+    ("unsafe", (2, 3)),
+    ("idempotent", (2, 3)),
+    ("queryable", (1, 2)),
+)
+
+
 def configs(size: str) -> list[Config]:
     """Named sets: `ci` is what the test suite explores; `full` every class on one host and on
     many (Unsafe and Idempotent with two and three workers, Queryable, whose world is far
@@ -1203,7 +1210,7 @@ def configs(size: str) -> list[Config]:
     return [
         *(
             Config(workers=w, intents=(k,), same_host=h)
-            for k, counts in (("unsafe", (2, 3)), ("idempotent", (2, 3)), ("queryable", (1, 2)))
+            for k, counts in _FULL
             for w in counts
             for h in (True, False)
         ),

@@ -30,6 +30,7 @@ from poimen._intents import (
     Owner,
 )
 from poimen._keys import encode_value
+from poimen.call_ids import original_of
 from poimen.errors import IntentNotFoundError, PoimenError
 from poimen.store._base import Store
 from poimen.store._sql import ABANDONED
@@ -438,6 +439,7 @@ class IntentDetail:
     notifications: list[Notification]
     deliveries: list[Delivery]
     now: float
+    undoes: Intent | None = None  # for an undo's intent: the call it undoes
 
     @property
     def resolvable(self) -> bool:
@@ -472,12 +474,31 @@ class IntentDetail:
             how.append(f"os user {detail['os_user']}")
         return f"{event.actor} ({', '.join(how)})"
 
+    @property
+    def undone_by(self) -> list[dict[str, Any]]:
+        """The undos that reversed this call (its "undone" events): undo intent, call id,
+        tool, who asked, when."""
+        out = []
+        for e in self.events:
+            detail = _event_detail(e)
+            if e.kind == "undone" and isinstance(detail, dict):
+                out.append({
+                    "undo_intent_id": detail.get("undo_intent_id"),
+                    "undo_call_id": detail.get("undo_call_id"),
+                    "undo_tool": detail.get("undo_tool"),
+                    "asked_by": e.actor,
+                    "at": e.at,
+                })
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {
             **intent_summary(self.intent),
             "args": self.args,
             "result": self.result,
             "age_s": self.now - self.intent.created_at,
+            "undone_by": self.undone_by,
+            "undoes": None if self.undoes is None else intent_summary(self.undoes),
             "attempts": [attempt_json(a) for a in self.attempts],
             "events": [event_json(e) for e in self.events],
             "notifications": [
@@ -521,6 +542,7 @@ def find(store: Store, ident: str) -> Intent:
 def show(store: Store, intent_id: str) -> IntentDetail:
     """Everything recorded about one intent, by intent id or call id."""
     intent = find(store, intent_id)
+    original = original_of(intent.call_id)
     return IntentDetail(
         intent=intent,
         args=_redacted_json(intent.args),
@@ -530,6 +552,7 @@ def show(store: Store, intent_id: str) -> IntentDetail:
         notifications=store.notifications(intent.id),
         deliveries=store.deliveries(intent.id),
         now=store.now(),
+        undoes=None if original is None else store.get_by_call_id(original),
     )
 
 

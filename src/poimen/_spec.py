@@ -8,18 +8,23 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from poimen._effects import EffectName, effect_name
 from poimen._tools import Tool
 
 if TYPE_CHECKING:
     from poimen._capability import ToolContext
+    from poimen._effects import EffectClass
     from poimen._intents import Outcome
     from poimen._kernel import Kernel
+    from poimen._tools import Caps
+    from poimen._undo import UndoArgs
 
 P = ParamSpec("P")
 R = TypeVar("R")
+P2 = ParamSpec("P2")
+R2 = TypeVar("R2")
 
 # What OpenAI, Anthropic and Gemini accept as a function name.
 _SAFE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -95,6 +100,33 @@ class ToolHandle(Generic[P, R]):
     @property
     def spec(self) -> ToolSpec:
         return self._kernel.spec(self.id)
+
+    def undo(
+        self,
+        *,
+        id: str,
+        effects: EffectClass,
+        caps: Caps,
+        timeout: float,
+        args: UndoArgs | None = None,
+        **options: Any,
+    ) -> Callable[[Callable[Concatenate[ToolContext, P2], R2]], ToolHandle[P2, R2]]:
+        """Register the decorated function as a tool (`id`, `effects`, ... as for
+        `Kernel.tool`) and as this tool's undo; `args` derives its arguments from a call's
+        recorded arguments and result (default: the same arguments)."""
+        from poimen import _undo
+
+        kernel = self._kernel
+        rule = _undo.rule(self.id, id, args)
+        assert rule is not None
+
+        def decorate(fn: Callable[Concatenate[ToolContext, P2], R2]) -> ToolHandle[P2, R2]:
+            _undo.check_free(kernel, self.id)  # before the undo tool is registered
+            handle = kernel.tool(id=id, effects=effects, caps=caps, timeout=timeout, **options)(fn)
+            _undo.link(kernel, self.id, rule)
+            return handle
+
+        return decorate
 
     def __repr__(self) -> str:
         return f"<poimen tool {self.id!r}>"

@@ -18,18 +18,26 @@ What no rule can catch: a re-prompted model that changes the arguments (another 
 email body) makes another call, and poimen cannot know it meant the same thing. Keep arguments
 that the model may reword out of what must be deduplicated (an Idempotent key over the
 recipient and an order id, say) or use rule 1.
+
+**Undo calls** (`Kernel.undo`, docs/undo.md) have call ids of their own, derived from the
+original's: the first undo of call id C is ``undo/C``, a later one (after an undo that had no
+effect) ``undo#2/C``, ``undo#3/C``; a C too long to carry is replaced by
+``sha256:<hex of C>``. Call ids starting with ``undo/`` or ``undo#<n>/`` are poimen's: an
+application's own call ids must not.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from poimen._keys import args_digest, encode_args
+from poimen._keys import MAX_CALL_ID_BYTES, args_digest, encode_args
 from poimen.errors import PoimenError
 
-__all__ = ["CallIds", "derived", "framework_id"]
+__all__ = ["CallIds", "derived", "framework_id", "is_undo", "original_of", "undo_of"]
 
 
 def _check_scope(scope: object) -> str:
@@ -71,3 +79,32 @@ class CallIds:
             n = self._seen.get((tool, text), 0) + 1
             self._seen[(tool, text)] = n
         return derived(self.scope, tool, args, n)
+
+
+_UNDO = re.compile(r"undo(?:#[1-9][0-9]*)?/")
+
+
+def undo_of(call_id: str, attempt: int = 1) -> str:
+    """The call id of the `attempt`-th undo of the call `call_id`."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise PoimenError(f"attempt must be a whole number from 1, not {attempt!r}")
+    head = "undo/" if attempt == 1 else f"undo#{attempt}/"
+    out = head + call_id
+    if len(out.encode("utf-8", "surrogatepass")) > MAX_CALL_ID_BYTES:
+        digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()
+        out = f"{head}sha256:{digest}"
+    return out
+
+
+def is_undo(call_id: str) -> bool:
+    """Whether `call_id` is an undo's (``undo/...``, ``undo#<n>/...``)."""
+    return _UNDO.match(call_id) is not None
+
+
+def original_of(call_id: str) -> str | None:
+    """The call id an undo call id undoes, or None (not an undo's, or shortened to a hash)."""
+    m = _UNDO.match(call_id)
+    if m is None:
+        return None
+    rest = call_id[m.end() :]
+    return None if rest.startswith("sha256:") and len(rest) == 71 else rest

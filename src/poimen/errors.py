@@ -159,3 +159,13 @@ class UnknownOperatorError(OperatorsFileError):
 
 class ConsoleConfigError(PoimenError):
     """The console cannot start with these options."""
+
+
+class NondeterministicUndoError(RegistrationError):
+    """An undo's argument derivation is not a pure function of the original call's recorded
+    arguments and result."""
+
+
+class UndoError(PoimenError):
+    """`Kernel.undo` was refused before anything was undone (a bad scope, an undo tool that is
+    not registered)."""

@@ -319,16 +319,23 @@ def cmd_prune(ns: argparse.Namespace, store: Store) -> int:
     return OK
 
 
-def cmd_recover(ns: argparse.Namespace) -> int:
+def _app_on_db(ns: argparse.Namespace) -> Kernel:
+    """The --app kernel; refused (and closed) if --db/POIMEN_DB names another store."""
     kernel = load_app(ns.app)
+    given = ns.db or os.environ.get("POIMEN_DB")
+    if given and not _same_store(given, kernel.store.url):
+        kernel.close()
+        raise CliError(
+            f"--db/POIMEN_DB {op.redact_store_url(given)} is not the app's store "
+            f"{op.redact_store_url(kernel.store.url)}",
+            code=USAGE,
+        )
+    return kernel
+
+
+def cmd_recover(ns: argparse.Namespace) -> int:
+    kernel = _app_on_db(ns)
     try:
-        given = ns.db or os.environ.get("POIMEN_DB")
-        if given and not _same_store(given, kernel.store.url):
-            raise CliError(
-                f"--db/POIMEN_DB {op.redact_store_url(given)} is not the app's store "
-                f"{op.redact_store_url(kernel.store.url)}",
-                code=USAGE,
-            )
         show = ns.progress if ns.progress is not None else sys.stderr.isatty()
         bar: render.ProgressBar | None = None
         if show:
@@ -359,6 +366,23 @@ def cmd_recover(ns: argparse.Namespace) -> int:
 
     _emit(ns, data, text)
     return OK
+
+
+def cmd_undo(ns: argparse.Namespace) -> int:
+    """Reverse a scope's landed calls by the app's undo tools, newest first (docs/undo.md)."""
+    if not ns.dry_run and not ns.operator:
+        raise CliError("undo needs --operator (who asks), or --dry-run", code=USAGE)
+    kernel = _app_on_db(ns)
+    try:
+        report = kernel.undo(
+            ns.scope, operator=ns.operator, reason=ns.reason, dry_run=ns.dry_run
+        )
+    finally:
+        kernel.close()
+    _emit(ns, report.to_json(), lambda: render.undo_text(report))
+    if not report.steps:
+        return NOT_FOUND
+    return OK if report.complete or report.dry_run else NOT_FOUND
 
 
 def cmd_migrate(ns: argparse.Namespace) -> int:
@@ -436,6 +460,7 @@ def cmd_console(ns: argparse.Namespace) -> int:
         raise CliError("--tls-cert and --tls-key go together", code=USAGE)
     checks: dict[str, str] = {}
     url = ns.db or os.environ.get("POIMEN_DB")
+    kernel: Kernel | None = None
     if ns.app:
         kernel = load_app(ns.app)
         try:
@@ -447,8 +472,9 @@ def cmd_console(ns: argparse.Namespace) -> int:
                     code=USAGE,
                 )
             url = kernel.store.url
-        finally:
+        except BaseException:
             kernel.close()
+            raise
     if not url:
         raise CliError("no database: pass --db URL, --app, or set POIMEN_DB", code=USAGE)
     options = ConsoleOptions(
@@ -459,6 +485,8 @@ def cmd_console(ns: argparse.Namespace) -> int:
         operators_file=ns.operators,
         user_header=ns.trust_user_header,
         proxy_is_the_only_way_in=ns.proxy_is_the_only_way_in,
+        # The app's kernel stays open while the console serves: undo runs the app's tools.
+        undo=None if kernel is None else kernel.undo,
     )
     check_setup(ns.host, token, options)
     try:
@@ -477,6 +505,8 @@ def cmd_console(ns: argparse.Namespace) -> int:
         )
     finally:
         store.close()
+        if kernel is not None:
+            kernel.close()
     return OK
 
 
@@ -503,7 +533,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="poimen",
         description="Operate the poimen intent log: status, find, Indeterminate intents, abandon, audit, "
-        "recovery.",
+        "recovery, undo.",
         epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable, "
         "4 unexpected error, 5 INDETERMINATE intents (status --fail-if-indeterminate), "
         "6 verify found a problem",
@@ -580,6 +610,22 @@ def _parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+    s = sub.add_parser(
+        "undo",
+        parents=[common],
+        help="reverse the landed calls of a scope (call-id prefix) by their undo tools, "
+        "newest first",
+    )
+    s.add_argument("--scope", required=True, help="call-id prefix, e.g. run-9/")
+    s.add_argument(
+        "--app", required=True, help="module:kernel of the application (its undo tools)"
+    )
+    s.add_argument("--operator", help="who asks (recorded); required unless --dry-run")
+    s.add_argument("--reason", help="why (recorded)")
+    s.add_argument(
+        "--dry-run", action="store_true", help="only show what would be undone; change nothing"
     )
 
     sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
@@ -725,6 +771,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 store.close()
         if ns.cmd == "recover":
             return cmd_recover(ns)
+        if ns.cmd == "undo":
+            return cmd_undo(ns)
         if ns.cmd == "migrate":
             return cmd_migrate(ns)
         if ns.cmd == "operators":

@@ -17,6 +17,7 @@ from poimen._operator import (
     redact_urls,
     safe_json,
 )
+from poimen._undo import UndoReport
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -114,6 +115,14 @@ def detail_text(d: IntentDetail) -> str:
     ]
     if i.error:
         head.append(("error", i.error))
+    for u in d.undone_by:
+        head.append((
+            "undone by",
+            f"{u['undo_intent_id']} ({u['undo_call_id']}, {u['undo_tool']}) asked by "
+            f"{u['asked_by']} at {fmt_time(u['at'])}",
+        ))
+    if d.undoes is not None:
+        head.append(("undoes", f"{d.undoes.id} ({d.undoes.call_id}, {d.undoes.tool_id})"))
     out = [f"{k + ':':12} {'-' if v is None else escape_text(str(v))}" for k, v in head]
     out += ["", "arguments (secrets redacted):", _indent(_pretty(d.args))]
     if d.result is not None:
@@ -201,6 +210,19 @@ def denials_text(rows: Sequence[Denial]) -> str:
             for d in rows
         ],
     )
+
+
+def undo_text(report: UndoReport) -> str:
+    if not report.steps:
+        return f"no calls have call ids starting with {report.scope!r}"
+    rows = [
+        (s.call_id, s.tool_id, s.state, s.status, s.undo_call_id, s.undo_intent_id)
+        for s in report.steps
+    ]
+    heads = ["call id", "tool", "state", "undo", "undo call id", "undo intent"]
+    out = [report.summary(), "", table(heads, rows)]
+    why = [f"  {escape_text(s.call_id)}: {s.reason}" for s in report.steps if s.reason]
+    return "\n".join(out + (["", "why:", *why] if why else []))
 
 
 class ProgressBar:

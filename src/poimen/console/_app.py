@@ -8,7 +8,7 @@ operator's own (``--operators``: the session carries their name, and ends at the
 request once their line leaves the file) or one shared token (the name is typed into each
 decision). Behind an authenticating proxy (``--trust-user-header``) the proxy's header
 names the operator instead, and each name gets its own session. State changes (resolve,
-abandon, logout) are POSTs that must carry the session's CSRF token and, if the browser
+abandon, undo, logout) are POSTs that must carry the session's CSRF token and, if the browser
 sends an Origin, come from this console's own origin. Requests naming another host than the console's are
 refused before routing. Anything else is refused before a store method is called.
 """
@@ -41,11 +41,15 @@ from starlette.types import ASGIApp
 from poimen import _operator as op
 from poimen._identity import Login, Operators
 from poimen._intents import Intent, IntentState
+from poimen._undo import Undoer
 from poimen.errors import (
     ConsoleConfigError,
     IntentNotFoundError,
     NotDispatchedError,
     NotIndeterminateError,
+    StoreError,
+    UndoError,
+    UnknownToolError,
 )
 from poimen.store._base import Store
 
@@ -75,7 +79,8 @@ class ConsoleOptions:
     Who decides: `operators_file` gives each operator a token of their own; `user_header`
     (with `trust_proxy`) takes the operator's name from that header of the proxy, which on
     an address beyond this machine also needs `proxy_is_the_only_way_in`. With neither,
-    one shared token opens the console and each decision carries a typed name."""
+    one shared token opens the console and each decision carries a typed name.
+    `undo` is the application's `Kernel.undo` (only with its tools can calls be undone)."""
 
     session_ttl: float = 12 * 3600.0
     trust_proxy: bool = False
@@ -84,6 +89,7 @@ class ConsoleOptions:
     operators_file: str | None = None
     user_header: str | None = None
     proxy_is_the_only_way_in: bool = False
+    undo: Undoer | None = None
 
     def with_hosts(self, *hosts: str) -> ConsoleOptions:
         return replace(self, allowed_hosts=(*self.allowed_hosts, *hosts))
@@ -434,6 +440,7 @@ def create_app(
         return c.page(
             request,
             "intents.html",
+            can_undo=options.undo is not None,
             rows=rows,
             call_id=call_id,
             state=q.get("state") or "",
@@ -464,6 +471,7 @@ def create_app(
             run_prefix=op.run_prefix(d.intent.call_id),
             check=options.checks.get(d.intent.tool_id),
             done=request.query_params.get("done", ""),
+            can_undo=options.undo is not None,
         )
 
     async def _current(request: Request, form: Any) -> Intent | Response:
@@ -578,6 +586,49 @@ def create_app(
             return c.refuse(request, 400, "Refused", f"{exc}. Nothing was changed.")
         return RedirectResponse(f"/intents/{current.id}?done=abandoned", status_code=303)
 
+    async def undo(request: Request) -> Response:
+        """GET: what undoing a scope would do (a dry run) and the form; POST: undo it."""
+        if options.undo is None:
+            return c.refuse(
+                request, 404, "Undo is not available",
+                "This console was started without --app: it cannot run the application's "
+                "undo tools. Start it with --app module:kernel.",
+            )
+        form: dict[str, str] = {}
+        if request.method == "POST":
+            form_data = await request.form()
+            if not c.csrf_ok(request, form_data.get("csrf")):
+                return c.refuse(
+                    request, 403, "Refused", "missing or wrong CSRF token: nothing was changed"
+                )
+            form = {k: v for k, v in form_data.items() if isinstance(v, str)}
+        scope = form.get("scope") or request.query_params.get("scope") or ""
+        errors: dict[str, str] = {}
+        viewer = c.viewer(request)
+        assert viewer is not None  # guarded
+        who, reason = _decided(form, errors, viewer.who) if form else (None, "")
+        operator = who.name if who is not None else ""
+        run = request.method == "POST" and not errors
+        report = None
+        try:
+            if scope:
+                report = await _io(
+                    options.undo, scope, operator=operator if run else None,
+                    reason=reason if run else None, dry_run=not run,
+                )
+        except (UndoError, UnknownToolError, op.OperatorInputError) as exc:
+            return c.refuse(request, 400, "Refused", f"{exc}. Nothing was changed.")
+        except StoreError as exc:
+            return c.refuse(
+                request, 503, "The intent log failed",
+                f"{exc}. Undos made before it failed stay made; undo again to resume "
+                "(nothing is undone twice).",
+            )
+        return c.page(
+            request, "undo.html", 400 if errors else 200, report=report, scope=scope,
+            form=form, errors=errors, ran=run,
+        )
+
     async def audit(request: Request) -> Response:
         tool = request.query_params.get("tool") or None
         rows = await _io(op.audit, store, tool_id=tool, limit=1000)
@@ -618,6 +669,7 @@ def create_app(
         Route("/intents/{intent_id}", guarded(intent)),
         Route("/intents/{intent_id}/resolve", guarded(resolve), methods=["POST"]),
         Route("/intents/{intent_id}/abandon", guarded(abandon), methods=["POST"]),
+        Route("/undo", guarded(undo), methods=["GET", "POST"]),
         Route("/audit", guarded(audit)),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", guarded(logout), methods=["POST"]),

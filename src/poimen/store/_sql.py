@@ -190,6 +190,9 @@ class Sql:
             "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
             "VALUES (?,?,?,?,?,?,?)"
         )
+        self.same_event = q(
+            "SELECT 1 FROM events WHERE intent_id = ? AND kind = ? AND actor = ? AND detail = ?"
+        )
         self.insert_note = q(
             "INSERT INTO outbox (delivery_id, intent_id, kind, payload, created_at, "
             "next_attempt_at) VALUES (?,?,?,?,?,?) ON CONFLICT (delivery_id) DO NOTHING"
@@ -834,6 +837,24 @@ class SqlStore(Retention):
             if self._tx("expire_approval", op):
                 done.append(it.id)
         return done
+
+    def record_event(
+        self, intent_id: str, kind: str, *, actor: str, detail: dict[str, Any], now: float
+    ) -> bool:
+        """Append an event that changes no state (who asked for an undo, which intent undid
+        this one). An event equal to one already recorded (intent, kind, actor, detail) is not
+        written again, so a retried write never doubles it: False then."""
+
+        def op(ex: Executor, _retrying: bool) -> bool:
+            if self._intent_or_none(ex, intent_id) is None:
+                raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+            params = event_params(intent_id, now, kind, None, None, actor, detail)
+            if ex.execute(self._sql.same_event, (intent_id, kind, actor, params[-1])).fetchone():
+                return False
+            ex.execute(self._sql.insert_event, params)
+            return True
+
+        return self._tx("record_event", op)
 
     def search_call_id(self, prefix: str, *, limit: int) -> list[Intent]:
         """Intents whose call id starts with `prefix`, newest first."""
