@@ -1,7 +1,7 @@
 """``poimen``: the operator CLI over the intent log.
 
 Exit codes: 0 ok · 1 nothing found, or refused (e.g. resolving an intent that is not
-INDETERMINATE) · 2 usage (bad or missing options, an --app that cannot be loaded, a console
+INDETERMINATE), or ``diff`` found differences · 2 usage (bad or missing options, an --app that cannot be loaded, a console
 address that cannot be listened on) · 3 the store cannot be opened, read or written ·
 4 anything unforeseen (a bug here or in the loaded app). Every failure is one line on stderr
 (and with ``--json`` an error object on stdout); ``POIMEN_DEBUG=1`` adds the traceback.
@@ -332,6 +332,40 @@ def cmd_console(ns: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_diff(ns: argparse.Namespace) -> int:
+    """Two runs' calls side by side: exit 0 when they made the same calls, 1 when not."""
+    from poimen.sandbox import diff
+
+    run_url = ns.run or ns.db or os.environ.get("POIMEN_DB")
+    if not run_url:
+        raise CliError("no run to compare: pass --run URL (or --db, or set POIMEN_DB)", code=USAGE)
+    recording = _open(ns.recording, readonly=True)
+    try:
+        run = _open(run_url, readonly=True)
+        try:
+            d = diff(recording, run, scope=ns.scope, run_scope=ns.run_scope)
+        finally:
+            run.close()
+    finally:
+        recording.close()
+    _emit(ns, d.to_json(), lambda: d.text(all_calls=ns.all))
+    return NOT_FOUND if d.differences else OK
+
+
+def _diff_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser(
+        "diff",
+        parents=[common],
+        help="compare two runs call by call: same, arguments changed, only in one (exit 1 if "
+        "they differ)",
+    )
+    s.add_argument("--recording", required=True, help="log URL of the recorded run (read only)")
+    s.add_argument("--run", help="log URL of the run to compare (default: --db or POIMEN_DB)")
+    s.add_argument("--scope", help="call-id prefix of the run to compare, e.g. conv-42/")
+    s.add_argument("--run-scope", help="the run's call-id prefix when it differs from --scope")
+    s.add_argument("--all", action="store_true", help="list the calls that are the same too")
+
+
 # The parser.
 
 
@@ -452,6 +486,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     s.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    _diff_parser(sub, common)
     return p
 
 
@@ -498,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_recover(ns)
         if ns.cmd == "migrate":
             return cmd_migrate(ns)
+        if ns.cmd == "diff":
+            return cmd_diff(ns)
         return cmd_console(ns)
     except CliError as exc:
         return _fail(ns, exc.code, exc, "")
