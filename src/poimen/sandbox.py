@@ -358,6 +358,15 @@ def _key(c: Call, scope: str | None) -> str:
     return c.call_id[len(scope):] if scope else c.call_id
 
 
+def _slot(c: Call, scope: str | None) -> tuple[str, int] | None:
+    """A rule-2 call's (scope/tool/, occurrence), its scope cut off."""
+    slot = rule2_slot(c.call_id, c.tool_id)
+    if slot is None:
+        return None
+    stem, n = slot
+    return (stem[len(scope):] if scope else stem), n
+
+
 def _compare(a: Call, b: Call) -> Entry:
     if a.tool_id == b.tool_id and a.args_hash == b.args_hash:
         return Entry("same", a, b)
@@ -374,7 +383,7 @@ def redact_change(c: dict[str, Any]) -> dict[str, Any]:
 
 def match(a: list[Call], b: list[Call], scope: str | None, run_scope: str | None) -> list[Entry]:
     """Pair the calls of two runs (each in call order) and order the entries by the
-    recording, with the run's new calls after the last call they follow."""
+    recording, with the run's new calls where the run made them."""
     b_by_key = {_key(c, run_scope): c for c in b}
     pair: dict[str, Call] = {}  # recording call id -> run call
     for c in a:
@@ -385,30 +394,33 @@ def match(a: list[Call], b: list[Call], scope: str | None, run_scope: str | None
     # Rule 2: the same scope, tool and occurrence with other arguments.
     slots: dict[tuple[str, int], list[Call]] = {}
     for c in b:
-        slot = rule2_slot(_key(c, run_scope), c.tool_id) if c.id not in taken else None
+        slot = _slot(c, run_scope) if c.id not in taken else None
         if slot is not None:
             slots.setdefault(slot, []).append(c)
     for c in a:
         if c.call_id in pair:
             continue
-        slot = rule2_slot(_key(c, scope), c.tool_id)
+        slot = _slot(c, scope)
         if slot is not None and slots.get(slot):
             pair[c.call_id] = slots[slot].pop(0)
     taken = {c.id for c in pair.values()}
 
-    index_in_a = {}
-    positioned: list[tuple[tuple[int, int], Entry]] = []
+    index_in_a: dict[str, int] = {}
+    positioned: list[tuple[tuple[int, int, int], Entry]] = []
     for i, c in enumerate(a):
         other = pair.get(c.call_id)
         entry = Entry("only_in_recording", c, None) if other is None else _compare(c, other)
         if other is not None:
             index_in_a[other.id] = i
-        positioned.append(((i, -1), entry))
-    last = -1
-    for j, c in enumerate(b):
+        positioned.append(((i, 1, 0), entry))
+    # A new call of the run goes just before the next call both runs made (after what the
+    # recording did there instead), as a diff puts removals before additions.
+    nxt = len(a)
+    for j in range(len(b) - 1, -1, -1):
+        c = b[j]
         if c.id in taken:
-            last = index_in_a[c.id]
+            nxt = index_in_a[c.id]
         else:
-            positioned.append(((last, j), Entry("only_in_run", None, c)))
+            positioned.append(((nxt, 0, j), Entry("only_in_run", None, c)))
     positioned.sort(key=lambda p: p[0])
     return [e for _, e in positioned]
