@@ -29,7 +29,7 @@ from poimen.errors import PoimenError, StoreError
 from poimen.store import Store, open_store
 from poimen.store import _sandbox as records
 
-__all__ = ["Call", "Entry", "IntentDiff", "diff", "json_changes", "open_log"]
+__all__ = ["Call", "Entry", "IntentDiff", "diff", "json_changes", "log_name", "open_log"]
 
 Kind = Literal["same", "arguments_changed", "tool_changed", "only_in_recording", "only_in_run"]
 MAX_CALLS = 100_000
@@ -333,15 +333,15 @@ def diff(
         if close_a:
             a_store.close()
     return IntentDiff(
-        recording=_name(recording),
-        run=_name(run),
+        recording=log_name(recording),
+        run=log_name(run),
         scope=scope,
         run_scope=run_scope if run_scope != scope else None,
         entries=tuple(match(a, b, scope, run_scope)),
     )
 
 
-def _name(log: str | Store) -> str:
+def log_name(log: str | Store) -> str:
     """The log's URL without its password."""
     url = log if isinstance(log, str) else log.url
     try:

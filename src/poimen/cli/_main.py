@@ -312,7 +312,10 @@ def cmd_console(ns: argparse.Namespace) -> int:
         trust_proxy=ns.trust_proxy,
         allowed_hosts=tuple(ns.allowed_host or ()),
         checks=checks,
+        recording=ns.recording,
     )
+    if ns.recording:  # refused now, not on the first visit of the diff page
+        _open(ns.recording, readonly=True).close()
     try:
         sock = listen(ns.host, ns.port)
     except OSError as exc:
@@ -486,6 +489,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     s.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    s.add_argument("--recording", help="log URL the Diff page compares this log with (read only)")
     _diff_parser(sub, common)
     return p
 

@@ -34,8 +34,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from poimen import _operator as op
+from poimen import sandbox
 from poimen._intents import Intent, IntentState
-from poimen.errors import IntentNotFoundError, NotDispatchedError, NotIndeterminateError
+from poimen.errors import (
+    IntentNotFoundError,
+    NotDispatchedError,
+    NotIndeterminateError,
+    PoimenError,
+)
 from poimen.store._base import Store
 
 T = TypeVar("T")
@@ -59,12 +65,15 @@ _HEADERS = {
 class ConsoleOptions:
     """How the console runs: `session_ttl` seconds a login lasts; `trust_proxy` believes
     X-Forwarded-Proto/-For; `allowed_hosts` are host names it answers to besides localhost;
-    `checks` maps a tool id to what an operator should check before resolving its calls."""
+    `checks` maps a tool id to what an operator should check before resolving its calls;
+    `recording` is the log URL the intent diff page compares this log with (default: this
+    log itself, one run's call-id prefix with another's)."""
 
     session_ttl: float = 12 * 3600.0
     trust_proxy: bool = False
     allowed_hosts: tuple[str, ...] = ()
     checks: Mapping[str, str] = field(default_factory=dict)
+    recording: str | None = None
 
     def with_hosts(self, *hosts: str) -> ConsoleOptions:
         return replace(self, allowed_hosts=(*self.allowed_hosts, *hosts))
@@ -231,6 +240,34 @@ def _decided(form: dict[str, str], errors: dict[str, str]) -> tuple[str, str]:
     if not reason:
         errors["reason"] = "a reason is required"
     return operator, reason
+
+
+def _diff_page(c: Console, store: Store) -> Handler:
+    """The intent diff: the recording's calls (or one run of this log) against this log's."""
+
+    async def page(request: Request) -> Response:
+        q = request.query_params
+        scope = q.get("scope") or None
+        run_scope = q.get("run_scope") or None
+        recording = c.options.recording
+        ctx: dict[str, Any] = {
+            "recording": None if recording is None else sandbox.log_name(recording),
+            "scope": scope or "",
+            "run_scope": run_scope or "",
+            "d": None,
+            "labels": sandbox.LABELS,
+        }
+        if recording is None and (scope is None or (run_scope or scope) == scope):
+            return c.page(request, "diff.html", **ctx)  # this log with itself: ask for runs
+        try:
+            ctx["d"] = await _io(
+                sandbox.diff, recording or store, store, scope=scope, run_scope=run_scope
+            )
+        except PoimenError as exc:
+            return c.refuse(request, 400, "Cannot compare", op.redact_urls(str(exc)))
+        return c.page(request, "diff.html", **ctx)
+
+    return page
 
 
 def create_app(store: Store, *, token: str, options: ConsoleOptions | None = None) -> ASGIApp:
@@ -457,6 +494,7 @@ def create_app(store: Store, *, token: str, options: ConsoleOptions | None = Non
         Route("/intents/{intent_id}/resolve", guarded(resolve), methods=["POST"]),
         Route("/intents/{intent_id}/abandon", guarded(abandon), methods=["POST"]),
         Route("/audit", guarded(audit)),
+        Route("/diff", guarded(_diff_page(c, store))),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", guarded(logout), methods=["POST"]),
         Mount("/static", app=static, name="static"),
