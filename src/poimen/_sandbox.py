@@ -92,6 +92,8 @@ def check_options(
             f"on_divergence must be 'raise' or 'record', not {on_divergence!r}",
             field="on_divergence",
         )
+    if on_divergence != "raise" and mode != "replay":
+        raise PoimenError("on_divergence is for mode='replay'", field="on_divergence")
 
 
 def _same_log(a: str, b: str) -> bool:

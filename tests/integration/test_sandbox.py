@@ -110,8 +110,9 @@ def test_no_sandbox_run_changes_the_providers_ledger(
     recorded = log_rows(store_url)
     witness = ledger.entries()
     assert witness or tool == READ  # the live run had its effect
-    source = {"recording": store_url} if mode == "replay" else {"live": store_url}
-    with Kernel(sandbox_url, mode=mode, notifiers=[], on_divergence="record", **source) as k:  # type: ignore[arg-type]
+    source = ({"recording": store_url, "on_divergence": "record"} if mode == "replay"
+              else {"live": store_url})
+    with Kernel(sandbox_url, mode=mode, notifiers=[], **source) as k:  # type: ignore[arg-type]
         bodies = tools(k, provider.url)
         k.launch()
         same = asyncio.run(k.acall(tool, args, call_id="run-1/a"))
@@ -395,6 +396,7 @@ def test_sandbox_settings_that_do_not_fit_are_refused_naming_the_setting(
         ({"mode": "live", "recording": store_url}, "mode"),
         ({"mode": "replay", "recording": store_url, "on_divergence": "ignore"}, "on_divergence"),
         ({"mode": "replay", "recording": store_url, "scope": ""}, "scope"),
+        ({"mode": "shadow", "on_divergence": "record"}, "on_divergence"),
         ({"mode": "replay", "recording": 42}, "recording"),
         ({"mode": "replay", "recording": _alias(store_url), "store": store_url}, "recording"),
         ({"mode": "shadow", "live": _alias(store_url), "store": store_url}, "live"),
