@@ -61,7 +61,9 @@ class Kernel:
     `store` is a Store or a URL (``sqlite:///path``, ``postgresql://...``). Call `launch()`
     once the tools are registered: it runs the restart scan and starts background upkeep.
     `worker_id` names this kernel in the log; two live kernels of one process may not share
-    one, and a forked child takes a new one.
+    one, and a forked child takes a new one. `mode="replay"` (with `recording=`, `scope=`,
+    `on_divergence=`) and `mode="shadow"` (with `live=`) answer calls without effects
+    (docs/sandbox.md).
     """
 
     def __init__(
