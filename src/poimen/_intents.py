@@ -238,13 +238,19 @@ class Resolved:
 @dataclass(frozen=True, slots=True)
 class Pending:
     """Still in flight (another live owner), waiting for its deadline before recovery, or
-    awaiting an operator's approval."""
+    awaiting an operator's approval. In a sandbox run (shadow or replay), a call that was not
+    carried out: ``would_have_called`` or ``not_in_recording`` (`intent_id` is then the id of
+    the sandbox record, ``sb_...``)."""
 
     intent_id: str
     reason: str
 
-    terminal: ClassVar[bool] = False
     retryable: ClassVar[bool] = False
+
+    @property
+    def terminal(self) -> bool:
+        """A sandbox call that was not carried out never changes: final."""
+        return self.reason in SANDBOX_REASONS
 
     def for_model(self) -> str:
         if self.reason == "awaiting_approval":
@@ -252,9 +258,17 @@ class Pending:
                 "This action awaits an operator's approval and has not been carried out yet. "
                 "Do NOT call it again; its result will follow once it is decided."
             )
+        if self.reason in SANDBOX_REASONS:
+            return (
+                "This action was recorded but not carried out (a test run that has no "
+                "effects), so it has no result. Do NOT call it again; go on without it."
+            )
         return (
             "This action is still in progress. Do NOT call it again; its result will follow."
         )
 
+
+#: Why a sandbox kernel gave Pending for a call it did not carry out.
+SANDBOX_REASONS = frozenset({"would_have_called", "not_in_recording"})
 
 Outcome = Completed | Failed | Indeterminate | Resolved | Pending

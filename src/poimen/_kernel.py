@@ -20,9 +20,9 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
-from poimen import _guard, _protocol, _runners, _undo
+from poimen import _guard, _protocol, _runners, _sandbox, _undo
 from poimen._capability import Issuer, Sink, ToolContext
-from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, Unsafe, effect_name
+from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
 from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
@@ -44,7 +44,6 @@ from poimen.errors import (
     NondeterministicKeyError,
     PoimenError,
     RegistrationError,
-    SandboxDeniedError,
     UnknownToolError,
     WrongRunnerError,
 )
@@ -63,7 +62,9 @@ class Kernel:
     `store` is a Store or a URL (``sqlite:///path``, ``postgresql://...``). Call `launch()`
     once the tools are registered: it runs the restart scan and starts background upkeep.
     `worker_id` names this kernel in the log; two live kernels of one process may not share
-    one, and a forked child takes a new one.
+    one, and a forked child takes a new one. `mode="replay"` (with `recording=`, `scope=`,
+    `on_divergence=`) and `mode="shadow"` (with `live=`) answer calls without effects
+    (docs/sandbox.md).
     """
 
     def __init__(
@@ -83,6 +84,10 @@ class Kernel:
         wait_bound: float = 5.0,
         recover_interval: float = 5.0,
         renotify_after: float | None = None,
+        recording: str | Store | None = None,
+        live: str | Store | None = None,
+        scope: str | None = None,
+        on_divergence: Literal["raise", "record"] = "raise",
     ) -> None:
         if not isinstance(store, str) and not callable(getattr(store, "record_dispatch", None)):
             raise PoimenError(
@@ -90,6 +95,9 @@ class Kernel:
             )
         if mode not in ("live", "shadow", "replay"):
             raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}", field="mode")
+        _sandbox.check_options(
+            mode, recording=recording, live=live, scope=scope, on_divergence=on_divergence
+        )
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id.strip()):
             raise PoimenError(
                 f"worker_id must be a non-empty string, not {worker_id!r}", field="worker_id"
@@ -161,6 +169,18 @@ class Kernel:
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
         _LIVE.add(self)
+        # Shadow and replay answer calls without effects: poimen._sandbox, docs/sandbox.md.
+        self._sandbox: _sandbox.Sandbox | None = None
+        if mode != "live":
+            try:
+                self._sandbox = _sandbox.Sandbox(
+                    self, mode, source=recording if mode == "replay" else live, scope=scope,
+                    on_divergence=on_divergence,
+                )
+            except BaseException:
+                self.close()
+                raise
+            self._on_close.append(self._sandbox.close)
 
     @property
     def owner(self) -> Any:
@@ -307,6 +327,8 @@ class Kernel:
 
     def outcome(self, call_id: str) -> Outcome | None:
         """What the log says of this call id now, or None if it was never called."""
+        if self._sandbox is not None:
+            return self._sandbox.outcome(call_id)
         intent = self.store.get_by_call_id(call_id)
         return None if intent is None else _protocol.answer(intent)
 
@@ -338,6 +360,11 @@ class Kernel:
     def _outcome_of(self, call_id: str) -> Outcome:
         """The outcome now; an intent nobody drives (approved and never run, or its owner
         gone) is driven here first, so a waiting caller resumes without a recovery pass."""
+        if self._sandbox is not None:  # a sandbox drives nothing here
+            out = self._sandbox.outcome(call_id)
+            if out is None:
+                raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
+            return out
         intent = self.store.get_by_call_id(call_id)
         if intent is None:
             raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
@@ -425,6 +452,8 @@ class Kernel:
                 return self.call(tool, args, call_id=call_id)
             finally:
                 _guard.resume(token)
+        if self._sandbox is not None:
+            return self._sandbox.call(tool, args, call_id)
         t, d, kwargs = self._prepare(tool, args, call_id)
         approval = self._approval(t, d)
         if t.is_async and _loop_running() and approval is None:
@@ -447,6 +476,8 @@ class Kernel:
                 return await self.acall(tool, args, call_id=call_id)
             finally:
                 _guard.resume(token)
+        if self._sandbox is not None:
+            return await self._sandbox.acall(tool, args, call_id)
         t, d, kwargs = self._prepare(tool, args, call_id)
         self._upkeep.held()
         e = self._engine
@@ -465,19 +496,6 @@ class Kernel:
             raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
         check_call_id(call_id)
         effects = t.registration.effects
-        if self.mode != "live" and isinstance(effects, Unsafe):
-            self.store.record_denial(
-                tool_id=t.id,
-                intent_id=None,
-                attempt=None,
-                action="dispatch",
-                target=call_id,
-                reason=f"unsafe tool in {self.mode} mode",
-                now=self.store.now(),
-            )
-            raise SandboxDeniedError(
-                f"tool {t.id!r} is Unsafe and {self.mode} mode denies it", tool_id=t.id
-            )
         data, _ = encode_args(args)
         recorded, kwargs = t.validate(data)
         text = canonical(recorded)
@@ -517,7 +535,8 @@ class Kernel:
 
     def recover(self, *, progress: Callable[[int], object] | None = None) -> RecoveryReport:
         """One recovery pass now; then deliver due notifications."""
-        report = recover_pass(self._engine, progress=progress)
+        e = self._engine if self._sandbox is None else self._sandbox.recovery_engine()
+        report = recover_pass(e, progress=progress)
         self.deliver_notifications()
         return report
 

@@ -93,7 +93,14 @@ class CapabilityDeniedError(PoimenError):
 
 
 class SandboxDeniedError(PoimenError):
-    """Unsafe tools are denied outright in shadow and replay modes."""
+    """A sandbox kernel (shadow or replay mode) refused this call."""
+
+
+class DivergenceError(SandboxDeniedError):
+    """A replayed call differs from the recording: the recording has no call with this call
+    id (`kind="not_in_recording"`), or has it with another tool or other arguments
+    (`kind="arguments_changed"`). `call_id`, `tool_id`, `kind` and `difference` (changes of
+    the arguments, recording to run, each with its JSON path) say what; nothing was run."""
 
 
 class DefiniteFailure(Exception):

@@ -22,7 +22,7 @@ from poimen.errors import (
     SchemaTooNewError,
 )
 from poimen.store import NewDispatch, NewNotification, Store, open_store
-from poimen.store._base import latest_version
+from poimen.store._base import latest_version, migrations
 
 S = IntentState
 A = Owner("worker-a", "host-a", 101, "1000")
@@ -453,7 +453,7 @@ def test_schema_is_versioned_and_migrate_is_idempotent(store: Store, store_url: 
     assert store.schema_version() == latest
     assert store.migrate() == latest
     rows = raw(store_url, "SELECT version FROM poimen_schema ORDER BY version")
-    assert [r[0] for r in rows] == list(range(1, latest + 1))
+    assert [r[0] for r in rows] == [v for v, _ in migrations(dialect)]
 
 
 @pytest.mark.parametrize("migrate", [True, False])
@@ -488,7 +488,7 @@ def test_concurrent_migrators_leave_one_schema(store_url: str) -> None:
     latest = latest_version(dialect)
     assert {o[0].strip() for o in outs} == {str(latest)}
     rows = raw(store_url, "SELECT version FROM poimen_schema ORDER BY version")
-    assert [r[0] for r in rows] == list(range(1, latest + 1))
+    assert [r[0] for r in rows] == [v for v, _ in migrations(dialect)]
     s = open_store(store_url)
     try:
         dispatch(s)

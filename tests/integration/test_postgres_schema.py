@@ -15,7 +15,7 @@ import pytest
 from poimen._intents import Owner
 from poimen.errors import SchemaTooNewError
 from poimen.store import NewDispatch, open_store
-from poimen.store._base import latest_version
+from poimen.store._base import migrations
 
 pytestmark = pytest.mark.postgres
 
@@ -81,7 +81,7 @@ def test_each_schema_holds_its_own_log_and_migrators_race_per_schema(postgres_ur
     with psycopg.connect(postgres_url, autocommit=True) as admin:
         for schema in ("tenant_a", "tenant_b"):
             rows = admin.execute(f"SELECT version FROM {schema}.poimen_schema").fetchall()
-            assert rows == [(v,) for v in range(1, latest_version("postgres") + 1)]
+            assert rows == [(v,) for v, _ in migrations("postgres")]
         assert admin.execute("SELECT to_regclass('public.intents')").fetchone() == (None,)
 
 

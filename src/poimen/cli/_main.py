@@ -1,7 +1,7 @@
 """``poimen``: the operator CLI over the intent log.
 
 Exit codes: 0 ok · 1 nothing found, or refused (e.g. resolving an intent that is not
-INDETERMINATE) · 2 usage (bad or missing options, an --app that cannot be loaded, a console
+INDETERMINATE), or ``diff`` found differences · 2 usage (bad or missing options, an --app that cannot be loaded, a console
 address that cannot be listened on) · 3 the store cannot be opened, read or written ·
 4 anything unforeseen (a bug here or in the loaded app) · 5 `status --fail-if-indeterminate`
 found INDETERMINATE intents · 6 `verify` found a problem. Every failure is one line on stderr
@@ -487,8 +487,11 @@ def cmd_console(ns: argparse.Namespace) -> int:
         proxy_is_the_only_way_in=ns.proxy_is_the_only_way_in,
         # The app's kernel stays open while the console serves: undo runs the app's tools.
         undo=None if kernel is None else kernel.undo,
+        recording=ns.recording,
     )
     check_setup(ns.host, token, options)
+    if ns.recording:  # refused now, not on the first visit of the diff page
+        _open(ns.recording, readonly=True).close()
     try:
         sock = listen(ns.host, ns.port)
     except OSError as exc:
@@ -508,6 +511,40 @@ def cmd_console(ns: argparse.Namespace) -> int:
         if kernel is not None:
             kernel.close()
     return OK
+
+
+def cmd_diff(ns: argparse.Namespace) -> int:
+    """Two runs' calls side by side: exit 0 when they made the same calls, 1 when not."""
+    from poimen.sandbox import diff
+
+    run_url = ns.run or ns.db or os.environ.get("POIMEN_DB")
+    if not run_url:
+        raise CliError("no run to compare: pass --run URL (or --db, or set POIMEN_DB)", code=USAGE)
+    recording = _open(ns.recording, readonly=True)
+    try:
+        run = _open(run_url, readonly=True)
+        try:
+            d = diff(recording, run, scope=ns.scope, run_scope=ns.run_scope)
+        finally:
+            run.close()
+    finally:
+        recording.close()
+    _emit(ns, d.to_json(), lambda: d.text(all_calls=ns.all))
+    return NOT_FOUND if d.differences else OK
+
+
+def _diff_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser(
+        "diff",
+        parents=[common],
+        help="compare two runs call by call: same, arguments changed, only in one (exit 1 if "
+        "they differ)",
+    )
+    s.add_argument("--recording", required=True, help="log URL of the recorded run (read only)")
+    s.add_argument("--run", help="log URL of the run to compare (default: --db or POIMEN_DB)")
+    s.add_argument("--scope", help="call-id prefix of the run to compare, e.g. conv-42/")
+    s.add_argument("--run-scope", help="the run's call-id prefix when it differs from --scope")
+    s.add_argument("--all", action="store_true", help="list the calls that are the same too")
 
 
 # The parser.
@@ -687,6 +724,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     s.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    s.add_argument("--recording", help="log URL the Diff page compares this log with (read only)")
     s.add_argument(
         "--operators",
         metavar="FILE",
@@ -705,6 +743,8 @@ def _parser() -> argparse.ArgumentParser:
         help="allow --trust-user-header on an address beyond this machine: only when nothing "
         "but the proxy can reach the console, since anyone who can sends the header",
     )
+
+    _diff_parser(sub, common)
 
     s = sub.add_parser("operators", help="the console's operators file: add, remove, list")
     ops = s.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -775,6 +815,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_undo(ns)
         if ns.cmd == "migrate":
             return cmd_migrate(ns)
+        if ns.cmd == "diff":
+            return cmd_diff(ns)
         if ns.cmd == "operators":
             return cmd_operators(ns)
         if ns.cmd == "verify":

@@ -39,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from poimen import _operator as op
+from poimen import sandbox
 from poimen._identity import Login, Operators
 from poimen._intents import Intent, IntentState
 from poimen._undo import Undoer
@@ -47,6 +48,7 @@ from poimen.errors import (
     IntentNotFoundError,
     NotDispatchedError,
     NotIndeterminateError,
+    PoimenError,
     StoreError,
     UndoError,
     UnknownToolError,
@@ -80,7 +82,9 @@ class ConsoleOptions:
     (with `trust_proxy`) takes the operator's name from that header of the proxy, which on
     an address beyond this machine also needs `proxy_is_the_only_way_in`. With neither,
     one shared token opens the console and each decision carries a typed name.
-    `undo` is the application's `Kernel.undo` (only with its tools can calls be undone)."""
+    `undo` is the application's `Kernel.undo` (only with its tools can calls be undone).
+    `recording` is the log URL the intent diff page compares this log with (default: this
+    log itself, one run's call-id prefix with another's)."""
 
     session_ttl: float = 12 * 3600.0
     trust_proxy: bool = False
@@ -90,6 +94,7 @@ class ConsoleOptions:
     user_header: str | None = None
     proxy_is_the_only_way_in: bool = False
     undo: Undoer | None = None
+    recording: str | None = None
 
     def with_hosts(self, *hosts: str) -> ConsoleOptions:
         return replace(self, allowed_hosts=(*self.allowed_hosts, *hosts))
@@ -387,6 +392,34 @@ def _decided(
     return op.Identity(typed, via=who.via), reason
 
 
+def _diff_page(c: Console, store: Store) -> Handler:
+    """The intent diff: the recording's calls (or one run of this log) against this log's."""
+
+    async def page(request: Request) -> Response:
+        q = request.query_params
+        scope = q.get("scope") or None
+        run_scope = q.get("run_scope") or None
+        recording = c.options.recording
+        ctx: dict[str, Any] = {
+            "recording": None if recording is None else sandbox.log_name(recording),
+            "scope": scope or "",
+            "run_scope": run_scope or "",
+            "d": None,
+            "labels": sandbox.LABELS,
+        }
+        if recording is None and (scope is None or (run_scope or scope) == scope):
+            return c.page(request, "diff.html", **ctx)  # this log with itself: ask for runs
+        try:
+            ctx["d"] = await _io(
+                sandbox.diff, recording or store, store, scope=scope, run_scope=run_scope
+            )
+        except PoimenError as exc:
+            return c.refuse(request, 400, "Cannot compare", op.redact_urls(str(exc)))
+        return c.page(request, "diff.html", **ctx)
+
+    return page
+
+
 def create_app(
     store: Store, *, token: str | None = None, options: ConsoleOptions | None = None
 ) -> ASGIApp:
@@ -671,6 +704,7 @@ def create_app(
         Route("/intents/{intent_id}/abandon", guarded(abandon), methods=["POST"]),
         Route("/undo", guarded(undo), methods=["GET", "POST"]),
         Route("/audit", guarded(audit)),
+        Route("/diff", guarded(_diff_page(c, store))),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", guarded(logout), methods=["POST"]),
         Mount("/static", app=static, name="static"),
