@@ -167,6 +167,13 @@ def decide(
     raise TypeError(f"{type(answer).__name__} is no answer for a {intent.effect} intent")
 
 
+def failure_is_final(current: EffectClass, intent: Intent) -> bool:
+    """May a refusal, or a request that never left, end this attempt's call FAILED? Only if
+    no earlier attempt's outcome is unknown: an Idempotent retry follows one whose effect may
+    have landed, and its own refusal says nothing of that one."""
+    return not (isinstance(current, Idempotent) and intent.attempts > 1)
+
+
 Claimability = Literal["claimable", "settled", "not_due", "held", "live"]
 
 

@@ -365,12 +365,13 @@ class Kernel:
             if out is None:
                 raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
             return out
+        read_at = self.store.now()  # before the read: a lease is judged as of then
         intent = self.store.get_by_call_id(call_id)
         if intent is None:
             raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
         e = self._engine
         t = e.tools.get(intent.tool_id)
-        if t is not None and e.claimable(intent, self.store.now()) == "claimable":
+        if t is not None and e.claimable(intent, read_at) == "claimable":
             out = run_sync(e, orphan_steps(e, t, intent, CallState()))
             if out is not None:
                 return out
@@ -416,7 +417,8 @@ class Kernel:
     def _renew(self) -> None:
         ids = self._engine.holds.ids()
         if ids:
-            self.store.renew_leases(self.worker_id, ids, self.store.now() + self.lease_ttl)
+            now = self.store.now()
+            self.store.renew_leases(self.worker_id, ids, now + self.lease_ttl, now)
 
     def _after_fork_in_child(self) -> None:
         """A forked child is another process: a new identity, no calls of the parent's, its

@@ -42,6 +42,7 @@ from poimen._decide import (
     attempt_deadline,
     claimability,
     decide,
+    failure_is_final,
     takeover_deadline,
 )
 from poimen._effects import Idempotent, Queryable
@@ -112,7 +113,9 @@ Steps = Generator[Step, Any, T]
 class Run:
     """How one invocation of a tool ended."""
 
-    kind: Literal["completed", "failed", "unknown", "not_sent", "denied_after_write"]
+    kind: Literal[
+        "completed", "failed", "unknown", "not_sent", "denied_after_write", "refused_after_unknown"
+    ]
     value: Any = None
     error: str | None = None
 
@@ -313,16 +316,18 @@ def existing_steps(
             intent_id=intent.id,
         )
     end = time.monotonic() + e.wait_bound
+    read_at = d.now  # the clock before the row was read (the dispatch commit read it)
     while True:
         if intent.state != S.DISPATCHED:
             return answer(intent)
-        if e.claimable(intent, e.store.now()) == "claimable":
+        if e.claimable(intent, read_at) == "claimable":
             out = yield from orphan_steps(e, t, intent, c)
             if out is not None:
                 return out
         if time.monotonic() >= end or c.cancelled:
             return Pending(intent.id, "in_flight")
         yield Sleep(0.05)
+        read_at = e.store.now()
         current = yield Block(e.store.get_intent, (intent.id,))
         if current is None:
             raise IntentNotFoundError(f"no intent {intent.id!r}", intent_id=intent.id)
@@ -374,6 +379,10 @@ def run_steps(
                 yield Sleep(wait)
                 continue
             run = Run("failed", error=f"not sent: {run.error}")
+        if run.kind == "failed" and not failure_is_final(t.registration.effects, intent):
+            # An earlier attempt may have landed: this one's refusal settles nothing.
+            never_left = (run.error or "").startswith("not sent")
+            run = Run("unknown" if never_left else "refused_after_unknown", error=run.error)
         if run.kind in ("completed", "failed"):
             return (yield from _write_outcome(e, intent, run))
         now = e.store.now()
@@ -388,8 +397,13 @@ def run_steps(
         yield Block(
             e.store.record_unknown, (intent.id, intent.fence, run.error or "unknown", now, deadline)
         )
-        if run.kind == "denied_after_write":
-            return (yield from indeterminate_steps(e, intent, "capability_denied_after_write"))
+        if run.kind in ("denied_after_write", "refused_after_unknown"):
+            reason = (
+                "capability_denied_after_write"
+                if run.kind == "denied_after_write"
+                else "refused_after_unknown"
+            )
+            return (yield from indeterminate_steps(e, intent, reason))
         nxt = yield from decide_steps(e, t, intent, c)
         if not isinstance(nxt, Intent):
             return nxt
@@ -403,9 +417,12 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
     policy = e.policy(t)
     effects = t.registration.effects
     got: Answer = Unasked()
+    asked: float | None = None
     while True:
         now = e.store.now()
-        d = decide(effects, intent, got, now, policy)
+        # A provider's answer says what it knew at some moment after it was asked: judged as
+        # of then, so "not landed" read before the deadline is never trusted after it.
+        d = decide(effects, intent, got, now if asked is None else asked, policy)
         match d:
             case Ask(what="key"):
                 assert isinstance(effects, Idempotent)
@@ -417,6 +434,7 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
             case Ask(what="lookup"):
                 if c.cancelled or intent.request_id is None:
                     return Pending(intent.id, "cancelled" if c.cancelled else "no_request_id")
+                asked = e.store.now()
                 got = yield Lookup(t, intent.request_id)
                 if c.cancelled:
                     return Pending(intent.id, "cancelled")
@@ -429,7 +447,10 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
                     return Completed(intent.id, None if text is None else json.loads(text))
                 return (yield from answer_current(e, intent.id))
             case Defer(at=at, unknown_count=n, reason=reason):
-                ok = yield Block(_defer, (e.store, intent.id, intent.fence, at, n, reason, now))
+                ok = yield Block(
+                    _defer,
+                    (e.store, intent.id, intent.fence, at, n, reason, now, intent.deadline_at),
+                )
                 if ok:
                     return Pending(intent.id, reason)
                 return (yield from answer_current(e, intent.id))
@@ -569,9 +590,24 @@ def _claim(
 
 
 def _defer(
-    store: Store, intent_id: str, fence: int, at: float, n: int, reason: str, now: float
+    store: Store,
+    intent_id: str,
+    fence: int,
+    at: float,
+    n: int,
+    reason: str,
+    now: float,
+    deadline_at: float | None = None,
 ) -> bool:
-    return store.defer(intent_id, fence, next_check_at=at, unknown_count=n, reason=reason, now=now)
+    return store.defer(
+        intent_id,
+        fence,
+        next_check_at=at,
+        unknown_count=n,
+        reason=reason,
+        now=now,
+        deadline_at=deadline_at,
+    )
 
 
 def answer(intent: Intent) -> Outcome:

@@ -103,6 +103,9 @@ def recover_pass(
     after = ""
     step = batch
     while True:
+        # The clock is read before the rows: an owner's lease judged against a later clock
+        # than the one it was read at could have been renewed in between.
+        now = e.store.now()
         try:
             rows = e.store.list_unfinished(after_id=after, limit=step)
         except CorruptRowError as exc:
@@ -120,7 +123,6 @@ def recover_pass(
         if not rows:
             break
         after = rows[-1].id
-        now = e.store.now()
         todo: list[tuple[Tool, Intent]] = []
         for it in rows:
             report.scanned += 1

@@ -295,14 +295,25 @@ def test_renew_extends_only_the_owners_undeferred_leases(store: Store) -> None:
         deferred, 1, next_check_at=store.now() + 5, unknown_count=1, reason="r", now=store.now()
     )
     until = store.now() + 999
-    assert store.renew_leases("worker-a", [mine, deferred, theirs], until) == 1
-    assert store.renew_leases("worker-a", [], until) == 0
+    assert store.renew_leases("worker-a", [mine, deferred, theirs], until, store.now()) == 1
+    assert store.renew_leases("worker-a", [], until, store.now()) == 0
     got = {i: store.get_intent(i) for i in (mine, deferred, theirs)}
     assert got[mine] is not None and got[mine].lease_expires_at == until
     assert got[deferred] is not None and got[deferred].lease_expires_at != until
     assert got[theirs] is not None and got[theirs].lease_expires_at != until
     assert store.record_outcome(mine, 1, S.COMPLETED, result=None, error=None, now=store.now())
-    assert store.renew_leases("worker-a", [mine], until + 1) == 0  # settled: no lease
+    assert store.renew_leases("worker-a", [mine], until + 1, store.now()) == 0  # settled
+
+
+def test_a_lease_that_has_run_out_is_never_renewed(store: Store) -> None:
+    # Its owner counts as gone from the moment it ran out: another worker may be deciding on
+    # it with what it read then, so a late renewal must not bring the owner back.
+    iid = dispatch(store, lease=0.5)
+    lease = store.get_intent(iid).lease_expires_at  # type: ignore[union-attr]
+    assert lease is not None
+    assert store.renew_leases("worker-a", [iid], lease + 60, lease + 0.1) == 0
+    assert store.get_intent(iid).lease_expires_at == lease  # type: ignore[union-attr]
+    assert store.renew_leases("worker-a", [iid], lease + 60, lease - 0.1) == 1
 
 
 def test_defer_sets_next_check_and_lease_together(store: Store) -> None:

@@ -144,13 +144,16 @@ def test_compare_and_set_rules_hold_for_any_sequence(store: Store) -> None:
         def renew(self, owner: Owner, by: float) -> None:
             now = store.now()
             ids = list(self.model)
-            store.renew_leases(owner.worker_id, ids, now + by)
+            before = {iid: store.get_intent(iid) for iid in ids}
+            store.renew_leases(owner.worker_id, ids, now + by, now)
             for iid in ids:
-                it = store.get_intent(iid)
-                assert it is not None
+                it, was = store.get_intent(iid), before[iid]
+                assert it is not None and was is not None
                 m = self.model[iid]
                 if it.state == S.DISPATCHED and it.lease_expires_at is not None:
                     assert it.lease_expires_at >= m.lease - 1e-6, "a renewal shortened a lease"
+                    if was.lease_expires_at is not None and was.lease_expires_at <= now:
+                        assert it.lease_expires_at == was.lease_expires_at, "revived a lease"
                     m.lease = it.lease_expires_at
 
         @rule(iid=consumes(intents), landed=st.booleans())

@@ -36,6 +36,7 @@ from poimen import (
     Pending,
     Queryable,
     ToolContext,
+    Unknown,
     Unsafe,
     WebhookNotifier,
 )
@@ -710,3 +711,84 @@ def test_json_of_retry_events_round_trips(store_url: str) -> None:
         k.call("q", {}, call_id="c1")
         kinds = {e.kind: json.loads(e.detail or "{}") for e in k.store.events(intent_of(k, "c1").id)}
         assert "deadline_at" in kinds["outcome_unknown"]
+
+
+# What the model check of the protocol found (docs/verification.md), against real stores.
+
+
+def test_a_not_landed_answer_read_before_the_deadline_is_not_trusted_after_it(
+    store_url: str,
+) -> None:
+    runs: list[int] = []
+
+    def slow_lookup(rid: str) -> Any:
+        time.sleep(0.4)  # the provider read its ledger at once; its answer comes late
+        return NotLanded()
+
+    with Kernel(store_url, notifiers=[], deadline_margin=0.0) as k:
+        @k.tool(id="q", effects=Queryable(lookup=slow_lookup), caps=Caps(), timeout=1.0)
+        def q(ctx: ToolContext) -> str:
+            runs.append(ctx.attempt)
+            return "ok"
+
+        # A deferred intent (its owner finished its attempt) whose deadline is 0.2 s away.
+        orphan(k, "q", "queryable", {}, "c1", request_id="rq_1", timeout=1.0)
+        now = k.store.now()
+        assert k.store.defer("in_c1", 1, next_check_at=now - 1, unknown_count=0,
+                             reason="awaiting_deadline", now=now)
+        raw_deadline(store_url, "c1", now + 0.2)
+        k.recover()
+        # Asked before the deadline: "not landed" may be stale by the time it arrives.
+        it = intent_of(k, "c1")
+        assert (it.state, it.reason) == (S.DISPATCHED, "awaiting_deadline")
+        assert runs == []
+
+
+def raw_deadline(store_url: str, call_id: str, at: float) -> None:
+    from tests.contract.test_store_contract import raw
+
+    raw(store_url, "UPDATE intents SET deadline_at = ? WHERE call_id = ?", (at, call_id))
+
+
+def test_a_refused_retry_after_an_unknown_outcome_is_not_failed(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    from poimen import DefiniteFailure
+
+    host = f"127.0.0.1:{httpx.URL(provider.url).port}"
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="pay", effects=Idempotent(key=KeyDerivation.fields("order")),
+                caps=Caps(hosts=(host,)), timeout=2)
+        def pay(ctx: ToolContext, order: str) -> Any:
+            if ctx.attempt == 1:
+                ctx.http.post(f"{provider.url}/keyed", json={"order": order})  # lands
+                raise ConnectionResetError("the reply was lost")
+            raise DefiniteFailure("409: a request with this key is still being processed")
+
+        out = k.call("pay", {"order": "o1"}, call_id="c1")
+        # The charge landed in attempt 1: the retry's refusal must not make it FAILED.
+        assert isinstance(out, Indeterminate) and out.reason == "refused_after_unknown"
+        assert ledger.count(kind="keyed") == 1
+
+
+def test_a_takeover_deadline_survives_a_deferral(store_url: str) -> None:
+    answers = iter([Unknown("503"), NotLanded()])
+    with Kernel(store_url, notifiers=[], deadline_margin=0.1, lookup_backoff=0.01) as k:
+        runs: list[int] = []
+
+        @k.tool(id="q", effects=Queryable(lookup=lambda rid: next(answers)), caps=Caps(),
+                timeout=0.5)
+        def q(ctx: ToolContext) -> str:
+            runs.append(ctx.attempt)
+            return "ok"
+
+        orphan(k, "q", "queryable", {}, "c1", request_id="rq_1", age=60, timeout=0.5)
+        found = k.store.now()
+        k.recover()  # taken over; the lookup cannot say: deferred
+        it = intent_of(k, "c1")
+        assert it.reason is not None and it.reason.startswith("lookup_unknown")
+        # The deadline the takeover set is in the log, for whoever asks next.
+        assert it.deadline_at is not None and it.deadline_at >= found + 0.5 + 0.1
+        wait_for(lambda: k.store.now() > (intent_of(k, "c1").next_check_at or 0), "next check")
+        k.recover()  # "not landed", but before that deadline: not trusted yet
+        assert runs == [] and intent_of(k, "c1").state == S.DISPATCHED

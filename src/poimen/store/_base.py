@@ -118,9 +118,10 @@ class Store(Protocol):
         unknown_count: int,
         reason: str,
         now: float,
+        deadline_at: float | None = None,
     ) -> bool: ...
     def renew_leases(
-        self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float
+        self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float, now: float
     ) -> int: ...
 
     # The operator path.

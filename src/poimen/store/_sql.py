@@ -136,9 +136,12 @@ class Sql:
             f"UPDATE intents SET deadline_at = {g}(COALESCE(deadline_at, ?), ?), updated_at = ? "
             "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
         )
+        # A lease that has run out is never renewed: its owner counts as gone from then on,
+        # and another worker may already be deciding on it.
         self.renew = q(
             f"UPDATE intents SET lease_expires_at = {g}(COALESCE(lease_expires_at, ?), ?) "
-            "WHERE owner_id = ? AND state = 'DISPATCHED' AND next_check_at IS NULL AND id IN "
+            "WHERE owner_id = ? AND state = 'DISPATCHED' AND next_check_at IS NULL "
+            "AND lease_expires_at > ? AND id IN "
         )
         self.landed = q(
             "UPDATE intents SET state = 'COMPLETED', result = ?, reason = 'landed_by_lookup', "
@@ -152,7 +155,11 @@ class Sql:
         )
         self.defer = q(
             "UPDATE intents SET next_check_at = ?, lease_expires_at = ?, unknown_count = ?, "
-            "reason = ?, updated_at = ? WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
+            # NULL leaves the deadline as it is (SQLite's MAX is NULL then, PostgreSQL's
+            # GREATEST the other value: COALESCE makes both mean the same).
+            f"reason = ?, updated_at = ?, deadline_at = COALESCE({g}(deadline_at, ?), "
+            "deadline_at, ?) "
+            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
         )
         self.resolve = q(
             "UPDATE intents SET state = ?, result = ?, updated_at = ? "
@@ -661,12 +668,16 @@ class SqlStore(Retention):
         unknown_count: int,
         reason: str,
         now: float,
+        deadline_at: float | None = None,
     ) -> bool:
+        """Ask again at `next_check_at`; `deadline_at` (only ever moved later) keeps a
+        deadline this decision relied on, such as a takeover's, for whoever asks next."""
         def op(ex: Executor, _retrying: bool) -> bool:
             # The lease ends when the next check is due, so any live recoverer may take it then.
             cur = ex.execute(
                 self._sql.defer,
-                (next_check_at, next_check_at, unknown_count, reason, now, intent_id, fence),
+                (next_check_at, next_check_at, unknown_count, reason, now, deadline_at,
+                 deadline_at, intent_id, fence),
             )
             if cur.rowcount:
                 self._event(

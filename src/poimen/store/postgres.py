@@ -479,7 +479,7 @@ class PostgresStore(SqlStore):
         return self._run("claim", op)
 
     def renew_leases(
-        self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float
+        self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float, now: float
     ) -> int:
         if not intent_ids:
             return 0
@@ -488,7 +488,7 @@ class PostgresStore(SqlStore):
         def op(cur: Cursor, _retrying: bool) -> int:
             cur.execute(
                 SQL.renew.replace("id IN ", "id = ANY(%s)"),
-                (lease_expires_at, lease_expires_at, worker_id, ids),
+                (lease_expires_at, lease_expires_at, worker_id, now, ids),
             )
             return cur.rowcount
 

@@ -945,7 +945,7 @@ class SqliteStore(SqlStore):
         return self._writer_open().run(op, _merge_claims, payload)
 
     def renew_leases(
-        self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float
+        self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float, now: float
     ) -> int:
         if not intent_ids:
             return 0
@@ -957,7 +957,7 @@ class SqliteStore(SqlStore):
                 chunk = ids[i : i + 500]
                 cur = conn.execute(
                     SQL.renew + f"({','.join('?' * len(chunk))})",
-                    (lease_expires_at, lease_expires_at, worker_id, *chunk),
+                    (lease_expires_at, lease_expires_at, worker_id, now, *chunk),
                 )
                 n += cur.rowcount
             return n
