@@ -1,4 +1,6 @@
-"""An outcome as a framework that runs steps expects it: a value, or an exception."""
+"""What every integration tells its framework of a call: the text for a model when the
+arguments were refused, and an outcome as a framework that runs steps expects it (a value, or
+an exception)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,11 @@ from typing import Any
 
 from poimen import Completed, Failed, Indeterminate, Outcome, Pending, Resolved
 from poimen.errors import OutcomeUnknownError, ToolCallFailedError
+
+
+def refusal(error: Exception) -> str:
+    """Arguments refused before anything was recorded: the model may correct them."""
+    return f"The call was refused and had no effect: {error}. Correct the input and call it again."
 
 
 def value_or_raise(outcome: Outcome, call_id: str) -> Any:

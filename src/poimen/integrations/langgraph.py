@@ -28,7 +28,7 @@ from pydantic import ConfigDict
 
 from poimen import Failed, Kernel, Outcome, call_ids
 from poimen.errors import ArgumentError, PoimenError
-from poimen.integrations._common import refusal
+from poimen.integrations._outcomes import refusal
 
 __all__ = ["PoimenTool", "poimen_tools"]
 

@@ -28,7 +28,7 @@ from agents.tool_context import ToolContext
 
 from poimen import Kernel, ToolSpec, call_ids
 from poimen.errors import ArgumentError, PoimenError
-from poimen.integrations._common import refusal
+from poimen.integrations._outcomes import refusal
 
 __all__ = ["poimen_tools"]
 

@@ -42,7 +42,7 @@ from pydantic_core import SchemaValidator, core_schema
 
 from poimen import Completed, Failed, Indeterminate, Kernel, Outcome, Pending, call_ids
 from poimen.errors import ArgumentError, PoimenError
-from poimen.integrations._common import refusal
+from poimen.integrations._outcomes import refusal
 
 __all__ = ["METADATA_KEY", "PoimenToolset", "deferred_results"]
 
