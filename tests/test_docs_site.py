@@ -21,3 +21,33 @@ def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
     page = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     for name in ("Kernel", "Idempotent", "ToolContext", "Indeterminate"):
         assert name in page
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    import inspect
+
+    import poimen
+    import poimen.call_ids
+    import poimen.errors
+    import poimen.operator
+    import poimen.testing
+    import poimen.webhooks
+
+    missing = []
+    for mod in (poimen, poimen.errors, poimen.call_ids, poimen.testing, poimen.operator,
+                poimen.webhooks):
+        names = getattr(mod, "__all__", None) or [n for n in vars(mod) if not n.startswith("_")]
+        for name in names:
+            obj = getattr(mod, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if not (obj.__doc__ or "").strip():
+                missing.append(f"{mod.__name__}.{name}")
+            if inspect.isclass(obj):
+                for attr, value in vars(obj).items():
+                    if attr.startswith("_"):
+                        continue
+                    if inspect.isfunction(value) or isinstance(value, property):
+                        if not (getattr(value, "__doc__", None) or "").strip():
+                            missing.append(f"{mod.__name__}.{name}.{attr}")
+    assert missing == []

@@ -43,7 +43,9 @@ class Sink(Protocol):
     on it makes the recovery retry harmless. Other tools pass whatever key they choose.
     """
 
-    def apply(self, payload: Any, *, key: str | None) -> Any: ...
+    def apply(self, payload: Any, *, key: str | None) -> Any:
+        """Apply `payload` under `key` (for an Idempotent tool, always the kernel's key)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,6 +402,8 @@ class HttpHandle:
         data: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> httpx.Response:
+        """Send one request; for a guarded call, checked (host, token, key) and, for a write,
+        carrying the kernel's key."""
         m = method.upper()
         sent = dict(headers) if headers else {}
         scope = self._scope
@@ -481,24 +485,31 @@ class HttpHandle:
         return _HandleTransport(self)
 
     def get(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("GET", url, ...)`."""
         return self.request("GET", url, **kw)
 
     def head(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("HEAD", url, ...)`."""
         return self.request("HEAD", url, **kw)
 
     def options(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("OPTIONS", url, ...)`."""
         return self.request("OPTIONS", url, **kw)
 
     def post(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("POST", url, ...)`: a write."""
         return self.request("POST", url, **kw)
 
     def put(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("PUT", url, ...)`: a write."""
         return self.request("PUT", url, **kw)
 
     def patch(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("PATCH", url, ...)`: a write."""
         return self.request("PATCH", url, **kw)
 
     def delete(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("DELETE", url, ...)`: a write."""
         return self.request("DELETE", url, **kw)
 
 
@@ -542,6 +553,8 @@ class AsyncHttpHandle:
         self._sync = sync
 
     async def request(self, method: str, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`HttpHandle.request`, awaited; the request runs in a worker thread the attempt waits
+        for."""
         sync = self._sync
         ctx = contextvars.copy_context()
         fut = sync._issuer.executor().submit(ctx.run, functools.partial(sync.request, method, url, **kw))
@@ -549,18 +562,23 @@ class AsyncHttpHandle:
         return await asyncio.wrap_future(fut)
 
     async def get(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("GET", url, ...)`."""
         return await self.request("GET", url, **kw)
 
     async def post(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("POST", url, ...)`: a write."""
         return await self.request("POST", url, **kw)
 
     async def put(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("PUT", url, ...)`: a write."""
         return await self.request("PUT", url, **kw)
 
     async def patch(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("PATCH", url, ...)`: a write."""
         return await self.request("PATCH", url, **kw)
 
     async def delete(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
+        """`request("DELETE", url, ...)`: a write."""
         return await self.request("DELETE", url, **kw)
 
 
@@ -578,9 +596,12 @@ class SinkHandle:
 
     @property
     def name(self) -> str:
+        """The name the sink was registered under."""
         return self._name
 
     def write(self, payload: Any, *, key: str | None = None) -> Any:
+        """Write `payload` to the sink; for an Idempotent tool under the kernel's key, checked
+        against this call's token."""
         scope = self._scope
         if scope is not None:
             assert self._token is not None
@@ -640,18 +661,22 @@ class ToolContext:
 
     @property
     def tool_id(self) -> str:
+        """The id of the tool being called."""
         return self._tool_id
 
     @property
     def intent_id(self) -> str:
+        """The intent this call is recorded as."""
         return self._intent_id
 
     @property
     def call_id(self) -> str:
+        """The caller's call id."""
         return self._call_id
 
     @property
     def attempt(self) -> int:
+        """The attempt number (1 for the first dispatch)."""
         return self._attempt
 
     @property

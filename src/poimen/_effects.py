@@ -126,6 +126,7 @@ class KeyDerivation:
         return to_json_value(result, _RESULT)
 
     def derive(self, tool_id: str, args: Mapping[str, JSONValue]) -> str:
+        """The key for these recorded arguments of tool `tool_id`."""
         selected = self.select(args, tool_id)
         return hash_key(tool_id, self.version, selected, _RESULT if self.mode == "custom" else "<key>")
 

@@ -11,6 +11,8 @@ from poimen.errors import IllegalTransitionError
 
 
 class IntentState(enum.StrEnum):
+    """Where an intent stands (docs/design.md §3); stored by value."""
+
     AWAITING_APPROVAL = "AWAITING_APPROVAL"
     DISPATCHED = "DISPATCHED"
     COMPLETED = "COMPLETED"
@@ -170,6 +172,7 @@ class Completed:
     retryable: ClassVar[bool] = False
 
     def for_model(self) -> str:
+        """The result as JSON text, for the model."""
         return _json(self.result)
 
 
@@ -184,6 +187,8 @@ class Failed:
     retryable: ClassVar[bool] = True
 
     def for_model(self) -> str:
+        """The standard text: the action failed and had no effect; the model may correct and
+        call again."""
         return (
             f"The action failed and had no effect: {self.error}. You may correct the input "
             "and call it again."
@@ -201,6 +206,8 @@ class Indeterminate:
     retryable: ClassVar[bool] = False
 
     def for_model(self) -> str:
+        """The standard text: the outcome is unknown; do NOT call it again; an operator
+        decides."""
         return (
             "The outcome of this action is unknown: it may or may not have taken effect. "
             "Do NOT call it again. An operator has been notified and will decide; tell the "
@@ -220,9 +227,11 @@ class Resolved:
 
     @property
     def retryable(self) -> bool:
+        """True when the operator decided it did not land: calling again may be right."""
         return not self.landed
 
     def for_model(self) -> str:
+        """The standard text of the operator's decision."""
         if self.landed:
             return (
                 "An operator confirmed that the action took effect"
@@ -253,6 +262,7 @@ class Pending:
         return self.reason in SANDBOX_REASONS
 
     def for_model(self) -> str:
+        """The standard text: still in progress (or awaiting approval); do NOT call it again."""
         if self.reason == "awaiting_approval":
             return (
                 "This action awaits an operator's approval and has not been carried out yet. "

@@ -189,6 +189,7 @@ class Kernel:
 
     @property
     def worker_id(self) -> str:
+        """This kernel's worker id in the log (new after a fork)."""
         return str(self._engine.owner.worker_id)
 
     @property
@@ -250,6 +251,7 @@ class Kernel:
         undo: str | None = None,
         undo_args: UndoArgs | None = None,
     ) -> Tool:
+        """Register `fn` under `registration` (what `tool` does); returns the built tool."""
         if not isinstance(registration, ToolRegistration):
             raise RegistrationError(
                 f"expected a ToolRegistration, got {type(registration).__name__}"
@@ -302,6 +304,7 @@ class Kernel:
         return self.store.denials(tool_id=tool_id, since=since, limit=limit)
 
     def registered(self) -> dict[str, ToolRegistration]:
+        """Every registered tool's declaration, by id."""
         return {k: t.registration for k, t in self._engine.tools.items()}
 
     def spec(self, tool: str) -> ToolSpec:
@@ -616,6 +619,8 @@ class Kernel:
         )
 
     def deliver_notifications(self) -> int:
+        """Deliver the notifications due to this kernel's notifiers now; returns how many
+        deliveries were made."""
         with self._deliver_lock:
             if self._renotifier is not None:
                 self._renotifier.maybe_run(self.store, self.notifiers)

@@ -35,7 +35,9 @@ class Notifier(Protocol):
 
     name: str
 
-    def notify(self, notification: Notification) -> None: ...
+    def notify(self, notification: Notification) -> None:
+        """Deliver one notification; raise to have it retried later."""
+        ...
 
 
 class LogNotifier:
@@ -44,6 +46,7 @@ class LogNotifier:
     name = "log"
 
     def notify(self, notification: Notification) -> None:
+        """Log the notification as a WARNING on ``poimen.notify``."""
         log.warning("poimen %s: %s", notification.kind, notification.payload)
 
 
@@ -56,6 +59,7 @@ class CallbackNotifier:
         self.name = name or f"callback:{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
     def notify(self, notification: Notification) -> None:
+        """Call the function with the notification; raising has it retried later."""
         self._fn(notification)
 
 
@@ -249,6 +253,7 @@ class WebhookNotifier:
         self._client = httpx.Client(timeout=timeout)
 
     def body(self, notification: Notification, now: float) -> dict[str, Any]:
+        """The JSON body sent for `notification` at time `now`."""
         payload = json.loads(notification.payload)
         intent_id = payload.get("intent_id", notification.intent_id)
         created = payload.get("created_at")
@@ -271,6 +276,8 @@ class WebhookNotifier:
         }
 
     def notify(self, notification: Notification) -> None:
+        """POST the notification, signed; anything but a 2xx answer raises (the outbox
+        retries)."""
         now = time.time()
         body = json.dumps(self.body(notification, now), sort_keys=True).encode("utf-8")
         ts = str(int(now))
@@ -295,6 +302,7 @@ class WebhookNotifier:
             )
 
     def close(self) -> None:
+        """Close the HTTP client."""
         self._client.close()
 
 

@@ -377,6 +377,7 @@ class Status:
     undelivered_notifications: int
 
     def to_json(self) -> dict[str, Any]:
+        """The status as JSON-ready data (what `poimen status --json` prints)."""
         oldest = self.oldest_indeterminate
         return {
             "now": self.now,
@@ -393,6 +394,8 @@ class Status:
 
 
 def status(store: Store, *, notification_cap: int = 1000) -> Status:
+    """How many intents are in each state, the oldest unresolved Indeterminate one, and the
+    notifications not yet delivered (counted up to `notification_cap`)."""
     now = store.now()
     by_state = {s.value: 0 for s in IntentState}
     by_tool: dict[str, dict[str, int]] = {}
@@ -443,6 +446,7 @@ class IntentDetail:
 
     @property
     def resolvable(self) -> bool:
+        """Whether an operator may resolve the intent now (it is INDETERMINATE)."""
         return self.intent.state == S.INDETERMINATE
 
     @property
@@ -461,6 +465,7 @@ class IntentDetail:
         ]
 
     def event_detail(self, event: Event) -> Any:
+        """An event's detail as data, secrets redacted."""
         return _event_detail(event)
 
     def actor(self, event: Event) -> str:
@@ -492,6 +497,7 @@ class IntentDetail:
         return out
 
     def to_json(self) -> dict[str, Any]:
+        """The whole detail as JSON-ready data (what `poimen show --json` prints)."""
         return {
             **intent_summary(self.intent),
             "args": self.args,
@@ -507,6 +513,7 @@ class IntentDetail:
         }
 
     def deliveries_of(self, n: Notification) -> list[Delivery]:
+        """The per-notifier deliveries of one of the intent's notifications."""
         return [d for d in self.deliveries if d.notification_id == n.id]
 
 

@@ -427,12 +427,14 @@ class ProviderProcess:
 
     @property
     def url(self) -> str:
+        """The provider's base URL."""
         if self._url is None:
             raise RuntimeError("provider is not running; call start() first")
         return self._url
 
     @property
     def pid(self) -> int:
+        """The provider process's pid."""
         if self._proc is None:
             raise RuntimeError("provider is not running; call start() first")
         return self._proc.pid
@@ -443,6 +445,7 @@ class ProviderProcess:
         return self._returncode
 
     def start(self) -> ProviderProcess:
+        """Start the process and wait until it serves."""
         if self._proc is not None:
             raise RuntimeError("provider already started")
         self._workdir = tempfile.mkdtemp(prefix="poimen-provider-")
@@ -504,6 +507,7 @@ class ProviderProcess:
         return self._stderr.read().decode(errors="replace")
 
     def stop(self) -> None:
+        """Stop the process (SIGTERM, then SIGKILL)."""
         proc, self._proc, self._url = self._proc, None, None
         if proc is not None:
             if proc.poll() is None:
@@ -547,6 +551,7 @@ class ProviderClient:
     def entries(
         self, *, kind: str | None = None, key: str | None = None, request_id: str | None = None
     ) -> list[dict[str, Any]]:
+        """The ledger's entries, optionally only those of one kind, key or request id."""
         response = self._http.get("/ledger", params=self._filters(kind, key, request_id))
         response.raise_for_status()
         entries: list[dict[str, Any]] = response.json()["entries"]
@@ -555,31 +560,40 @@ class ProviderClient:
     def count(
         self, *, kind: str | None = None, key: str | None = None, request_id: str | None = None
     ) -> int:
+        """How many ledger entries match: the witness's count of effects."""
         response = self._http.get("/ledger", params=self._filters(kind, key, request_id))
         response.raise_for_status()
         return int(response.json()["count"])
 
     def keyed_write(self, key: str | None, body: Mapping[str, Any]) -> httpx.Response:
+        """POST /keyed: a write the ledger deduplicates on `key` (the Idempotency-Key header)."""
         headers = {} if key is None else {"Idempotency-Key": key}
         return self._http.post("/keyed", json=dict(body), headers=headers)
 
     def request_write(self, request_id: str, body: Mapping[str, Any]) -> httpx.Response:
+        """POST /requests: a write recorded under `request_id` (X-Request-Id), never
+        deduplicated."""
         return self._http.post("/requests", json=dict(body), headers={"X-Request-Id": request_id})
 
     def plain_write(self, body: Mapping[str, Any]) -> httpx.Response:
+        """POST /plain: a write the ledger never deduplicates."""
         return self._http.post("/plain", json=dict(body))
 
     def lookup(self, request_id: str) -> httpx.Response:
         # safe="" so a request id containing "/" stays one path segment.
+        """GET /requests/<request_id>: 200 with the first request's body, or 404."""
         return self._http.get(f"/requests/{quote(request_id, safe='')}")
 
     def set_lookup_mode(self, mode: str) -> None:
+        """How lookups answer: one of `LOOKUP_MODES` (truthful by default)."""
         self._http.post("/admin/lookup-mode", json={"mode": mode}).raise_for_status()
 
     def set_delay(self, seconds: float) -> None:
+        """Hold every write this many seconds before it lands."""
         self._http.post("/admin/delay", json={"seconds": seconds}).raise_for_status()
 
     def close(self) -> None:
+        """Close the HTTP client."""
         self._http.close()
 
     def __enter__(self) -> ProviderClient:

@@ -39,6 +39,7 @@ class RecoveryReport:
     expired: int = 0  # calls whose approval window passed (FAILED, nothing sent)
 
     def count(self, outcome: Outcome) -> None:
+        """Count one settled outcome in the report."""
         match outcome:
             case Completed() | Resolved():
                 self.completed += 1

@@ -99,6 +99,7 @@ class ToolHandle(Generic[P, R]):
 
     @property
     def spec(self) -> ToolSpec:
+        """The tool as a model sees it."""
         return self._kernel.spec(self.id)
 
     def undo(

@@ -211,6 +211,7 @@ class UndoReport:
         return not self._with("to_undo", "waiting", "stopped", "not_reached")
 
     def summary(self) -> str:
+        """One line per step, for people."""
         n = {s: len(self._with(s)) for s in get_args(UndoStatus)}
         parts = [
             f"{len(self.undone)} undone" + (f" ({n['undone']} now)" if n["undone"] else ""),
@@ -230,6 +231,7 @@ class UndoReport:
         return head
 
     def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data (what `poimen undo --json` prints)."""
         stop = self.stopped_at
         return {
             "scope": self.scope,

@@ -74,6 +74,7 @@ class CallIds:
         self._lock = threading.Lock()
 
     def next(self, tool: str, args: Mapping[str, Any]) -> str:
+        """The call id of the next call of `tool` with these arguments in this run."""
         _, text = encode_args(args)
         with self._lock:
             n = self._seen.get((tool, text), 0) + 1

@@ -4,7 +4,7 @@
   deduplicates keyed writes on the supplied key only, never on content.
 - `register_test_tools`: three tools, one per effect class, writing to that provider.
 - `spawn_call` / `kill_at_pause`: run one call in a child process and SIGKILL it at a crash
-  point (see `poimen._crashpoints` for the points and the environment variables).
+  point (see `crash_point` for the points and the environment variables).
 - `spawn_held_calls` / `spawn_held_plan` / `kill_when_held`: many calls in one child, each
   held at its crash point, and one SIGKILL for all of them.
 - `crash_drill`: the end-to-end drill the README runs: the same kills without poimen (a naive
@@ -50,12 +50,14 @@ from poimen.errors import DefiniteFailure
 
 __all__ = [
     "CHARGE",
+    "CRASH_POINTS",
     "EMAIL",
     "SHIP",
     "DrillReport",
     "ProviderClient",
     "ProviderProcess",
     "crash_drill",
+    "crash_point",
     "held_call",
     "kill_at_pause",
     "kill_when_held",
@@ -65,6 +67,18 @@ __all__ = [
     "spawn_held_calls",
     "spawn_held_plan",
 ]
+
+#: Where a crash test can stop a process: see `crash_point`.
+CRASH_POINTS = _crashpoints.POINTS
+
+
+def crash_point(point: str) -> None:
+    """Mark a crash point in your own tool (e.g. ``crash_point("mid_call")`` before its
+    effect). A no-op unless the process was started with ``POIMEN_CRASH_AT=point`` (it is
+    SIGKILLed there) or ``POIMEN_PAUSE_AT=point`` with ``POIMEN_PAUSE_FILE`` (it writes the
+    file and waits there for its SIGKILL): see docs/crash-testing.md."""
+    _crashpoints.hit(point)
+
 
 CHARGE = "test.charge"  # Idempotent: keyed write
 SHIP = "test.ship"  # Queryable: write with a request id, lookup endpoint
@@ -409,9 +423,11 @@ class DrillReport:
     kept: str | None = None  # the drill's directory, when asked to keep it
 
     def ok(self) -> bool:
+        """Whether every poimen guarantee held in the drill."""
         return bool(self.scenarios) and all(s["ok"] for s in self.scenarios)
 
     def table(self) -> str:
+        """The drill's result as the table it prints."""
         rows = [("call", "killed", "effects", "state", "effects", "ok")]
         for s in self.scenarios:
             naive = f"{s['naive_effects']}{'  twice!' if s['naive_effects'] > 1 else ''}"
