@@ -47,7 +47,7 @@ def test_every_public_name_has_a_docstring() -> None:
                 for attr, value in vars(obj).items():
                     if attr.startswith("_"):
                         continue
-                    if inspect.isfunction(value) or isinstance(value, property):
-                        if not (getattr(value, "__doc__", None) or "").strip():
-                            missing.append(f"{mod.__name__}.{name}.{attr}")
+                    documented = (getattr(value, "__doc__", None) or "").strip()
+                    if (inspect.isfunction(value) or isinstance(value, property)) and not documented:
+                        missing.append(f"{mod.__name__}.{name}.{attr}")
     assert missing == []
