@@ -17,7 +17,7 @@ import functools
 import hmac
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, runtime_checkable
 
@@ -29,6 +29,10 @@ from poimen.errors import CapabilityDeniedError, NotSent, PoimenError, Registrat
 if TYPE_CHECKING:
     from poimen._tools import Caps
     from poimen.store import Store
+
+#: Adds trace context headers (W3C traceparent) to a request's headers, leaving any the tool
+#: set; installed by `poimen.otel`, None without it.
+propagate: Callable[[dict[str, str]], None] | None = None
 
 # Methods that change nothing on the server (RFC 9110 "safe"); every other method is a write.
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -423,6 +427,8 @@ class HttpHandle:
         write = m not in READ_METHODS
         guard = _guard.suspend()
         try:
+            if propagate is not None:  # with the guard off: the propagator is not the tool's
+                propagate(sent)
             with self._sent(write):
                 return self._issuer.client().request(
                     m,
@@ -517,6 +523,11 @@ class _HandleTransport(httpx.BaseTransport):
                 request.headers[name] = key
         guard = _guard.suspend()
         try:
+            if propagate is not None:
+                trace: dict[str, str] = {}
+                propagate(trace)
+                for name, value in trace.items():
+                    request.headers.setdefault(name, value)
             with handle._sent(request.method.upper() not in READ_METHODS):
                 r = handle._issuer.client().send(request, stream=True)
             try:
