@@ -30,10 +30,6 @@ if TYPE_CHECKING:
     from poimen._tools import Caps
     from poimen.store import Store
 
-#: Adds trace context headers (W3C traceparent) to a request's headers, leaving any the tool
-#: set; installed by `poimen.otel`, None without it.
-propagate: Callable[[dict[str, str]], None] | None = None
-
 # Methods that change nothing on the server (RFC 9110 "safe"); every other method is a write.
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -109,6 +105,9 @@ class Issuer:
         self._client: httpx.Client | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
+        # Adds trace context headers (W3C traceparent) that a request lacks: set by
+        # `poimen.otel`, None without it.
+        self.propagate: Callable[[dict[str, str]], None] | None = None
 
     def register_sink(self, name: str, sink: Sink) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -427,6 +426,7 @@ class HttpHandle:
         write = m not in READ_METHODS
         guard = _guard.suspend()
         try:
+            propagate = self._issuer.propagate
             if propagate is not None:  # with the guard off: the propagator is not the tool's
                 propagate(sent)
             with self._sent(write):
@@ -523,6 +523,7 @@ class _HandleTransport(httpx.BaseTransport):
                 request.headers[name] = key
         guard = _guard.suspend()
         try:
+            propagate = handle._issuer.propagate
             if propagate is not None:
                 trace: dict[str, str] = {}
                 propagate(trace)

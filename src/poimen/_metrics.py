@@ -51,12 +51,12 @@ def snapshot(store: Store) -> Snapshot:
 
 
 class DenialCounter:
-    """Denials by tool since the log began, read incrementally: each read fetches only the
-    denials recorded since the last one."""
+    """Denials by tool since the log began, read incrementally: each read fetches the denials
+    recorded since the last one (and those of the last few seconds again, skipped by id)."""
 
     PAGE = 1000
-    # Writers' clocks differ a little: read back this far and skip the ids already counted.
-    SLACK = 60.0
+    # Writers stamp a denial a little before it commits: read back this far.
+    SLACK = 5.0
 
     def __init__(self) -> None:
         self._by_tool: dict[str, int] = {}
@@ -67,17 +67,21 @@ class DenialCounter:
     def read(self, store: Store) -> dict[str, int]:
         with self._lock:
             since = None if self._last_at is None else self._last_at - self.SLACK
+            limit = self.PAGE
             while True:
-                page = [
-                    d for d in store.denials(since=since, limit=self.PAGE) if d.id > self._last_id
-                ]
+                page = store.denials(since=since, limit=limit)
                 for d in page:
-                    self._by_tool[d.tool_id] = self._by_tool.get(d.tool_id, 0) + 1
-                    self._last_id = d.id
+                    if d.id > self._last_id:
+                        self._by_tool[d.tool_id] = self._by_tool.get(d.tool_id, 0) + 1
+                        self._last_id = d.id
                     self._last_at = d.at if self._last_at is None else max(self._last_at, d.at)
-                if len(page) < self.PAGE:
+                if len(page) < limit:
                     return dict(self._by_tool)
-                since = page[-1].at - self.SLACK
+                later = page[-1].at - self.SLACK
+                if since is not None and later <= since:
+                    limit *= 2  # a whole page within the slack: read more of it at once
+                else:
+                    since = later
 
 
 # The Prometheus text format (version 0.0.4).

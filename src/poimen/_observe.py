@@ -879,10 +879,6 @@ class Hooks(ev.Observer):
         with self._lock:
             self._subs = tuple(s for s in self._subs if s != (kind, fn))
 
-    def start(self, event: ev.StartEvent) -> object:
-        self.event(event)
-        return None
-
     def event(self, event: ev.KernelEvent) -> None:
         fns = [fn for kind, fn in self._subs if isinstance(event, kind)]
         if not fns or self._closed:
@@ -1006,7 +1002,10 @@ def _message(event: ev.KernelEvent, f: Mapping[str, Any]) -> str:
             f"denied: tool {event.tool_id} (intent {event.intent_id}, attempt "
             f"{event.attempt}): {event.action} {event.target}: {event.reason}"
         )
-    subject = f"intent {f.get('intent_id')} ({f.get('tool_id')}, {f.get('effect')})"
+    subject = (
+        f"{f.get('tool_id')} call {f.get('call_id')} (intent {f.get('intent_id')}, "
+        f"{f.get('effect')})"
+    )
     skip = {"event", "at", "worker_id", "intent_id", "call_id", "tool_id", "effect"}
     detail = ", ".join(f"{k}={v}" for k, v in f.items() if k not in skip and v is not None)
     return f"{subject}: {event.kind}" + (f": {detail}" if detail else "")

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from poimen import _capability, _metrics
+from poimen import _metrics
 from poimen import events as ev
 from poimen._intents import IntentState
 from poimen.errors import PoimenError
@@ -159,12 +159,13 @@ class OpenTelemetry(ev.Observer):
         self._kernels: list[weakref.ref[Kernel]] = []
         self._snap: tuple[float, list[_metrics.Snapshot]] = (0.0, [])
         self._lock = threading.Lock()
-        if propagate:
-            _capability.propagate = _inject
+        self._propagate = propagate
 
     def bind(self, kernel: Kernel) -> None:
         with self._lock:
             self._kernels.append(weakref.ref(kernel))
+        if self._propagate:
+            kernel._issuer.propagate = _inject
 
     # Spans.
 

@@ -420,6 +420,7 @@ def cmd_console(ns: argparse.Namespace) -> int:
         operators_file=ns.operators,
         user_header=ns.trust_user_header,
         proxy_is_the_only_way_in=ns.proxy_is_the_only_way_in,
+        metrics_token=ns.metrics_token or os.environ.get("POIMEN_METRICS_TOKEN") or None,
     )
     check_setup(ns.host, token, options)
     try:
@@ -594,6 +595,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HEADER",
         help="take the operator's name from this header set by the authenticating proxy "
         "(e.g. X-Forwarded-User); needs --trust-proxy",
+    )
+    s.add_argument(
+        "--metrics-token",
+        metavar="TOKEN",
+        help="serve /metrics (Prometheus text) to requests with 'Authorization: Bearer TOKEN' "
+        "(or POIMEN_METRICS_TOKEN); at least 16 characters, not the console token",
     )
     s.add_argument(
         "--proxy-is-the-only-way-in",

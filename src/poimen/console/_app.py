@@ -33,11 +33,12 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
+from poimen import _metrics
 from poimen import _operator as op
 from poimen._identity import Login, Operators
 from poimen._intents import Intent, IntentState
@@ -75,7 +76,10 @@ class ConsoleOptions:
     Who decides: `operators_file` gives each operator a token of their own; `user_header`
     (with `trust_proxy`) takes the operator's name from that header of the proxy, which on
     an address beyond this machine also needs `proxy_is_the_only_way_in`. With neither,
-    one shared token opens the console and each decision carries a typed name."""
+    one shared token opens the console and each decision carries a typed name.
+
+    `metrics_token` serves ``/metrics`` (Prometheus text) to requests that carry it as a
+    Bearer token, and to nobody else: no operator's token or session opens it."""
 
     session_ttl: float = 12 * 3600.0
     trust_proxy: bool = False
@@ -84,6 +88,7 @@ class ConsoleOptions:
     operators_file: str | None = None
     user_header: str | None = None
     proxy_is_the_only_way_in: bool = False
+    metrics_token: str | None = None
 
     def with_hosts(self, *hosts: str) -> ConsoleOptions:
         return replace(self, allowed_hosts=(*self.allowed_hosts, *hosts))
@@ -104,6 +109,15 @@ def check_modes(token: str | None, options: ConsoleOptions) -> None:
             "a shared --token does not go with --operators or --trust-user-header: each "
             "operator is known by their own token or by the proxy"
         )
+    mt = options.metrics_token
+    if mt is not None:
+        if not isinstance(mt, str) or len(mt) < 16:
+            raise ConsoleConfigError("the metrics token must be at least 16 characters")
+        if token is not None and _same(mt, token):
+            raise ConsoleConfigError(
+                "the metrics token must differ from the console token: whoever scrapes "
+                "metrics must not be able to decide"
+            )
     if options.user_header is not None:
         if not _HEADER_NAME.fullmatch(options.user_header):
             raise ConsoleConfigError(
@@ -611,6 +625,24 @@ def create_app(
         # Never a traceback on the page; the process log has it.
         return c.refuse(request, 500, "Something went wrong", "Nothing was changed by this page.")
 
+    denials = _metrics.DenialCounter()
+
+    async def metrics(request: Request) -> Response:
+        # Its own token only: the scraper is not an operator, and no operator's token or
+        # session cookie opens this page.
+        auth = request.headers.get("authorization", "")
+        given = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+        if options.metrics_token is None or not _same(given, options.metrics_token):
+            return PlainTextResponse(
+                "the metrics token is required (Authorization: Bearer ...)\n",
+                status_code=401,
+                headers={**_HEADERS, "WWW-Authenticate": 'Bearer realm="poimen metrics"'},
+            )
+        text = await _io(
+            lambda: _metrics.prometheus_text(_metrics.store_families(store, denials))
+        )
+        return Response(text, media_type=_metrics.CONTENT_TYPE, headers=_HEADERS)
+
     static = StaticFiles(packages=[("poimen.console", "static")])
     routes = [
         Route("/", guarded(overview)),
@@ -621,6 +653,7 @@ def create_app(
         Route("/audit", guarded(audit)),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", guarded(logout), methods=["POST"]),
+        *([Route("/metrics", metrics)] if options.metrics_token is not None else []),
         Mount("/static", app=static, name="static"),
     ]
     app = Starlette(
