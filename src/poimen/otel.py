@@ -218,6 +218,12 @@ class OpenTelemetry(ev.Observer):
     # Point events: on the current span, and counted.
 
     def event(self, event: ev.KernelEvent) -> None:
+        if isinstance(event, ev.ResolvedEvent | ev.AbandonedEvent | ev.ApprovalDecidedEvent):
+            # An operator's decision is an act of its own: a span, a child of the caller's.
+            name = f"poimen.{_DECISIONS[type(event)]} {event.tool_id}"
+            self._tracer.start_span(name, attributes=_attrs(event, _SPAN_EVENT_FIELDS)).end()
+            self._measure(event)
+            return
         span = otel_trace.get_current_span()
         if span.is_recording():
             span.add_event(f"poimen.{event.kind}", _attrs(event, _SPAN_EVENT_FIELDS))
@@ -292,6 +298,13 @@ class OpenTelemetry(ev.Observer):
         if not snaps:
             return []
         return [Observation(sum(s.outbox_backlog for s in snaps))]
+
+
+_DECISIONS: dict[type[ev.KernelEvent], str] = {
+    ev.ResolvedEvent: "resolve",
+    ev.AbandonedEvent: "abandon",
+    ev.ApprovalDecidedEvent: "decide_approval",
+}
 
 
 def _span_name(event: ev.StartEvent) -> str:

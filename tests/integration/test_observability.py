@@ -252,6 +252,14 @@ def test_a_call_is_a_span_with_its_attempt_under_the_callers_span(
         assert attr(failed_attempt, "outcome") == "unknown"
         assert failed_attempt.status.description == "TimeoutError: no answer in time"
         assert attr(span, "intent_id") == boom.intent_id
+        # An operator's decision is a span of its own, under the caller's.
+        with tracer.start_as_current_span("operator") as op:
+            k.resolve(boom.intent_id, landed=False, operator="ana", reason="not sent")
+        decision = telemetry.one("poimen.resolve t.boom")
+        assert decision.parent is not None
+        assert decision.parent.span_id == op.get_span_context().span_id
+        assert attr(decision, "intent_id") == boom.intent_id and attr(decision, "landed") is False
+        assert attr(decision, "operator") == "ana"
 
 
 def test_acall_spans_have_each_tasks_own_span_as_parent(
