@@ -464,7 +464,7 @@ class Kernel:
         e = self._engine
         if e.observer is not None:
             steps = call_steps(e, t, d, kwargs, CallState(), approval)
-            return e.observer.call(t, d, lambda: run_sync(e, steps))
+            return e.observer.call(d, lambda: run_sync(e, steps))
         return run_sync(e, call_steps(e, t, d, kwargs, CallState(), approval))
 
     async def acall(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from poimen import events as ev
 from poimen._effects import Landed, NotLanded
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from poimen.store import Store
 
 log = logging.getLogger("poimen.observe")
-T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 # Outcomes as the events name them.
@@ -212,117 +213,92 @@ class Observation:
 
     # Scopes.
 
-    def call(self, t: Tool, d: NewDispatch, run: Callable[[], Outcome]) -> Outcome:
-        tokens, began = self._call_started(d)
-        try:
-            out = run()
-        except BaseException as exc:
-            self._call_finished(tokens, d, began, None, *_raised(exc))
-            raise
-        self._call_finished(tokens, d, began, out.intent_id, *outcome_kind(out))
-        return out
+    def _base(self) -> dict[str, Any]:
+        return {"at": time.time(), "worker_id": self.worker_id}
+
+    def call(self, d: NewDispatch, run: Callable[[], Outcome]) -> Outcome:
+        with self.call_scope(d) as scope:
+            out = scope.value = run()
+            return out
 
     async def acall(self, d: NewDispatch, run: Awaitable[Outcome]) -> Outcome:
-        tokens, began = self._call_started(d)
-        try:
-            out = await run
-        except BaseException as exc:
-            self._call_finished(tokens, d, began, None, *_raised(exc))
-            raise
-        self._call_finished(tokens, d, began, out.intent_id, *outcome_kind(out))
-        return out
+        with self.call_scope(d) as scope:
+            out = scope.value = await run
+            return out
 
-    def _call_started(self, d: NewDispatch) -> tuple[list[tuple[ev.Observer, object]], float]:
-        start = ev.CallStartedEvent(
-            at=time.time(),
-            worker_id=self.worker_id,
-            tool_id=d.tool_id,
-            call_id=d.call_id,
-            effect=d.effect,
-        )
-        return self.start(start), time.perf_counter()
+    def call_scope(self, d: NewDispatch) -> Scope:
+        f: dict[str, Any] = {"tool_id": d.tool_id, "call_id": d.call_id, "effect": d.effect}
 
-    def _call_finished(
-        self,
-        tokens: list[tuple[ev.Observer, object]],
-        d: NewDispatch,
-        began: float,
-        intent_id: str | None,
-        outcome: str,
-        reason: str | None,
-    ) -> None:
-        self.finish(
-            tokens,
-            ev.CallFinishedEvent(
-                at=time.time(),
-                worker_id=self.worker_id,
-                duration=time.perf_counter() - began,
-                tool_id=d.tool_id,
-                call_id=d.call_id,
-                effect=d.effect,
-                intent_id=intent_id,
-                outcome=outcome,
-                reason=reason,
-            ),
-        )
+        def end(common: dict[str, Any], out: Outcome | None, exc: BaseException | None) -> Any:
+            outcome, reason = _raised(exc) if exc is not None else outcome_kind(out)
+            intent_id = None if out is None else out.intent_id
+            return ev.CallFinishedEvent(
+                **common, **f, intent_id=intent_id, outcome=outcome, reason=reason
+            )
 
-    def attempt_started(self, step: Invoke) -> tuple[list[tuple[ev.Observer, object]], float]:
+        return Scope(self, ev.CallStartedEvent(**self._base(), **f), end)
+
+    def attempt_scope(self, step: Invoke) -> Scope:
         it = step.intent
         self.known.intent(it)
-        start = ev.AttemptStartedEvent(
-            at=time.time(),
-            worker_id=self.worker_id,
-            intent_id=it.id,
-            call_id=it.call_id,
-            tool_id=it.tool_id,
-            effect=it.effect,
-            attempt=it.attempts,
-            fence=it.fence,
-        )
-        return self.start(start), time.perf_counter()
+        f = {**_of(it), "attempt": it.attempts, "fence": it.fence}
 
-    def attempt_finished(
-        self,
-        tokens: list[tuple[ev.Observer, object]],
-        step: Invoke,
-        began: float,
-        run: Run | None,
-        raised: BaseException | None,
-    ) -> None:
-        it = step.intent
-        outcome: str
-        error: str | None
-        if run is not None:
-            outcome, error = run.kind, run.error
-        else:
-            outcome, error = _raised(raised) if raised is not None else ("error", None)
-        self.finish(
-            tokens,
-            ev.AttemptFinishedEvent(
-                at=time.time(),
-                worker_id=self.worker_id,
-                duration=time.perf_counter() - began,
-                intent_id=it.id,
-                call_id=it.call_id,
-                tool_id=it.tool_id,
-                effect=it.effect,
-                attempt=it.attempts,
-                fence=it.fence,
-                outcome=outcome,
-                error=error,
-            ),
-        )
+        def end(common: dict[str, Any], run: Run | None, exc: BaseException | None) -> Any:
+            outcome, error = (
+                (run.kind, run.error)
+                if run is not None
+                else _raised(exc)
+                if exc is not None
+                else ("error", None)
+            )
+            return ev.AttemptFinishedEvent(**common, **f, outcome=outcome, error=error)
+
+        return Scope(self, ev.AttemptStartedEvent(**self._base(), **f), end)
+
+    def lookup_scope(self, step: Lookup) -> Scope:
+        f: dict[str, Any] = {
+            "tool_id": step.tool.id,
+            "request_id": step.request_id,
+            "intent_id": self.known.by_request(step.request_id),
+        }
+
+        def end(common: dict[str, Any], got: object, exc: BaseException | None) -> Any:
+            answer = (
+                "landed"
+                if isinstance(got, Landed)
+                else "not_landed"
+                if isinstance(got, NotLanded)
+                else "unknown"
+            )
+            detail = getattr(got, "reason", None) if exc is None else _raised(exc)[1]
+            return ev.LookupFinishedEvent(**common, **f, answer=answer, detail=detail)
+
+        return Scope(self, ev.LookupStartedEvent(**self._base(), **f), end)
+
+    def pass_scope(self) -> Scope:
+        def end(
+            common: dict[str, Any], report: RecoveryReport | None, exc: BaseException | None
+        ) -> Any:
+            error = None if exc is None else _raised(exc)[1]
+            return ev.RecoveryPassFinishedEvent(**common, report=report, error=error)
+
+        return Scope(self, ev.RecoveryPassStartedEvent(**self._base()), end)
+
+    def recovery_scope(self, it: Intent) -> Scope:
+        f = _of(it)
+
+        def end(common: dict[str, Any], out: Outcome | None, exc: BaseException | None) -> Any:
+            outcome, reason = _raised(exc) if exc is not None else outcome_kind(out)
+            return ev.IntentRecoveryFinishedEvent(**common, **f, outcome=outcome, reason=reason)
+
+        return Scope(self, ev.IntentRecoveryStartedEvent(**self._base(), **f), end)
 
     def takeover(self, t: Tool, it: Intent) -> None:
         self.known.intent(it)
         self.emit(
             ev.TakeoverEvent(
-                at=time.time(),
-                worker_id=self.worker_id,
-                intent_id=it.id,
-                call_id=it.call_id,
-                tool_id=it.tool_id,
-                effect=it.effect,
+                **self._base(),
+                **_of(it),
                 fence=it.fence,
                 attempt=it.attempts,
                 previous_owner=None if it.owner is None else it.owner.worker_id,
@@ -331,29 +307,70 @@ class Observation:
         )
 
 
-# The hooks in the call path: each costs one attribute test without observers.
+def _of(it: Intent) -> dict[str, Any]:
+    return {"intent_id": it.id, "call_id": it.call_id, "tool_id": it.tool_id, "effect": it.effect}
 
 
-def observed_invoke(fn: Callable[[Engine, Invoke], Run]) -> Callable[[Engine, Invoke], Run]:
-    """An attempt of a sync run: its start and finish around the tool."""
+class Scope:
+    """A scope's start (on entry) and finish (on exit, built by `end` from the duration, the
+    `value` the scope produced, or None, and the exception that left it, if any)."""
 
-    @functools.wraps(fn)
-    def invoke(e: Engine, step: Invoke) -> Run:
-        obs = e.observer
-        if obs is None:
-            return fn(e, step)
-        tokens, began = obs.attempt_started(step)
-        run = raised = None
-        try:
-            run = fn(e, step)
-            return run
-        except BaseException as exc:
-            raised = exc
-            raise
-        finally:
-            obs.attempt_finished(tokens, step, began, run, raised)
+    __slots__ = ("_began", "_end", "_obs", "_start", "_tokens", "value")
 
-    return invoke
+    def __init__(
+        self,
+        obs: Observation,
+        start: ev.StartEvent,
+        end: Callable[[dict[str, Any], Any, BaseException | None], ev.FinishEvent],
+    ) -> None:
+        self._obs = obs
+        self._start = start
+        self._end = end
+        self._tokens: list[tuple[ev.Observer, object]] = []
+        self._began = 0.0
+        self.value: Any = None
+
+    def __enter__(self) -> Scope:
+        self._tokens = self._obs.start(self._start)
+        self._began = time.perf_counter()
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        common = {**self._obs._base(), "duration": time.perf_counter() - self._began}
+        self._obs.finish(self._tokens, self._end(common, self.value, exc))
+
+
+# The hooks in the call path and recovery: each costs one attribute test without observers.
+
+
+def _observed(
+    scope: Callable[..., Scope],
+) -> Callable[[Callable[Concatenate[Engine, P], R]], Callable[Concatenate[Engine, P], R]]:
+    """A decorator running a function of the engine in the scope `scope(observation, *args)`
+    makes, when the engine has observers."""
+
+    def decorate(fn: Callable[Concatenate[Engine, P], R]) -> Callable[Concatenate[Engine, P], R]:
+        @functools.wraps(fn)
+        def run(e: Engine, /, *args: P.args, **kw: P.kwargs) -> R:
+            if e.observer is None:
+                return fn(e, *args, **kw)
+            with scope(e.observer, *args, **kw) as s:
+                out = s.value = fn(e, *args, **kw)
+                return out
+
+        return run
+
+    return decorate
+
+
+#: An attempt of a sync run, around the tool.
+observed_invoke = _observed(lambda obs, step: obs.attempt_scope(step))
+#: A lookup of a Queryable request id.
+observed_lookup = _observed(lambda obs, step: obs.lookup_scope(step))
+#: A recovery pass.
+observed_pass = _observed(lambda obs, *args, **kw: obs.pass_scope())
+#: Recovery of one intent within a pass.
+observed_recovery = _observed(lambda obs, tool, it, report: obs.recovery_scope(it))
 
 
 def observed_ainvoke(
@@ -363,144 +380,13 @@ def observed_ainvoke(
 
     @functools.wraps(fn)
     async def invoke(e: Engine, step: Invoke) -> Run:
-        obs = e.observer
-        if obs is None:
+        if e.observer is None:
             return await fn(e, step)
-        tokens, began = obs.attempt_started(step)
-        run = raised = None
-        try:
-            run = await fn(e, step)
+        with e.observer.attempt_scope(step) as scope:
+            run = scope.value = await fn(e, step)
             return run
-        except BaseException as exc:
-            raised = exc
-            raise
-        finally:
-            obs.attempt_finished(tokens, step, began, run, raised)
 
     return invoke
-
-
-def observed_lookup(fn: Callable[[Engine, Lookup], T]) -> Callable[[Engine, Lookup], T]:
-    """A lookup of a Queryable request id."""
-
-    @functools.wraps(fn)
-    def lookup(e: Engine, step: Lookup) -> T:
-        obs = e.observer
-        if obs is None:
-            return fn(e, step)
-        tool, rid = step.tool.id, step.request_id
-        intent_id = obs.known.by_request(rid)
-        tokens = obs.start(
-            ev.LookupStartedEvent(
-                at=time.time(),
-                worker_id=obs.worker_id,
-                tool_id=tool,
-                request_id=rid,
-                intent_id=intent_id,
-            )
-        )
-        began = time.perf_counter()
-        got: object = None
-        try:
-            answered = fn(e, step)
-            got = answered
-            return answered
-        finally:
-            answer = (
-                "landed"
-                if isinstance(got, Landed)
-                else "not_landed"
-                if isinstance(got, NotLanded)
-                else "unknown"
-            )
-            obs.finish(
-                tokens,
-                ev.LookupFinishedEvent(
-                    at=time.time(),
-                    worker_id=obs.worker_id,
-                    duration=time.perf_counter() - began,
-                    tool_id=tool,
-                    request_id=rid,
-                    intent_id=intent_id,
-                    answer=answer,
-                    detail=getattr(got, "reason", None),
-                ),
-            )
-
-    return lookup
-
-
-def observed_pass(
-    fn: Callable[..., RecoveryReport],
-) -> Callable[..., RecoveryReport]:
-    """A recovery pass."""
-
-    @functools.wraps(fn)
-    def recover(e: Engine, *args: Any, **kw: Any) -> RecoveryReport:
-        obs = e.observer
-        if obs is None:
-            return fn(e, *args, **kw)
-        tokens = obs.start(ev.RecoveryPassStartedEvent(at=time.time(), worker_id=obs.worker_id))
-        began = time.perf_counter()
-        report = error = None
-        try:
-            report = fn(e, *args, **kw)
-            return report
-        except BaseException as exc:
-            error = _raised(exc)[1]
-            raise
-        finally:
-            obs.finish(
-                tokens,
-                ev.RecoveryPassFinishedEvent(
-                    at=time.time(),
-                    worker_id=obs.worker_id,
-                    duration=time.perf_counter() - began,
-                    report=report,
-                    error=error,
-                ),
-            )
-
-    return recover
-
-
-def observed_recovery(
-    fn: Callable[[Engine, Tool, Intent, RecoveryReport], Outcome | None],
-) -> Callable[[Engine, Tool, Intent, RecoveryReport], Outcome | None]:
-    """Recovery of one intent within a pass."""
-
-    @functools.wraps(fn)
-    def drive(e: Engine, tool: Tool, it: Intent, report: RecoveryReport) -> Outcome | None:
-        obs = e.observer
-        if obs is None:
-            return fn(e, tool, it, report)
-        common = {
-            "worker_id": obs.worker_id,
-            "intent_id": it.id,
-            "call_id": it.call_id,
-            "tool_id": it.tool_id,
-            "effect": it.effect,
-        }
-        tokens = obs.start(ev.IntentRecoveryStartedEvent(at=time.time(), **common))
-        began = time.perf_counter()
-        out = None
-        try:
-            out = fn(e, tool, it, report)
-            return out
-        finally:
-            outcome, reason = outcome_kind(out)
-            obs.finish(
-                tokens,
-                ev.IntentRecoveryFinishedEvent(
-                    at=time.time(),
-                    duration=time.perf_counter() - began,
-                    outcome=outcome,
-                    reason=reason,
-                    **common,
-                ),
-            )
-
-    return drive
 
 
 # The store, reporting each transition after its commit.

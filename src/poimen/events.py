@@ -89,7 +89,12 @@ class StartEvent(KernelEvent):
 class FinishEvent(KernelEvent):
     """The end of the scope its start began; `duration` in seconds."""
 
-    duration: float
+    # Each finish event declares it: an intent's scopes are IntentEvents as well, and two
+    # bases with fields of their own cannot share a slotted layout.
+    if TYPE_CHECKING:
+
+        @property
+        def duration(self) -> float: ...
 
 
 # Scopes.
@@ -111,6 +116,7 @@ class CallFinishedEvent(FinishEvent):
     `pending`) or raised (`error`, with the exception's type and text in `reason`)."""
 
     kind: ClassVar[str] = "call_finished"
+    duration: float
     tool_id: str
     call_id: str
     effect: str
@@ -120,28 +126,21 @@ class CallFinishedEvent(FinishEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AttemptStartedEvent(StartEvent):
+class AttemptStartedEvent(IntentEvent, StartEvent):
     """The tool is about to run for this attempt."""
 
     kind: ClassVar[str] = "attempt_started"
-    intent_id: str
-    call_id: str
-    tool_id: str
-    effect: str
     attempt: int
     fence: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AttemptFinishedEvent(FinishEvent):
+class AttemptFinishedEvent(IntentEvent, FinishEvent):
     """The tool returned or raised: `outcome` is `completed`, `failed`, `unknown`,
     `not_sent` or `denied_after_write`; `error` says why for all but `completed`."""
 
     kind: ClassVar[str] = "attempt_finished"
-    intent_id: str
-    call_id: str
-    tool_id: str
-    effect: str
+    duration: float
     attempt: int
     fence: int
     outcome: str
@@ -163,6 +162,7 @@ class LookupFinishedEvent(FinishEvent):
     """The provider's answer: `landed`, `not_landed` or `unknown` (with `detail`)."""
 
     kind: ClassVar[str] = "lookup_finished"
+    duration: float
     tool_id: str
     request_id: str
     intent_id: str | None
@@ -182,30 +182,24 @@ class RecoveryPassFinishedEvent(FinishEvent):
     """A recovery pass ended: what it saw and did (`report`), or the error that stopped it."""
 
     kind: ClassVar[str] = "recovery_pass_finished"
+    duration: float
     report: RecoveryReport | None
     error: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class IntentRecoveryStartedEvent(StartEvent):
+class IntentRecoveryStartedEvent(IntentEvent, StartEvent):
     """Recovery drives one unfinished intent whose owner is gone."""
 
     kind: ClassVar[str] = "intent_recovery_started"
-    intent_id: str
-    call_id: str
-    tool_id: str
-    effect: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class IntentRecoveryFinishedEvent(FinishEvent):
+class IntentRecoveryFinishedEvent(IntentEvent, FinishEvent):
     """What recovering one intent came to (the outcome kinds of `CallFinishedEvent`)."""
 
     kind: ClassVar[str] = "intent_recovery_finished"
-    intent_id: str
-    call_id: str
-    tool_id: str
-    effect: str
+    duration: float
     outcome: str
     reason: str | None
 
