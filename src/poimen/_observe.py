@@ -202,14 +202,8 @@ class Observation:
 
     def about(self, intent_id: str, store: Store) -> dict[str, Any]:
         i = self.info(intent_id, store)
-        return {
-            "at": time.time(),
-            "worker_id": self.worker_id,
-            "intent_id": intent_id,
-            "call_id": i.call_id,
-            "tool_id": i.tool_id,
-            "effect": i.effect,
-        }
+        ids = {"intent_id": intent_id, "call_id": i.call_id, "tool_id": i.tool_id}
+        return {**self._base(), **ids, "effect": i.effect}
 
     # Scopes.
 
@@ -588,14 +582,7 @@ class ObservedStore:
     # The operator path.
 
     def _decided(self, it: Intent) -> dict[str, Any]:
-        return {
-            "at": time.time(),
-            "worker_id": self._obs.worker_id,
-            "intent_id": it.id,
-            "call_id": it.call_id,
-            "tool_id": it.tool_id,
-            "effect": it.effect,
-        }
+        return {**self._obs._base(), **_of(it)}
 
     def resolve(
         self,

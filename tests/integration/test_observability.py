@@ -636,6 +636,7 @@ def test_each_transition_is_logged_once_at_its_level(
 def test_without_logging_or_observers_the_kernel_uses_its_store_as_is(
     store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="poimen")  # as configured by default
     assert not logging.getLogger("poimen.call").isEnabledFor(logging.INFO)
     with Kernel(store_url, notifiers=[]) as k:
         add_tools(k)
