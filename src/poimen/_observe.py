@@ -131,10 +131,8 @@ class Observation:
         self.hooks: Hooks | None = None
         self.known = _Known()
         self._lock = threading.Lock()
+        self.worker_id: str = engine.owner.worker_id  # a forked child's is set again
 
-    @property
-    def worker_id(self) -> str:
-        return self._engine.owner.worker_id
 
     def add(self, observer: ev.Observer) -> None:
         with self._lock:
@@ -160,6 +158,7 @@ class Observation:
     def after_fork(self) -> None:
         self._lock = threading.Lock()
         self.known = _Known()
+        self.worker_id = self._engine.owner.worker_id
         if self.hooks is not None:
             self.hooks.after_fork()
 
@@ -868,6 +867,11 @@ _LEVELS = {
 LOGGER_NAMES = frozenset({"poimen.call", *_LOGGERS.values()})
 
 
+@functools.cache
+def _logger(kind: str) -> logging.Logger:
+    return logging.getLogger(_LOGGERS.get(kind, "poimen.call"))
+
+
 def logging_wanted() -> bool:
     """Whether any logger poimen's events go to would write an INFO record."""
     return any(logging.getLogger(n).isEnabledFor(logging.INFO) for n in LOGGER_NAMES)
@@ -934,7 +938,7 @@ class LogObserver(ev.Observer):
             level = logging.INFO if busy else logging.DEBUG
         if level is None:
             return
-        logger = logging.getLogger(_LOGGERS.get(event.kind, "poimen.call"))
+        logger = _logger(event.kind)
         if not logger.isEnabledFor(level):
             return
         f = _fields(event)

@@ -55,6 +55,8 @@ __all__ = ["OpenTelemetry"]
 #: Durations of calls, attempts and passes, in seconds.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _ATTRS = ("tool_id", "effect", "call_id", "intent_id", "attempt", "fence", "outcome", "reason")
+# What a scope learns by its end (the rest was set at its start).
+_FINISH_ATTRS = ("intent_id", "outcome", "reason")
 _SPAN_EVENT_FIELDS = (
     *_ATTRS,
     *("error", "via", "operator", "landed", "approved", "until", "previous_owner", "write"),
@@ -170,18 +172,20 @@ class OpenTelemetry(ev.Observer):
     # Spans.
 
     def start(self, event: ev.StartEvent) -> object:
-        name = _span_name(event)
-        span = self._tracer.start_span(name, attributes=_attrs(event))
-        token = otel_context.attach(otel_trace.set_span_in_context(span))
-        return span, token
+        span = self._tracer.start_span(_span_name(event), attributes=_attrs(event))
+        if not span.get_span_context().is_valid:  # no SDK: nothing to make current
+            return span, None
+        return span, otel_context.attach(otel_trace.set_span_in_context(span))
 
     def finish(self, token: object, event: ev.FinishEvent) -> None:
         span, ctx_token = cast("tuple[Any, Any]", token)
         try:
-            span.set_attributes(_attrs(event))
-            self._ended(span, event)
+            if span.is_recording():
+                span.set_attributes(_attrs(event, _FINISH_ATTRS))
+                self._ended(span, event)
         finally:
-            otel_context.detach(ctx_token)
+            if ctx_token is not None:
+                otel_context.detach(ctx_token)
             span.end()
         self._measure(event)
 

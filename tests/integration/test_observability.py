@@ -779,3 +779,36 @@ def test_a_slow_hook_does_not_slow_the_caller(store_url: str) -> None:
         # The calls returned while the first hook still waited.
         assert not release.is_set()
         release.set()
+
+
+def test_a_forked_child_reports_as_its_own_worker_on_its_own_hook_thread(
+    store_url: str, tmp_path: Path
+) -> None:
+    import os
+
+    out = tmp_path / "child.json"
+    with Kernel(store_url, notifiers=[], worker_id="api") as k:
+        add_tools(k)
+        seen: list[CallFinishedEvent] = []
+        k.on(CallFinishedEvent, seen.append)
+        assert isinstance(k.call("t.ok", {"n": 1}, call_id="f-parent"), Completed)
+        pid = os.fork()
+        if pid == 0:  # the child: never return into pytest
+            code = 1
+            try:
+                got = threading.Event()
+                k.on(CallFinishedEvent, lambda e: got.set())
+                assert isinstance(k.call("t.ok", {"n": 2}, call_id="f-child"), Completed)
+                assert got.wait(30), "the child's hook never ran"
+                last = seen[-1]
+                out.write_text(json.dumps([last.call_id, last.worker_id, k.worker_id]))
+                code = 0
+            except BaseException as exc:
+                print("child failed:", repr(exc), flush=True)
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        call_id, worker, child_worker = json.loads(out.read_text())
+        assert call_id == "f-child" and worker == child_worker == f"api.{pid}"
+        assert [e.call_id for e in seen] == ["f-parent"]  # the parent saw its own call only
