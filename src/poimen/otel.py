@@ -22,6 +22,7 @@ configured they record nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import threading
 import time
@@ -71,13 +72,25 @@ def _version() -> str:
         return ""
 
 
-def _attrs(event: ev.KernelEvent, names: Iterable[str] = _ATTRS) -> dict[str, Any]:
+def _attrs(event: ev.KernelEvent, names: tuple[str, ...] = _ATTRS) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for n in names:
-        v = getattr(event, n, None)
+    for n, key in _present(type(event), names):
+        v = getattr(event, n)
         if v is not None:
-            out[f"poimen.{n}"] = v
+            out[key] = v
     return out
+
+
+_PRESENT: dict[tuple[type[ev.KernelEvent], tuple[str, ...]], tuple[tuple[str, str], ...]] = {}
+
+
+def _present(kind: type[ev.KernelEvent], names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The fields of `names` that events of `kind` have, with their attribute names."""
+    got = _PRESENT.get((kind, names))
+    if got is None:
+        have = {f.name for f in dataclasses.fields(kind)}
+        got = _PRESENT[(kind, names)] = tuple((n, f"poimen.{n}") for n in names if n in have)
+    return got
 
 
 def _inject(headers: dict[str, str]) -> None:
@@ -234,6 +247,8 @@ class OpenTelemetry(ev.Observer):
         self._measure(event)
 
     def _measure(self, event: ev.KernelEvent) -> None:
+        if type(event) not in _MEASURED:
+            return
         match event:
             case ev.CallFinishedEvent(tool_id=tool, outcome=outcome, duration=duration):
                 a = {"poimen.tool_id": tool, "poimen.outcome": outcome}
@@ -303,6 +318,20 @@ class OpenTelemetry(ev.Observer):
             return []
         return [Observation(sum(s.outbox_backlog for s in snaps))]
 
+
+#: The events a metric counts (the others pass by at the cost of one set lookup).
+_MEASURED = frozenset(
+    {
+        ev.CallFinishedEvent,
+        ev.AttemptFinishedEvent,
+        ev.IndeterminateEvent,
+        ev.AbandonedEvent,
+        ev.TakeoverEvent,
+        ev.LeasesRenewedEvent,
+        ev.DenialEvent,
+        ev.RecoveryPassFinishedEvent,
+    }
+)
 
 _DECISIONS: dict[type[ev.KernelEvent], str] = {
     ev.ResolvedEvent: "resolve",
