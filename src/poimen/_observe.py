@@ -408,6 +408,9 @@ class ObservedStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    def now(self) -> float:  # on every step of a call: not through __getattr__
+        return self._inner.now()
+
     def _about(self, intent_id: str) -> dict[str, Any]:
         return self._obs.about(intent_id, self._inner)
 
