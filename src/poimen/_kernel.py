@@ -462,10 +462,10 @@ class Kernel:
             )
         self._upkeep.held()
         e = self._engine
+        steps = call_steps(e, t, d, kwargs, CallState(), approval)
         if e.observer is not None:
-            steps = call_steps(e, t, d, kwargs, CallState(), approval)
             return e.observer.call(d, lambda: run_sync(e, steps))
-        return run_sync(e, call_steps(e, t, d, kwargs, CallState(), approval))
+        return run_sync(e, steps)
 
     async def acall(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
         """`call` for async callers. A cancelled caller gets `CancelledError` at once; the
@@ -482,9 +482,10 @@ class Kernel:
         e = self._engine
         c = CallState()
         approval = self._approval(t, d)
+        run = run_async(e, call_steps(e, t, d, kwargs, c, approval), c)
         if e.observer is not None:
-            return await e.observer.acall(d, run_async(e, call_steps(e, t, d, kwargs, c, approval), c))
-        return await run_async(e, call_steps(e, t, d, kwargs, c, approval), c)
+            return await e.observer.acall(d, run)
+        return await run
 
     def _prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from poimen._kernel import Kernel
     from poimen._protocol import Engine, Invoke, Lookup, Run
     from poimen._recovery import RecoveryReport
-    from poimen._tools import Tool
     from poimen.store import Store
 
 log = logging.getLogger("poimen.observe")
@@ -133,7 +132,6 @@ class Observation:
         self._lock = threading.Lock()
         self.worker_id: str = engine.owner.worker_id  # a forked child's is set again
 
-
     def add(self, observer: ev.Observer) -> None:
         with self._lock:
             self.observers = (*self.observers, observer)
@@ -181,7 +179,7 @@ class Observation:
         return tokens
 
     def finish(self, tokens: list[tuple[ev.Observer, object]], event: ev.FinishEvent) -> None:
-        for o, token in reversed(tokens):  # the innermost span closes first
+        for o, token in reversed(tokens):  # contexts attached in order, detached in reverse
             try:
                 o.finish(token, event)
             except Exception:
@@ -286,7 +284,7 @@ class Observation:
 
         return Scope(self, ev.IntentRecoveryStartedEvent(**self._base(), **f), end)
 
-    def takeover(self, t: Tool, it: Intent) -> None:
+    def takeover(self, it: Intent) -> None:
         self.known.intent(it)
         self.emit(
             ev.TakeoverEvent(

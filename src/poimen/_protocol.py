@@ -338,7 +338,7 @@ def orphan_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
     if not e.holds.take(intent.id):
         return None
     if e.observer is not None:
-        e.observer.takeover(t, intent)
+        e.observer.takeover(intent)
     try:
         later = takeover_deadline(intent, e.store.now(), e.deadline_margin)
         if later is not None and isinstance(t.registration.effects, Queryable):
