@@ -190,7 +190,9 @@ def scripted(k: Kernel) -> dict[str, str]:
     Indeterminate, one denied write, a held call whose lease is renewed, an orphan taken over
     and completed, one left DISPATCHED (its tool is not registered), one recovery pass."""
     renewed = threading.Event()
-    k.on(LeasesRenewedEvent, lambda e: renewed.set())
+    # A round may run before a held call's dispatch commit (nothing to renew yet): wait for
+    # one that renewed a lease.
+    k.on(LeasesRenewedEvent, lambda e: e.renewed and renewed.set())
 
     @k.tool(id="t.slow", effects=Unsafe(), caps=Caps(), timeout=30)
     def slow(ctx: ToolContext, n: int) -> int:
