@@ -25,13 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import concurrency, dbos_step, instructions, keys, recovery, single
+from bench import concurrency, dbos_step, instructions, keys, observe, recovery, single
 from bench._util import ROOT, Row, Skipped, child, machine
 from poimen import KeyDerivation
 from poimen.store.sqlite import SqliteStore
 
 POSTGRES_URL = os.environ.get("POIMEN_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
-GROUPS = ("single", "dbos", "concurrency", "recovery", "keys", "capability", "postgres")
+GROUPS = (
+    "single",
+    "dbos",
+    "concurrency",
+    "recovery",
+    "keys",
+    "capability",
+    "postgres",
+    "observe",
+)
 # Asked for by name only: minutes under valgrind.
 EXTRA_GROUPS = ("instructions",)
 
@@ -350,6 +359,13 @@ class Suite:
             else:
                 raise TypeError(f"bench/{module}.py returned {type(item).__name__}, not Row")
 
+    def observe(self) -> None:
+        why = observe.available()
+        if why is not None:
+            self.skipped.append(Skipped("7 observability", "observers on Kernel.call", why))
+            return
+        self.external("7 observability", "observe")
+
     def postgres(self) -> None:
         """bench_postgres (another engineer's) beside the raw two-commit floor on one server."""
         import psycopg
@@ -513,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         "keys": suite.keys,
         "capability": lambda: suite.external("6 capability", "bench_capability"),
         "postgres": suite.postgres,
+        "observe": suite.observe,
         "instructions": suite.instructions,
     }
     t0 = time.perf_counter()

@@ -9,7 +9,7 @@ fi
 stamp="$VENV/.poimen-installed"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[postgres,console,dev,docs,pydantic-ai,openai-agents,langgraph,mcp,dbos,temporal]"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[postgres,console,dev,docs,pydantic-ai,openai-agents,langgraph,mcp,dbos,temporal,otel]"
   touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

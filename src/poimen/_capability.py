@@ -17,7 +17,7 @@ import functools
 import hmac
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, runtime_checkable
 
@@ -107,6 +107,9 @@ class Issuer:
         self._client: httpx.Client | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
+        # Adds trace context headers (W3C traceparent) that a request lacks: set by
+        # `poimen.otel`, None without it.
+        self.propagate: Callable[[dict[str, str]], None] | None = None
 
     def register_sink(self, name: str, sink: Sink) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -427,6 +430,9 @@ class HttpHandle:
         write = m not in READ_METHODS
         guard = _guard.suspend()
         try:
+            propagate = self._issuer.propagate
+            if propagate is not None:  # with the guard off: the propagator is not the tool's
+                propagate(sent)
             with self._sent(write):
                 return self._issuer.client().request(
                     m,
@@ -528,6 +534,12 @@ class _HandleTransport(httpx.BaseTransport):
                 request.headers[name] = key
         guard = _guard.suspend()
         try:
+            propagate = handle._issuer.propagate
+            if propagate is not None:
+                trace: dict[str, str] = {}
+                propagate(trace)
+                for name, value in trace.items():
+                    request.headers.setdefault(name, value)
             with handle._sent(request.method.upper() not in READ_METHODS):
                 r = handle._issuer.client().send(request, stream=True)
             try:

@@ -18,9 +18,9 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from poimen import _guard, _protocol, _runners, _sandbox, _undo
+from poimen import _guard, _observe, _protocol, _runners, _sandbox, _undo
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
 from poimen._intents import Denial, Intent, Outcome
@@ -47,12 +47,14 @@ from poimen.errors import (
     UnknownToolError,
     WrongRunnerError,
 )
+from poimen.events import KernelEvent, Observer
 from poimen.store import Store, open_store
 from poimen.store._base import NewDispatch
 
 log = logging.getLogger("poimen")
 P = ParamSpec("P")
 R = TypeVar("R")
+E = TypeVar("E", bound=KernelEvent)
 Mode = Literal["live", "shadow", "replay"]
 
 
@@ -64,7 +66,9 @@ class Kernel:
     `worker_id` names this kernel in the log; two live kernels of one process may not share
     one, and a forked child takes a new one. `mode="replay"` (with `recording=`, `scope=`,
     `on_divergence=`) and `mode="shadow"` (with `live=`) answer calls without effects
-    (docs/sandbox.md).
+    (docs/sandbox.md). `observers` see every event (poimen.events), e.g.
+    `poimen.otel.OpenTelemetry()`; `log_events` logs each transition on the ``poimen`` loggers
+    (default: when one of them would write INFO at construction or launch).
     """
 
     def __init__(
@@ -88,6 +92,8 @@ class Kernel:
         live: str | Store | None = None,
         scope: str | None = None,
         on_divergence: Literal["raise", "record"] = "raise",
+        observers: Sequence[Observer] | None = None,
+        log_events: bool | None = None,
     ) -> None:
         if not isinstance(store, str) and not callable(getattr(store, "record_dispatch", None)):
             raise PoimenError(
@@ -168,6 +174,8 @@ class Kernel:
         self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
+        self._log_events = log_events
+        _observe.setup(self, observers, log_events)
         _LIVE.add(self)
         # Shadow and replay answer calls without effects: poimen._sandbox, docs/sandbox.md.
         self._sandbox: _sandbox.Sandbox | None = None
@@ -297,6 +305,34 @@ class Kernel:
         `name` in their registration's `caps.sinks`."""
         self._issuer.register_sink(name, sink)
 
+    @overload
+    def on(self, kind: type[E], fn: Callable[[E], object]) -> Callable[[E], object]: ...
+    @overload
+    def on(
+        self, kind: type[E], fn: None = None
+    ) -> Callable[[Callable[[E], object]], Callable[[E], object]]: ...
+    def on(self, kind: type[E], fn: Callable[[E], object] | None = None) -> Any:
+        """Call `fn(event)` for every event of type `kind` (a class of `poimen.events`; a
+        base class takes its subclasses), on a thread of the kernel's own, never the
+        caller's: in order, one at a time. Usable as a decorator. In memory only: for a
+        durable signal of an Indeterminate call use a notifier."""
+        if not (isinstance(kind, type) and issubclass(kind, KernelEvent)):
+            raise PoimenError(
+                f"on() takes an event class of poimen.events, not {kind!r}", field="kind"
+            )
+        if fn is None:
+            return lambda f: self.on(kind, f)
+        if not callable(fn):
+            raise PoimenError(f"on() needs a function to call, not {fn!r}", field="fn")
+        _observe.install(self._engine, self._issuer).hook_thread().on(kind, fn)
+        return fn
+
+    def off(self, kind: type[E], fn: Callable[[E], object]) -> None:
+        """Stop calling `fn` for `kind` (as registered with `on`)."""
+        obs = self._engine.observer
+        if obs is not None and obs.hooks is not None:
+            obs.hooks.off(kind, fn)
+
     def denials(
         self, tool_id: str | None = None, since: float | None = None, *, limit: int = 1000
     ) -> list[Denial]:
@@ -385,6 +421,7 @@ class Kernel:
     def launch(self, *, background: bool = True) -> RecoveryReport:
         """Run the restart scan and recovery pass; with `background`, keep recovery and
         notification delivery going every `recover_interval` seconds."""
+        _observe.relog(self, self._log_events)
         report = self.recover()
         self._upkeep.start(background=background)
         return report
@@ -407,6 +444,8 @@ class Kernel:
             except Exception:
                 log.exception("poimen: a close hook failed")
         self._engine.shutdown_pools()
+        if self._engine.observer is not None:
+            self._engine.observer.close()
         self.store.close()
         _release_worker_id(self.worker_id, self)
         _LIVE.discard(self)
@@ -421,7 +460,7 @@ class Kernel:
         ids = self._engine.holds.ids()
         if ids:
             now = self.store.now()
-            self.store.renew_leases(self.worker_id, ids, now + self.lease_ttl, now)
+            self._engine.store.renew_leases(self.worker_id, ids, now + self.lease_ttl, now)
 
     def _after_fork_in_child(self) -> None:
         """A forked child is another process: a new identity, no calls of the parent's, its
@@ -435,6 +474,8 @@ class Kernel:
         e.holds.reset()
         e.continuations = set()
         e.shutdown_pools(forked=True)
+        if e.observer is not None:
+            e.observer.after_fork()
         self._deliver_lock = threading.Lock()
         self._issuer.after_fork()
         after_fork = getattr(self.store, "after_fork", None)
@@ -469,7 +510,10 @@ class Kernel:
             )
         self._upkeep.held()
         e = self._engine
-        return run_sync(e, call_steps(e, t, d, kwargs, CallState(), approval))
+        steps = call_steps(e, t, d, kwargs, CallState(), approval)
+        if e.observer is not None:
+            return e.observer.call(d, lambda: run_sync(e, steps))
+        return run_sync(e, steps)
 
     async def acall(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
         """`call` for async callers. A cancelled caller gets `CancelledError` at once; the
@@ -488,7 +532,10 @@ class Kernel:
         e = self._engine
         c = CallState()
         approval = self._approval(t, d)
-        return await run_async(e, call_steps(e, t, d, kwargs, c, approval), c)
+        run = run_async(e, call_steps(e, t, d, kwargs, c, approval), c)
+        if e.observer is not None:
+            return await e.observer.acall(d, run)
+        return await run
 
     def _prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str
@@ -550,20 +597,20 @@ class Kernel:
     ) -> Intent:
         """An operator's decision on an INDETERMINATE intent; terminal and audited."""
         return operator_resolve(
-            self.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
+            self._engine.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
 
     def approve(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator approves a call awaiting approval: it is dispatched once, by its class
         (by the caller resuming with `wait`, or by any kernel's recovery)."""
         return operator_decide_approval(
-            self.store, intent_id, approve=True, operator=operator, reason=reason
+            self._engine.store, intent_id, approve=True, operator=operator, reason=reason
         )
 
     def reject(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator rejects a call awaiting approval: FAILED, nothing is sent."""
         return operator_decide_approval(
-            self.store, intent_id, approve=False, operator=operator, reason=reason
+            self._engine.store, intent_id, approve=False, operator=operator, reason=reason
         )
 
     def undo(

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from poimen import _crashpoints
 from poimen._capability import Issuer
@@ -69,6 +69,9 @@ from poimen.errors import (
 )
 from poimen.store import Store
 from poimen.store._base import NewDispatch
+
+if TYPE_CHECKING:
+    from poimen._observe import Observation
 
 log = logging.getLogger("poimen")
 S = IntentState
@@ -202,6 +205,7 @@ class Engine:
         self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._pools_lock = threading.Lock()
         self.continuations: set[threading.Thread] = set()
+        self.observer: Observation | None = None  # set while the kernel has observers
 
     def retry(self, t: Tool) -> RetryPolicy:
         return self.retries.get(t.id, self.default_retry)
@@ -338,6 +342,8 @@ def orphan_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
     """Settle an unfinished intent found claimable; None if this kernel drives it already."""
     if not e.holds.take(intent.id):
         return None
+    if e.observer is not None:
+        e.observer.takeover(intent)
     try:
         later = takeover_deadline(intent, e.store.now(), e.deadline_margin)
         if later is not None and isinstance(t.registration.effects, Queryable):

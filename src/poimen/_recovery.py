@@ -7,6 +7,7 @@ logged and counted; it never stops the scan of the others.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import assert_never
 
 from poimen._intents import Completed, Failed, Indeterminate, Intent, Outcome, Pending, Resolved
+from poimen._observe import observed_pass, observed_recovery
 from poimen._protocol import CallState, Engine, orphan_steps
 from poimen._runners import run_sync
 from poimen._tools import Tool
@@ -63,6 +65,7 @@ def drive_orphan(e: Engine, tool: Tool, it: Intent) -> Outcome:
     return Pending(it.id, "busy") if out is None else out
 
 
+@observed_recovery
 def _drive_one(e: Engine, tool: Tool, it: Intent, report: RecoveryReport) -> Outcome | None:
     try:
         return drive_orphan(e, tool, it)
@@ -82,12 +85,17 @@ def _drive_all(
     outcomes in one durable commit instead of paying one commit each, one after another."""
     if workers <= 1 or len(todo) <= 1:
         return [_drive_one(e, tool, it, report) for tool, it in todo]
+    # Each intent runs in the pass's context (an observer's span of the pass is its parent).
+    ctxs = [contextvars.copy_context() for _ in todo]
     with ThreadPoolExecutor(
         max_workers=min(workers, len(todo)), thread_name_prefix="poimen-recover"
     ) as pool:
-        return list(pool.map(lambda job: _drive_one(e, job[0], job[1], report), todo))
+        return list(
+            pool.map(lambda job, c: c.run(_drive_one, e, job[0], job[1], report), todo, ctxs)
+        )
 
 
+@observed_pass
 def recover_pass(
     e: Engine,
     *,

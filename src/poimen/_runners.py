@@ -28,6 +28,7 @@ from poimen._effects import (
     Unknown,
 )
 from poimen._intents import Intent
+from poimen._observe import observed_ainvoke, observed_invoke, observed_lookup
 from poimen._protocol import (
     Block,
     CallState,
@@ -71,6 +72,7 @@ def context(e: Engine, t: Tool, intent: Intent) -> ToolContext:
     )
 
 
+@observed_invoke
 def invoke_sync(e: Engine, step: Invoke) -> Run:
     t = step.tool
     ctx = context(e, t, step.intent)
@@ -104,6 +106,7 @@ async def _tool_coroutine(t: Tool, ctx: ToolContext, kwargs: dict[str, Any]) -> 
         await ctx._flight.drain()
 
 
+@observed_ainvoke
 async def invoke_async(e: Engine, step: Invoke) -> Run:
     """An async tool, awaited in the caller's task (so a cancelled caller cancels it)."""
     t = step.tool
@@ -165,6 +168,7 @@ def _failure(exc: BaseException) -> str:
     return printable(str(exc) or type(exc).__name__)
 
 
+@observed_lookup
 def lookup_sync(e: Engine, step: Lookup) -> LookupAnswer:
     """Ask the provider, bounded by the tool's timeout: a lookup that hangs must not hang
     recovery (its thread is left to finish on its own)."""

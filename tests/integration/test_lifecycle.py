@@ -720,24 +720,31 @@ def test_a_not_landed_answer_read_before_the_deadline_is_not_trusted_after_it(
     store_url: str,
 ) -> None:
     runs: list[int] = []
-
-    def slow_lookup(rid: str) -> Any:
-        time.sleep(0.4)  # the provider read its ledger at once; its answer comes late
-        return NotLanded()
+    deadline: list[float] = []
+    asked: list[float] = []
 
     with Kernel(store_url, notifiers=[], deadline_margin=0.0) as k:
-        @k.tool(id="q", effects=Queryable(lookup=slow_lookup), caps=Caps(), timeout=1.0)
+        def slow_lookup(rid: str) -> Any:
+            # The provider reads its ledger at once; its answer arrives after the deadline.
+            asked.append(k.store.now())
+            while k.store.now() <= deadline[0] + 0.05:
+                time.sleep(0.01)
+            return NotLanded()
+
+        @k.tool(id="q", effects=Queryable(lookup=slow_lookup), caps=Caps(), timeout=30.0)
         def q(ctx: ToolContext) -> str:
             runs.append(ctx.attempt)
             return "ok"
 
-        # A deferred intent (its owner finished its attempt) whose deadline is 0.2 s away.
-        orphan(k, "q", "queryable", {}, "c1", request_id="rq_1", timeout=1.0)
+        # A deferred intent (its owner finished its attempt) whose deadline is 3 s away.
+        orphan(k, "q", "queryable", {}, "c1", request_id="rq_1", timeout=30.0)
         now = k.store.now()
         assert k.store.defer("in_c1", 1, next_check_at=now - 1, unknown_count=0,
                              reason="awaiting_deadline", now=now)
-        raw_deadline(store_url, "c1", now + 0.2)
+        deadline.append(now + 3.0)
+        raw_deadline(store_url, "c1", deadline[0])
         k.recover()
+        assert asked and asked[0] < deadline[0], "the lookup was not asked before the deadline"
         # Asked before the deadline: "not landed" may be stale by the time it arrives.
         it = intent_of(k, "c1")
         assert (it.state, it.reason) == (S.DISPATCHED, "awaiting_deadline")

@@ -488,6 +488,7 @@ def cmd_console(ns: argparse.Namespace) -> int:
         # The app's kernel stays open while the console serves: undo runs the app's tools.
         undo=None if kernel is None else kernel.undo,
         recording=ns.recording,
+        metrics_token=ns.metrics_token or os.environ.get("POIMEN_METRICS_TOKEN") or None,
     )
     check_setup(ns.host, token, options)
     if ns.recording:  # refused now, not on the first visit of the diff page
@@ -736,6 +737,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HEADER",
         help="take the operator's name from this header set by the authenticating proxy "
         "(e.g. X-Forwarded-User); needs --trust-proxy",
+    )
+    s.add_argument(
+        "--metrics-token",
+        metavar="TOKEN",
+        help="serve /metrics (Prometheus text) to requests with 'Authorization: Bearer TOKEN' "
+        "(or POIMEN_METRICS_TOKEN); at least 16 characters, not the console token",
     )
     s.add_argument(
         "--proxy-is-the-only-way-in",

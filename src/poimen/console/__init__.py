@@ -110,6 +110,8 @@ def serve(
         )
     else:
         print(f"operators are named by the proxy's {options.user_header} header", flush=True)
+    if options.metrics_token is not None:
+        print(f"metrics: {base}/metrics with the metrics token as a Bearer token", flush=True)
     config = uvicorn.Config(
         app,
         log_level="warning",

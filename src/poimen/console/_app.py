@@ -33,13 +33,13 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
+from poimen import _metrics, sandbox
 from poimen import _operator as op
-from poimen import sandbox
 from poimen._identity import Login, Operators
 from poimen._intents import Intent, IntentState
 from poimen._undo import Undoer
@@ -84,7 +84,9 @@ class ConsoleOptions:
     one shared token opens the console and each decision carries a typed name.
     `undo` is the application's `Kernel.undo` (only with its tools can calls be undone).
     `recording` is the log URL the intent diff page compares this log with (default: this
-    log itself, one run's call-id prefix with another's)."""
+    log itself, one run's call-id prefix with another's).
+    `metrics_token` serves ``/metrics`` (Prometheus text) to requests that carry it as a
+    Bearer token, and to nobody else: no operator's token or session opens it."""
 
     session_ttl: float = 12 * 3600.0
     trust_proxy: bool = False
@@ -95,6 +97,7 @@ class ConsoleOptions:
     proxy_is_the_only_way_in: bool = False
     undo: Undoer | None = None
     recording: str | None = None
+    metrics_token: str | None = None
 
     def with_hosts(self, *hosts: str) -> ConsoleOptions:
         return replace(self, allowed_hosts=(*self.allowed_hosts, *hosts))
@@ -115,6 +118,15 @@ def check_modes(token: str | None, options: ConsoleOptions) -> None:
             "a shared --token does not go with --operators or --trust-user-header: each "
             "operator is known by their own token or by the proxy"
         )
+    mt = options.metrics_token
+    if mt is not None:
+        if not isinstance(mt, str) or len(mt) < 16:
+            raise ConsoleConfigError("the metrics token must be at least 16 characters")
+        if token is not None and _same(mt, token):
+            raise ConsoleConfigError(
+                "the metrics token must differ from the console token: whoever scrapes "
+                "metrics must not be able to decide"
+            )
     if options.user_header is not None:
         if not _HEADER_NAME.fullmatch(options.user_header):
             raise ConsoleConfigError(
@@ -695,6 +707,24 @@ def create_app(
         # Never a traceback on the page; the process log has it.
         return c.refuse(request, 500, "Something went wrong", "Nothing was changed by this page.")
 
+    denials = _metrics.DenialCounter()
+
+    async def metrics(request: Request) -> Response:
+        # Its own token only: the scraper is not an operator, and no operator's token or
+        # session cookie opens this page.
+        auth = request.headers.get("authorization", "")
+        given = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+        if options.metrics_token is None or not _same(given, options.metrics_token):
+            return PlainTextResponse(
+                "the metrics token is required (Authorization: Bearer ...)\n",
+                status_code=401,
+                headers={**_HEADERS, "WWW-Authenticate": 'Bearer realm="poimen metrics"'},
+            )
+        text = await _io(
+            lambda: _metrics.prometheus_text(_metrics.store_families(store, denials))
+        )
+        return Response(text, media_type=_metrics.CONTENT_TYPE, headers=_HEADERS)
+
     static = StaticFiles(packages=[("poimen.console", "static")])
     routes = [
         Route("/", guarded(overview)),
@@ -707,6 +737,7 @@ def create_app(
         Route("/diff", guarded(_diff_page(c, store))),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", guarded(logout), methods=["POST"]),
+        *([Route("/metrics", metrics)] if options.metrics_token is not None else []),
         Mount("/static", app=static, name="static"),
     ]
     app = Starlette(
