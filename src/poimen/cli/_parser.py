@@ -1,0 +1,245 @@
+"""The `poimen` command's parser: every subcommand and its options (the commands themselves
+are in `poimen.cli._main`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _diff_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    s = sub.add_parser(
+        "diff",
+        parents=[common],
+        help="compare two runs call by call: same, arguments changed, only in one (exit 1 if "
+        "they differ)",
+    )
+    s.add_argument("--recording", required=True, help="log URL of the recorded run (read only)")
+    s.add_argument("--run", help="log URL of the run to compare (default: --db or POIMEN_DB)")
+    s.add_argument("--scope", help="call-id prefix of the run to compare, e.g. conv-42/")
+    s.add_argument("--run-scope", help="the run's call-id prefix when it differs from --scope")
+    s.add_argument("--all", action="store_true", help="list the calls that are the same too")
+
+
+# The parser.
+
+_OPERATOR_HELP = (
+    "who decides (or POIMEN_OPERATOR); the operating system's account running the command "
+    "is recorded with it"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    # Global options are accepted before or after the command; SUPPRESS keeps a
+    # subcommand's unset option from overwriting one given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--db",
+        default=argparse.SUPPRESS,
+        help="store URL: sqlite:///path or postgresql://... (or POIMEN_DB)",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    p = argparse.ArgumentParser(
+        prog="poimen",
+        description="Operate the poimen intent log: status, find, Indeterminate intents, abandon, audit, "
+        "recovery, undo.",
+        epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable, "
+        "4 unexpected error, 5 INDETERMINATE intents (status --fail-if-indeterminate), "
+        "6 verify found a problem",
+    )
+    p.add_argument("--db", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    s = sub.add_parser(
+        "status",
+        parents=[common],
+        help="counts by state and tool, oldest Indeterminate, unfinished intents",
+    )
+    s.add_argument(
+        "--fail-if-indeterminate",
+        action="store_true",
+        help="exit 5 when any intent is INDETERMINATE (for cron jobs and alerts)",
+    )
+
+    s = sub.add_parser("intents", parents=[common], help="list intents, oldest first")
+    s.add_argument("--state", help="DISPATCHED, COMPLETED, FAILED, INDETERMINATE, ...")
+    s.add_argument("--tool", help="tool id")
+    s.add_argument("--since", help="15m, 2h, 7d, an ISO 8601 time, or epoch seconds")
+    s.add_argument(
+        "--call-id", help="find by call id: the intents whose call id starts with it, newest first"
+    )
+    s.add_argument("--limit", type=int, default=100)
+
+    s = sub.add_parser(
+        "show", parents=[common], help="one intent: arguments (secrets redacted), attempts, events"
+    )
+    s.add_argument("intent", help="intent id or call id")
+
+    s = sub.add_parser(
+        "resolve", parents=[common], help="decide an INDETERMINATE intent (never retries it)"
+    )
+    s.add_argument("intent", help="intent id or call id")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--landed", action="store_true", help="the effect happened")
+    g.add_argument("--not-landed", action="store_true", help="the effect did not happen")
+    s.add_argument("--result", help="JSON result of a landed call (optional)")
+    s.add_argument("--operator", help=_OPERATOR_HELP)
+    s.add_argument("--reason", required=True, help="why: what you checked")
+
+    s = sub.add_parser(
+        "abandon",
+        parents=[common],
+        help="give up on a DISPATCHED intent whose worker is gone: it becomes INDETERMINATE",
+    )
+    s.add_argument("intent", help="intent id or call id")
+    s.add_argument("--operator", help=_OPERATOR_HELP)
+    s.add_argument("--reason", required=True, help="why: how you know the worker is gone")
+
+    for name, what in (
+        ("approve", "approve a call AWAITING_APPROVAL: it is then dispatched once"),
+        ("reject", "reject a call AWAITING_APPROVAL: it fails, nothing is sent"),
+    ):
+        s = sub.add_parser(name, parents=[common], help=what)
+        s.add_argument("intent", help="intent id or call id")
+        s.add_argument("--operator", help=_OPERATOR_HELP)
+        s.add_argument("--reason", required=True, help="why")
+
+    s = sub.add_parser("audit", parents=[common], help="capability and sandbox denials")
+    s.add_argument("--tool", help="tool id")
+    s.add_argument("--since", help="15m, 2h, 7d, an ISO 8601 time, or epoch seconds")
+    s.add_argument("--limit", type=int, default=1000)
+
+    s = sub.add_parser("recover", parents=[common], help="run one recovery pass now")
+    s.add_argument(
+        "--app", required=True, help="module:kernel of the application (its tool registrations)"
+    )
+    s.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+    s = sub.add_parser(
+        "undo",
+        parents=[common],
+        help="reverse the landed calls of a scope (call-id prefix) by their undo tools, "
+        "newest first",
+    )
+    s.add_argument("--scope", required=True, help="call-id prefix, e.g. run-9/")
+    s.add_argument(
+        "--app", required=True, help="module:kernel of the application (its undo tools)"
+    )
+    s.add_argument("--operator", help="who asks (recorded); required unless --dry-run")
+    s.add_argument("--reason", help="why (recorded)")
+    s.add_argument(
+        "--dry-run", action="store_true", help="only show what would be undone; change nothing"
+    )
+
+    sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+
+    s = sub.add_parser(
+        "prune", parents=[common], help="remove settled intents and their history past a window"
+    )
+    s.add_argument("--older-than", required=True, help="the window: 30d, 12h (at least 7d)")
+    s.add_argument("--archive", help="append what is removed to this JSON Lines file first")
+    s.add_argument("--app", help="module:kernel: keep intents inside their tools' key windows")
+    s.add_argument("--batch", type=int, default=500, help="intents per transaction (500)")
+    s.add_argument(
+        "--allow-short-window",
+        action="store_true",
+        help="allow a window under 7 days (a re-used call id may then run again)",
+    )
+    s.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress on stderr (default: when stderr is a terminal)",
+    )
+    sub.add_parser(
+        "verify",
+        parents=[common],
+        help="check the log: integrity, schema, constraints, unfinished intents whose owner is "
+        "gone (exit 6 on a problem)",
+    )
+    sub.add_parser(
+        "doctor",
+        parents=[common],
+        help="versions, platform, the store (secrets redacted) and its settings, for a bug report",
+    )
+
+    s = sub.add_parser("console", parents=[common], help="serve the web console")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8470, help="port (0 picks a free one)")
+    s.add_argument(
+        "--token", help="access token (or POIMEN_CONSOLE_TOKEN; default: generated and printed)"
+    )
+    s.add_argument(
+        "--app",
+        help="module:kernel of the application, to show each tool's what-to-check text",
+    )
+    s.add_argument(
+        "--session-ttl", default="12h", help="how long a login lasts (default 12h; 90s, 15m, 7d)"
+    )
+    s.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="HOST",
+        help="a host name the console is reached by, besides the bind address and localhost "
+        "(repeatable)",
+    )
+    s.add_argument(
+        "--trust-proxy",
+        action="store_true",
+        help="believe X-Forwarded-Proto/-For: only behind a TLS proxy that sets them",
+    )
+    s.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    s.add_argument("--tls-key", help="the private key of --tls-cert (PEM)")
+    s.add_argument("--recording", help="log URL the Diff page compares this log with (read only)")
+    s.add_argument(
+        "--operators",
+        metavar="FILE",
+        help="each operator logs in with their own token (poimen operators add NAME --file "
+        "FILE), and decisions carry their name",
+    )
+    s.add_argument(
+        "--trust-user-header",
+        metavar="HEADER",
+        help="take the operator's name from this header set by the authenticating proxy "
+        "(e.g. X-Forwarded-User); needs --trust-proxy",
+    )
+    s.add_argument(
+        "--metrics-token",
+        metavar="TOKEN",
+        help="serve /metrics (Prometheus text) to requests with 'Authorization: Bearer TOKEN' "
+        "(or POIMEN_METRICS_TOKEN); at least 16 characters, not the console token",
+    )
+    s.add_argument(
+        "--proxy-is-the-only-way-in",
+        action="store_true",
+        help="allow --trust-user-header on an address beyond this machine: only when nothing "
+        "but the proxy can reach the console, since anyone who can sends the header",
+    )
+
+    _diff_parser(sub, common)
+
+    s = sub.add_parser("operators", help="the console's operators file: add, remove, list")
+    ops = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    json_only = argparse.ArgumentParser(add_help=False)
+    json_only.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    json_only.add_argument("--file", required=True, help="the operators file")
+    o = ops.add_parser(
+        "add", parents=[json_only], help="add an operator and print their new token, once"
+    )
+    o.add_argument("name", help="letters, digits and ._@- (at most 64)")
+    o = ops.add_parser(
+        "remove", parents=[json_only], help="remove an operator: their sessions end too"
+    )
+    o.add_argument("name")
+    ops.add_parser("list", parents=[json_only], help="the operators' names")
+    return p
