@@ -149,7 +149,7 @@ MUTANTS: list[Mutant] = [
            '"DISPATCHED")', ("tests/integration/test_retention.py", "-k", "sqlite")),
     # The operator path.
     Mutant("redaction-skipped", "secrets are redacted wherever they are shown",
-           "poimen/_operator.py",
+           "poimen/_present.py",
            'return SECRET_NAME.search(name.lower().replace("-", "_")) is not None',
            "return False", ("tests/unit/test_operator.py", "tests/integration/test_cli.py",
                             "-k", "redact or secret")),
