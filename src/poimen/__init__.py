@@ -1,6 +1,6 @@
 """poimen: crash-safe tool calls for AI agents."""
 
-from poimen._capability import AsyncHttpHandle, HttpHandle, Sink, SinkHandle, ToolContext
+from poimen._capability import Sink, ToolContext
 from poimen._effects import (
     EffectClass,
     Idempotent,
@@ -14,6 +14,7 @@ from poimen._effects import (
     Unknown,
     Unsafe,
 )
+from poimen._handles import AsyncHttpHandle, HttpHandle, SinkHandle
 from poimen._intents import (
     Attempt,
     Completed,

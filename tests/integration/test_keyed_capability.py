@@ -404,7 +404,8 @@ def test_forged_and_foreign_tokens_are_denied(
     )
     def mint(ctx: ToolContext, n: int) -> None:
         # A handle built from poimen's private parts, mirroring this call with its own key.
-        from poimen._capability import HttpHandle, Issuer
+        from poimen._capability import Issuer
+        from poimen._handles import HttpHandle
 
         rogue = Issuer(kernel.store)
         scope = rogue.scope(

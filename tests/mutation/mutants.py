@@ -22,6 +22,7 @@ PROTOCOL = "poimen/_protocol.py"
 RUNNERS = "poimen/_runners.py"
 KERNEL = "poimen/_kernel.py"
 CAP = "poimen/_capability.py"
+HANDLES = "poimen/_handles.py"
 GUARD = "poimen/_guard.py"
 SQL = "poimen/store/_sql.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
@@ -79,7 +80,7 @@ MUTANTS: list[Mutant] = [
            RUNNERS, "                    _continue_in_thread(e, gen, cf)",
            "                    gen.close()", T_LIFE),
     Mutant("not-sent-after-write", "a request that never left is FAILED only if nothing went "
-           "out", CAP, "if left == 0 and (scope is None or scope.writes == 0):", "if True:",
+           "out", HANDLES, "if left == 0 and (scope is None or scope.writes == 0):", "if True:",
            T_LIFE),
     Mutant("key-from-raw-args", "the key is derived from the recorded arguments", KERNEL,
            "            key = effects.key.derive(t.id, recorded)\n",
@@ -103,10 +104,11 @@ MUTANTS: list[Mutant] = [
     Mutant("denial-not-audited", "a denial is recorded before the tool sees it", CAP,
            "denial = store.record_denial(now=store.now(), **data)",
            "denial = type('D', (), {'id': None})()", T_CAP),
-    Mutant("purge-not-a-write", "every method but GET/HEAD/OPTIONS/TRACE carries the key", CAP,
+    Mutant("purge-not-a-write", "every method but GET/HEAD/OPTIONS/TRACE carries the key",
+           HANDLES,
            'READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})',
            'READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PURGE"})', T_BAD),
-    Mutant("read-only-writes", "a ReadOnly tool writes nothing", CAP,
+    Mutant("read-only-writes", "a ReadOnly tool writes nothing", HANDLES,
            '        scope.deny_write("http", target)\n', "",
            ("tests/integration/test_public_api.py", "-k", "read_only and sqlite")),
     Mutant("guard-open-flags", "an out-of-band file write is denied", GUARD,
