@@ -13,7 +13,8 @@ import socket
 import sys
 
 from poimen._identity import read_operators
-from poimen.console._app import ConsoleOptions, check_modes, create_app
+from poimen.console._app import create_app
+from poimen.console._session import ConsoleOptions, check_modes
 from poimen.errors import ConsoleConfigError
 from poimen.store._base import Store
 
