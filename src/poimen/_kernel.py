@@ -1,5 +1,9 @@
 """The kernel: registers tools, journals every call, runs the call protocol, recovers.
 
+This module is over 600 lines on purpose: `Kernel` is the public API, and its methods read
+in one place; each is a few lines that hand the work to the modules of docs/design.md's
+module map (the protocol, recovery, upkeep, sandbox, undo, observers).
+
 The protocol itself is `poimen._protocol`; the decisions `poimen._decide`; the background
 duties `poimen._upkeep`. This module holds what belongs to one kernel: its identity (again
 after a fork), its settings, its tools and its public API (docs/design.md §8 maps them).
@@ -16,11 +20,11 @@ import random
 import secrets
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from poimen import _guard, _observe, _protocol, _runners, _sandbox, _undo
+from poimen._approval import ApprovalRule, approval_rule
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
 from poimen._intents import Denial, Intent, Outcome
@@ -37,9 +41,8 @@ from poimen._spec import ToolHandle, ToolSpec, safe_name, spec_of
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen._undo import UndoArgs, UndoReport, UndoRule
 from poimen._upkeep import Upkeep
+from poimen._workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen.errors import (
-    ArgumentError,
-    DuplicateWorkerError,
     IntentNotFoundError,
     NondeterministicKeyError,
     PoimenError,
@@ -122,11 +125,11 @@ class Kernel:
         self._given_worker_id = worker_id
         self._given_host = host
         owner = current_owner(worker_id, host)
-        _claim_worker_id(owner.worker_id, self)
+        claim_worker_id(owner.worker_id, self)
         try:
             self.store: Store = open_store(store) if isinstance(store, str) else store
         except BaseException:
-            _release_worker_id(owner.worker_id, self)
+            release_worker_id(owner.worker_id, self)
             raise
         self.mode: Mode = mode
         self.lease_ttl = lease_ttl
@@ -170,13 +173,13 @@ class Kernel:
             recover_interval=recover_interval,
         )
         self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
-        self._approvals: dict[str, _ApprovalRule] = {}
+        self._approvals: dict[str, ApprovalRule] = {}
         self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
         self._log_events = log_events
         _observe.setup(self, observers, log_events)
-        _LIVE.add(self)
+        LIVE.add(self)
         # Shadow and replay answer calls without effects: poimen._sandbox, docs/sandbox.md.
         self._sandbox: _sandbox.Sandbox | None = None
         if mode != "live":
@@ -278,7 +281,7 @@ class Kernel:
         tool = build_tool(registration, fn)
         if isinstance(registration.effects, Idempotent | ReadOnly):
             _guard.install()
-        rule = _approval_rule(registration.id, requires_approval, approval_ttl)
+        rule = approval_rule(registration.id, requires_approval, approval_ttl)
         undo_rule = _undo.rule(registration.id, undo, undo_args)
         if description is not None and not isinstance(description, str):
             raise RegistrationError(
@@ -447,8 +450,8 @@ class Kernel:
         if self._engine.observer is not None:
             self._engine.observer.close()
         self.store.close()
-        _release_worker_id(self.worker_id, self)
-        _LIVE.discard(self)
+        release_worker_id(self.worker_id, self)
+        LIVE.discard(self)
 
     def __enter__(self) -> Kernel:
         return self
@@ -469,8 +472,8 @@ class Kernel:
         old = e.owner.worker_id
         given = self._given_worker_id
         e.owner = current_owner(f"{given}.{os.getpid()}" if given else None, self._given_host)
-        _forget_worker_id(old)
-        _claim_worker_id(e.owner.worker_id, self)
+        forget_worker_id(old)
+        claim_worker_id(e.owner.worker_id, self)
         e.holds.reset()
         e.continuations = set()
         e.shutdown_pools(forked=True)
@@ -705,104 +708,6 @@ def _loop_running() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-class _ApprovalRule:
-    """When a tool's call waits for an operator: always, or when a predicate on the recorded
-    arguments says so."""
-
-    __slots__ = ("predicate", "ttl")
-
-    def __init__(self, predicate: Callable[[Mapping[str, Any]], bool] | None, ttl: float | None):
-        self.predicate = predicate
-        self.ttl = ttl
-
-    def needed(self, tool_id: str, recorded: Mapping[str, Any]) -> bool:
-        if self.predicate is None:
-            return True
-        try:
-            return bool(self.predicate(recorded))
-        except Exception as exc:  # nothing is recorded: the caller learns why
-            raise ArgumentError(
-                f"tool {tool_id!r}: its approval rule raised {type(exc).__name__}: {exc}",
-                tool_id=tool_id,
-                argument="<requires_approval>",
-            ) from exc
-
-
-def _approval_rule(
-    tool_id: str, requires: object, ttl: float | None
-) -> _ApprovalRule | None:
-    if ttl is not None and (
-        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0
-    ):
-        raise RegistrationError(
-            f"tool {tool_id!r}: approval_ttl must be a positive number of seconds or None, "
-            f"not {ttl!r}",
-            tool_id=tool_id,
-        )
-    if requires is False:
-        if ttl is not None:
-            raise RegistrationError(
-                f"tool {tool_id!r}: approval_ttl needs requires_approval", tool_id=tool_id
-            )
-        return None
-    if requires is True:
-        return _ApprovalRule(None, ttl)
-    if callable(requires):
-        return _ApprovalRule(requires, ttl)
-    raise RegistrationError(
-        f"tool {tool_id!r}: requires_approval must be True, False or a predicate on the "
-        f"arguments, not {requires!r}",
-        tool_id=tool_id,
-    )
-
-
-# Kernels of this process: one identity each, and a new one in a forked child.
-
-_LIVE: weakref.WeakSet[Kernel] = weakref.WeakSet()
-_WORKERS: dict[str, weakref.ref[Kernel]] = {}
-_WORKERS_LOCK = threading.Lock()
-
-
-def _claim_worker_id(worker_id: str, k: Kernel) -> None:
-    with _WORKERS_LOCK:
-        ref = _WORKERS.get(worker_id)
-        other = ref() if ref is not None else None
-        if other is not None and other is not k and not other._closed:
-            raise DuplicateWorkerError(
-                f"worker id {worker_id!r} is taken by another live kernel of this process; "
-                "two kernels with one identity would take over each other's calls",
-                worker_id=worker_id,
-            )
-        _WORKERS[worker_id] = weakref.ref(k)
-
-
-def _release_worker_id(worker_id: str, k: Kernel) -> None:
-    with _WORKERS_LOCK:
-        ref = _WORKERS.get(worker_id)
-        if ref is not None and ref() in (k, None):
-            del _WORKERS[worker_id]
-
-
-def _forget_worker_id(worker_id: str) -> None:
-    with _WORKERS_LOCK:
-        _WORKERS.pop(worker_id, None)
-
-
-def _after_fork_in_child() -> None:
-    global _WORKERS_LOCK
-    _WORKERS_LOCK = threading.Lock()  # another thread of the parent may have held it
-    for k in list(_LIVE):
-        if k._closed:
-            continue
-        try:
-            k._after_fork_in_child()
-        except Exception:
-            log.exception("poimen: a kernel could not start again in a forked child")
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # Intent ids need uniqueness, not secrecy. os.urandom per call hands the GIL back for a

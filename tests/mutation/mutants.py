@@ -90,7 +90,7 @@ MUTANTS: list[Mutant] = [
     Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
            "        e.owner = current_owner(", "        e.owner = e.owner or current_owner(",
            T_LIFE),
-    Mutant("duplicate-worker", "one identity per live kernel", KERNEL,
+    Mutant("duplicate-worker", "one identity per live kernel", "poimen/_workers.py",
            "if other is not None and other is not k and not other._closed:", "if False:",
            T_LIFE),
     Mutant("recovery-not-isolated", "one bad intent does not stop recovery",
