@@ -8,7 +8,10 @@
 - `spawn_held_calls` / `spawn_held_plan` / `kill_when_held`: many calls in one child, each
   held at its crash point, and one SIGKILL for all of them.
 - `crash_drill`: the end-to-end drill the README runs: the same kills without poimen (a naive
-  at-least-once runner, `poimen._naive`) and with it.
+  at-least-once runner) and with it.
+
+It is one module on purpose (a little over 600 lines): it is the public testing API, and a
+user finds every helper here.
 """
 
 from __future__ import annotations
