@@ -20,7 +20,7 @@ S = IntentState
 
 def write_log_before_sandbox(url: str) -> None:
     """A log filled by older versions (version 1 rows, a version 2 outbox), then migrated by
-    every version before 6 as those versions did, one transaction each."""
+    every version before 5 as those versions did, one transaction each."""
     write_v2_log(url)
     dialect = "sqlite" if url.startswith("sqlite") else "postgres"
     for version, sql in migrations(dialect):

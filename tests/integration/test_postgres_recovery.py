@@ -112,12 +112,17 @@ def recoverers(
 def settle_stragglers(
     url: str, provider_url: str, store: Store, host: str | None = None, timeout: float = 2.0
 ) -> None:
-    """On a loaded machine a lookup or a retry can meet a provider timeout: that intent is
-    deferred or retried by class, so later passes finish it. Never more than three."""
+    """Intents a pass deferred (a lookup before a deadline, or one that met a provider timeout
+    on a loaded machine) are finished by later passes, each run once they are due. Never more
+    than three."""
     for _ in range(3):
-        if not store.list_unfinished(after_id="", limit=1):
+        unfinished = store.list_unfinished(after_id="", limit=100_000)
+        if not unfinished:
             return
-        time.sleep(1.1)  # past the first lookup back-off
+        # A takeover moves a Queryable deadline to now + timeout (what the stopped owner sent
+        # may still land) and defers "not landed" until then: wait for the rows' own times.
+        due = max(i.next_check_at or 0.0 for i in unfinished)
+        time.sleep(max(0.0, due - store.now() + 0.05))
         recoverers(url, provider_url, 1, host=host, timeout=timeout)
 
 

@@ -15,7 +15,7 @@ import pytest
 from poimen._intents import Owner
 from poimen.errors import SchemaTooNewError
 from poimen.store import NewDispatch, open_store
-from poimen.store._base import migrations
+from poimen.store._base import latest_version, migrations
 
 pytestmark = pytest.mark.postgres
 
@@ -89,11 +89,12 @@ def test_newer_schema_refusal_names_the_database_and_changes_nothing(postgres_ur
     store = open_store(postgres_url)
     _dispatch(store, "kept")
     store.close()
+    newer = latest_version("postgres") + 1
     with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute("INSERT INTO poimen_schema (version, applied_at) VALUES (7, 0)")
+        admin.execute("INSERT INTO poimen_schema (version, applied_at) VALUES (%s, 0)", (newer,))
     dbname = postgres_url.rsplit("/", 1)[1]
-    with pytest.raises(SchemaTooNewError, match=f"{dbname} has schema version 7, newer than"):
+    with pytest.raises(SchemaTooNewError, match=f"{dbname} has schema version {newer}, newer than"):
         open_store(postgres_url)
     with psycopg.connect(postgres_url, autocommit=True) as admin:
         assert admin.execute("SELECT call_id FROM intents").fetchall() == [("kept",)]
-        assert admin.execute("SELECT max(version) FROM poimen_schema").fetchone() == (7,)
+        assert admin.execute("SELECT max(version) FROM poimen_schema").fetchone() == (newer,)

@@ -134,7 +134,7 @@ MUTANTS: list[Mutant] = [
            "\"reason = 'approved', updated_at = ? \"\n"
            "            \"WHERE id = ? AND fence = ?\"",
            ("tests/integration/test_approval.py", "-k", "sqlite")),
-    Mutant("append-only-sqlite", "events are append-only", "poimen/store/sql/sqlite/0007_retention.sql",
+    Mutant("append-only-sqlite", "events are append-only", "poimen/store/sql/sqlite/0006_retention.sql",
            "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\n"
            "WHEN NOT EXISTS (SELECT 1 FROM poimen_pruning)",
            "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\nWHEN 0",

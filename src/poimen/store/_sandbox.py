@@ -1,4 +1,4 @@
-"""Sandbox records (schema version 6, table ``sandbox_calls``): what a shadow or replay kernel
+"""Sandbox records (schema version 5, table ``sandbox_calls``): what a shadow or replay kernel
 answered instead of dispatching a call, and the paged reads an intent diff needs.
 
 A sandbox record is not an intent: recovery reads only ``intents``, so nothing recorded here can
@@ -17,7 +17,7 @@ from poimen.store._base import INTENT_COLUMNS, Store, intent_from_row
 from poimen.store._sql import Executor, SqlStore
 
 #: The schema version that has ``sandbox_calls``; an older log has no sandbox records.
-SANDBOX_VERSION = 6
+SANDBOX_VERSION = 5
 
 Answer = Literal["recorded", "live", "would_have_called", "not_in_recording", "refused"]
 ANSWERS: frozenset[str] = frozenset(
@@ -82,7 +82,7 @@ def sql_store(store: Store) -> SqlStore:
 
 
 def has_records(store: Store) -> bool:
-    """Whether the log's schema has sandbox records (a log older than version 6 has none)."""
+    """Whether the log's schema has sandbox records (a log older than version 5 has none)."""
     return store.schema_version() >= SANDBOX_VERSION
 
 
