@@ -33,11 +33,12 @@ from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
 from poimen._operator import decide_approval as operator_decide_approval
 from poimen._operator import resolve as operator_resolve
-from poimen._protocol import CallState, Engine, call_steps, orphan_steps
+from poimen._protocol import Engine, call_steps, orphan_steps
 from poimen._recovery import RecoveryReport, recover_pass
 from poimen._retry import Retry
 from poimen._runners import run_async, run_sync
 from poimen._spec import ToolHandle, ToolSpec, safe_name, spec_of
+from poimen._steps import CallState
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen._undo import UndoArgs, UndoReport, UndoRule
 from poimen._upkeep import Upkeep
@@ -185,7 +186,10 @@ class Kernel:
         if mode != "live":
             try:
                 self._sandbox = _sandbox.Sandbox(
-                    self, mode, source=recording if mode == "replay" else live, scope=scope,
+                    self,
+                    mode,
+                    source=recording if mode == "replay" else live,
+                    scope=scope,
                     on_divergence=on_divergence,
                 )
             except BaseException:
@@ -600,7 +604,12 @@ class Kernel:
     ) -> Intent:
         """An operator's decision on an INDETERMINATE intent; terminal and audited."""
         return operator_resolve(
-            self._engine.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
+            self._engine.store,
+            intent_id,
+            landed=landed,
+            result=result,
+            operator=operator,
+            reason=reason,
         )
 
     def approve(self, intent_id: str, *, operator: str, reason: str) -> Intent:

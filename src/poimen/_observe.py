@@ -38,8 +38,9 @@ from poimen.store._base import NewDispatch, NewNotification
 
 if TYPE_CHECKING:
     from poimen._kernel import Kernel
-    from poimen._protocol import Engine, Invoke, Lookup, Run
+    from poimen._protocol import Engine
     from poimen._recovery import RecoveryReport
+    from poimen._steps import Invoke, Lookup, Run
     from poimen.store import Store
 
 log = logging.getLogger("poimen.observe")

@@ -16,8 +16,9 @@ from typing import assert_never
 
 from poimen._intents import Completed, Failed, Indeterminate, Intent, Outcome, Pending, Resolved
 from poimen._observe import observed_pass, observed_recovery
-from poimen._protocol import CallState, Engine, orphan_steps
+from poimen._protocol import Engine, orphan_steps
 from poimen._runners import run_sync
+from poimen._steps import CallState
 from poimen._tools import Tool
 from poimen.errors import CorruptRowError
 

@@ -29,17 +29,8 @@ from poimen._effects import (
 )
 from poimen._intents import Intent
 from poimen._observe import observed_ainvoke, observed_invoke, observed_lookup
-from poimen._protocol import (
-    Block,
-    CallState,
-    Engine,
-    Invoke,
-    Lookup,
-    Run,
-    Sleep,
-    Steps,
-    printable,
-)
+from poimen._protocol import Engine, printable
+from poimen._steps import Block, CallState, Invoke, Lookup, Run, Sleep, Steps
 from poimen._tools import Tool
 from poimen.errors import CapabilityDeniedError, DefiniteFailure, NotSent
 

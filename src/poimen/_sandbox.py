@@ -36,7 +36,8 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._protocol import CallState, Engine, call_steps
+from poimen._protocol import Engine, call_steps
+from poimen._steps import CallState
 from poimen._tools import Tool
 from poimen.errors import (
     CallIdMismatchError,
@@ -77,9 +78,7 @@ def check_options(
     if mode == "replay" and live is not None:
         raise PoimenError("live= is for mode='shadow'; replay reads recording=", field="live")
     if mode == "shadow" and recording is not None:
-        raise PoimenError(
-            "recording= is for mode='replay'; shadow reads live=", field="recording"
-        )
+        raise PoimenError("recording= is for mode='replay'; shadow reads live=", field="recording")
     for name, value in (("recording", recording), ("live", live)):
         if value is not None and not (
             isinstance(value, str) or callable(getattr(value, "get_by_call_id", None))
@@ -301,7 +300,8 @@ class Sandbox:
             return None
         stem, n = slot
         near = [
-            i for i in self.source.search_call_id(stem, limit=200)
+            i
+            for i in self.source.search_call_id(stem, limit=200)
             if rule2_slot(i.call_id, t.id) is not None
         ]
         near.sort(key=lambda i: (rule2_slot(i.call_id, t.id) != (stem, n), i.id))
