@@ -236,9 +236,9 @@ class _GroupCommit:
             return
         nxt = self._queue[0] if self._queue else None
         if nxt is None:
-            if self._stopped:
+            if self._stopped:  # only `stop` waits for nobody to lead, and it stops first
                 self._kick()  # the writer thread exits once nobody leads
-            self._idle.notify_all()
+                self._idle.notify_all()
             self._holder = None
         elif nxt.may_lead:
             self._holder = nxt
