@@ -295,6 +295,8 @@ class _GroupCommit:
 
     @staticmethod
     def _wake(batch: list[_Op[Any]], me: Any) -> None:
+        if len(batch) == 1 and batch[0] is me:  # a lone caller's own write (never a future's)
+            return
         by_loop: dict[asyncio.AbstractEventLoop, list[_Op[Any]]] = {}
         for op in batch:
             if op.future is not None:
