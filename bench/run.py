@@ -81,10 +81,11 @@ class Suite:
     # 1. Floor against poimen, one caller.
     def single(self) -> None:
         s = self.s
-        floor, store, call, acall = [], [], [], []
+        fsync, floor, store, call, acall = [], [], [], [], []
         for rep in range(s.reps):
             # Interleaved so that disk weather hits both sides alike.
             runs = [
+                (fsync, lambda: single.fsync_us(self.dir / "fsync.bin", s.calls // 4 or 1)),
                 (floor, lambda: single.floor_sqlite(self.dir / "floor.db", s.calls, s.warmup)),
                 (store, lambda: single.poimen_store_only(self.dir / "store.db", s.calls, s.warmup)),
                 (call, lambda: single.poimen_call(self.dir / "single.db", s.calls, s.warmup)),
@@ -102,6 +103,16 @@ class Suite:
                 note="WAL, synchronous=FULL, one connection",
             )
         )
+        d = self.add(
+            Row(
+                "1 floor",
+                "disk: 4 KiB write + fsync, same disk",
+                "µs/fsync",
+                fsync,
+                note="a slow disk, not a slow poimen, when the floor is a few of these",
+            )
+        )
+        d.ratio, d.ratio_of = f.median / d.median, "x: floor/fsync"
         so = self.add(
             Row(
                 "1 floor",

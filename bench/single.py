@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,24 @@ from poimen.store.sqlite import SqliteStore
 
 TOOL = "bench.noop"
 ARGS_JSON = '{"amount_cents":1200,"order_id":"o-1"}'
+
+
+def fsync_us(path: Path, writes: int) -> float:
+    """The disk's own latency: a 4 KiB write then fsync, as a commit's WAL append waits for
+    one, on the same disk as the floor; the median of `writes`, in µs."""
+    block = b"\0" * 4096
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        took = []
+        for i in range(writes):
+            t0 = time.perf_counter()
+            os.pwrite(fd, block, (i % 64) * 4096)
+            os.fsync(fd)
+            took.append(time.perf_counter() - t0)
+        return statistics.median(took) * 1e6
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
 
 
 def floor_connection(path: Path, synchronous: str = "FULL") -> sqlite3.Connection:

@@ -108,13 +108,16 @@ def test_a_version_1_log_keeps_every_row_through_migration(store_url: str) -> No
         new = dispatch(store, "call-new")
         assert claim(store, "in_b", 1) is not None
         assert [t.number for t in store.attempts("in_b")] == [1, 2]
+        # The new call's history is in its row until an event of its own spills it.
+        assert store.record_event(new, "noted", actor="t", detail={}, now=20.0)
+        assert [e.kind for e in store.events(new)] == ["dispatched", "noted"]
         assert min(e.id for e in store.events(new)) > old_max
         assert [e.kind for e in store.events("in_b")] == ["dispatched", "retry"]
         with pytest.raises(refusal(store_url), match="append-only"):
             raw(store_url, "DELETE FROM events")
         with pytest.raises(refusal(store_url), match="append-only"):
             raw(store_url, "UPDATE denials SET at = 0")
-        assert raw(store_url, "SELECT COUNT(*) FROM events")[0][0] == 6 + 2
+        assert raw(store_url, "SELECT COUNT(*) FROM events")[0][0] == 6 + 1 + 2
         with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
             raw(
                 store_url,
@@ -150,8 +153,14 @@ def write_v2_log(url: str) -> None:
     """A version-2 log: version 1 filled with V1_ROWS, migration 2 applied, and an outbox
     with one delivered notification and one still pending after two failed tries."""
     write_v1_log(url)
+    apply_by_hand(url, 2)
+    raw(url, OUTBOX_ROWS)
+
+
+def apply_by_hand(url: str, version: int) -> None:
+    """Apply migration `version` in one transaction and record it, as that poimen did."""
     dialect = "sqlite" if url.startswith("sqlite") else "postgres"
-    [(_, sql)] = [m for m in migrations(dialect) if m[0] == 2]
+    [(_, sql)] = [m for m in migrations(dialect) if m[0] == version]
     if url.startswith("sqlite:///"):
         conn = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
         try:
@@ -166,8 +175,15 @@ def write_v2_log(url: str) -> None:
 
         with psycopg.connect(url, autocommit=True) as pg:
             pg.execute(sql.encode("utf-8"))
-    raw(url, "INSERT INTO poimen_schema (version, applied_at) VALUES (?, ?)", (2, 0.0))
-    raw(url, OUTBOX_ROWS)
+    raw(url, "INSERT INTO poimen_schema (version, applied_at) VALUES (?, ?)", (version, 0.0))
+
+
+def write_log_before(url: str, version: int) -> None:
+    """A log filled by older versions (version 1 rows, a version 2 outbox), then migrated by
+    every version before `version` as those versions did, one transaction each."""
+    write_v2_log(url)
+    for v in range(3, version):
+        apply_by_hand(url, v)
 
 
 def test_a_version_2_log_keeps_its_outbox_through_migration_3(store_url: str) -> None:

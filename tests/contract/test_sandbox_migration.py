@@ -3,50 +3,31 @@ table append-only, and a sandbox kernel working on the migrated log."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 from poimen import Caps, IntentState, Kernel, Pending, ToolContext, Unsafe
 from poimen.store import _sandbox as records
 from poimen.store import open_store
-from poimen.store._base import migrations
-from poimen.store.sqlite import _statements
-from tests.contract.test_migrations import write_v2_log
+from poimen.store._base import INTENT_COLUMNS
+from tests.contract.test_migrations import write_log_before
 from tests.contract.test_store_contract import raw, refusal
 
 S = IntentState
 
 
 def write_log_before_sandbox(url: str) -> None:
-    """A log filled by older versions (version 1 rows, a version 2 outbox), then migrated by
-    every version before 5 as those versions did, one transaction each."""
-    write_v2_log(url)
-    dialect = "sqlite" if url.startswith("sqlite") else "postgres"
-    for version, sql in migrations(dialect):
-        if not 2 < version < records.SANDBOX_VERSION:
-            continue
-        if url.startswith("sqlite:///"):
-            conn = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
-            try:
-                conn.execute("BEGIN")
-                for stmt in _statements(sql):
-                    conn.execute(stmt)
-                conn.execute("COMMIT")
-            finally:
-                conn.close()
-        else:
-            import psycopg
+    write_log_before(url, records.SANDBOX_VERSION)
 
-            with psycopg.connect(url, autocommit=True) as pg:
-                pg.execute(sql.encode("utf-8"))
-        raw(url, "INSERT INTO poimen_schema (version, applied_at) VALUES (?, ?)", (version, 0.0))
+
+def _every_row(table: str) -> str:
+    # Migration 7 adds a column to intents: the rows compared are those of version 6.
+    return f"SELECT {INTENT_COLUMNS if table == 'intents' else '*'} FROM {table} ORDER BY 1, 2"
 
 
 def test_a_filled_log_keeps_every_row_through_migration_6(store_url: str) -> None:
     write_log_before_sandbox(store_url)
     tables = ("intents", "attempts", "events", "outbox", "deliveries", "denials")
-    before = {t: raw(store_url, f"SELECT * FROM {t} ORDER BY 1, 2") for t in tables}
+    before = {t: raw(store_url, _every_row(t)) for t in tables}
     old = open_store(store_url, readonly=True)
     try:
         assert old.schema_version() < records.SANDBOX_VERSION
@@ -56,7 +37,7 @@ def test_a_filled_log_keeps_every_row_through_migration_6(store_url: str) -> Non
 
     with Kernel(store_url, mode="shadow", notifiers=[]) as k:  # migrates, then records
         assert k.store.schema_version() >= records.SANDBOX_VERSION
-        assert {t: raw(store_url, f"SELECT * FROM {t} ORDER BY 1, 2") for t in tables} == before
+        assert {t: raw(store_url, _every_row(t)) for t in tables} == before
 
         @k.tool(id="t.other", effects=Unsafe(), caps=Caps(), timeout=1)
         def other(ctx: ToolContext) -> None:

@@ -448,7 +448,10 @@ def test_history_tables_are_append_only(store: Store, store_url: str, table: str
     store.record_denial(
         tool_id="t", intent_id=iid, attempt=1, action="a", target="t", reason="r", now=store.now()
     )
+    # An event of its own: the happy path's events are in the intent row (store/_inline.py).
+    assert store.record_event(iid, "noted", actor="t", detail={}, now=store.now())
     before = raw(store_url, f"SELECT COUNT(*) FROM {table}")
+    assert before[0][0] > 0
     for sql in (f"UPDATE {table} SET at = 0", f"DELETE FROM {table}"):
         with pytest.raises(refusal(store_url), match="append-only"):
             raw(store_url, sql)

@@ -93,7 +93,7 @@ def inserts_into(statements: list[str], table: str) -> list[str]:
     return [s for s in statements if s.startswith(f"INSERT INTO {table} ")]
 
 
-def test_a_batch_of_dispatches_is_three_statements_and_each_call_id_is_one_intent(
+def test_a_batch_of_dispatches_is_one_insert_and_each_call_id_is_one_intent(
     store: SqliteStore,
 ) -> None:
     old, _ = store.record_dispatch(new(store, "old"))
@@ -107,9 +107,9 @@ def test_a_batch_of_dispatches_is_three_statements_and_each_call_id_is_one_inten
     assert sorted(created) == sorted(f"c{i}" for i in range(20))
     assert results[20][1] is False and results[20][0].id == batch[3].intent_id
     assert results[21][1] is False and results[21][0].id == old.id
-    # One statement per table for the batch; the two repeats ran their own insert and read.
-    assert len(inserts_into(statements, "attempts")) == 1
-    assert len(inserts_into(statements, "events")) == 1
+    # One insert for the batch, of intent rows only (their attempt 1 and event are in the row);
+    # the two repeats ran their own insert and read.
+    assert inserts_into(statements, "attempts") == inserts_into(statements, "events") == []
     assert len(inserts_into(statements, "intents")) == 3
     assert statements.count("BEGIN IMMEDIATE") == 1  # one transaction for the batch
     for d in batch:
@@ -145,7 +145,11 @@ def test_a_batch_of_outcomes_settles_on_the_fence_and_keeps_a_stale_one_as_evide
         ],
     )
     assert results == [False] + [True] * 9
-    assert sum(s.startswith("UPDATE intents SET state") for s in statements) == 2  # merged + stale
+    # Merged, then the stale one's two tries (as the happy path's, then with its history in
+    # the tables): it is kept as evidence with the only event written.
+    assert sum(s.startswith("UPDATE intents SET state") for s in statements) == 3
+    assert [s.split("VALUES")[1].count("late_outcome") for s in inserts_into(statements, "events")] == [1]
+    assert not [s for s in statements if s.startswith("UPDATE attempts SET ended_at")]
     for n, (i, st) in enumerate(outcomes[1:], start=1):
         it = store.get_intent(i)
         assert it is not None and it.state == st

@@ -25,6 +25,7 @@ from poimen.store._base import (
     intent_from_row,
     notification_from_row,
 )
+from poimen.store._inline import inline_attempt, inline_events
 
 T = TypeVar("T")
 
@@ -99,6 +100,17 @@ class Retention:
             d = denial_from_row(r)
             if d.intent_id is not None:
                 denials[d.intent_id].append(d)
+        # Whose attempt 1 and events are in the intent row: as `attempts` and `events` read them.
+        inline = {
+            str(r[0])
+            for r in self._read(
+                f"SELECT id FROM intents WHERE {self._in('id', len(ids))} AND inline_history = 1",
+                ids,
+            )
+        }
+        for i in intents:
+            if i.id in inline:
+                attempts[i.id], events[i.id] = [inline_attempt(i)], inline_events(i)
         return [
             History(i, attempts[i.id], events[i.id], notes[i.id], denials[i.id]) for i in intents
         ]

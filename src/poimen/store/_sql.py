@@ -5,7 +5,6 @@ its retries) and the methods that really differ."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
@@ -43,6 +42,13 @@ from poimen.store._base import (
     intent_from_row,
     notification_from_row,
 )
+from poimen.store._inline import (
+    attempt_row,
+    detail_json,
+    event_row,
+    inline_attempt,
+    inline_events,
+)
 from poimen.store._retention import Retention
 
 T = TypeVar("T")
@@ -69,12 +75,15 @@ class Executor(Protocol):
 class Sql:
     """The statements both dialects share, with `placeholder` for each ``?``."""
 
-    def __init__(self, placeholder: str, greatest: str) -> None:
+    def __init__(self, placeholder: str, greatest: str, lock: str = "") -> None:
         def q(sql: str) -> str:
             return sql.replace("?", placeholder)
 
         self.p = placeholder
         g = greatest  # the larger of two values: MAX(a, b) in SQLite, GREATEST in PostgreSQL
+        # `lock` takes a row for the rest of a write transaction (FOR UPDATE in PostgreSQL;
+        # SQLite's one writer needs nothing): two spills of one intent at once would write
+        # its attempt 1 twice.
         # Reads.
         self.intent_by_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?")
         self.intent_by_call_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = ?")
@@ -102,13 +111,21 @@ class Sql:
             "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
             "request_id, state, fence, owner_id, owner_host, owner_pid, owner_start, "
             "lease_expires_at, timeout_s, deadline_at, next_check_at, unknown_count, "
-            "attempts, created_at, updated_at) VALUES "
-            "(?,?,?,?,?,?,?,?,'DISPATCHED',1,?,?,?,?,?,?,?,NULL,0,1,?,?) "
+            "attempts, created_at, updated_at, inline_history) VALUES "
+            "(?,?,?,?,?,?,?,?,'DISPATCHED',1,?,?,?,?,?,?,?,NULL,0,1,?,?,1) "
             "ON CONFLICT (call_id) DO NOTHING"
         )
-        self.insert_first_attempt = q(
+        # The happy path's history in the row (store/_inline.py): read, and spilled into
+        # the history tables by the first write that deviates from that path.
+        self.inline_intent = q(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ? AND inline_history = 1"
+        )
+        self.spill_intent = self.inline_intent + lock
+        self.spilled = q("UPDATE intents SET inline_history = 0 WHERE id = ?")
+        self.insert_spilled_attempt = q(
             "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
-            "owner_pid, owner_start, started_at) VALUES (?,1,1,?,?,?,?,?)"
+            "owner_pid, owner_start, started_at, ended_at, outcome, result, error) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
         )
         self.insert_attempt = q(
             "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
@@ -119,6 +136,8 @@ class Sql:
             "next_check_at = NULL, updated_at = ? "
             "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
         )
+        # The happy path's second commit: this row is the whole write.
+        self.settle_inline = self.settle + " AND inline_history = 1"
         self.end_attempt = q(
             "UPDATE attempts SET ended_at = ?, outcome = ?, result = ?, error = ? "
             "WHERE intent_id = ? AND fence = ?"
@@ -247,10 +266,6 @@ def _where(p: str, conds: Sequence[tuple[str, Any]]) -> tuple[str, list[Any]]:
     return "WHERE " + " AND ".join(f"{c} {p}" for c, _ in kept), [v for _, v in kept]
 
 
-# json.dumps(..., sort_keys=True) without building an encoder per event.
-_DETAIL = json.JSONEncoder(sort_keys=True)
-
-
 def too_new(where: str, found: int, known: int) -> SchemaTooNewError:
     return SchemaTooNewError(
         f"the intent log at {where} has schema version {found}, newer than "
@@ -277,19 +292,7 @@ def event_params(
         None if src is None else src.value,
         None if dst is None else dst.value,
         actor,
-        _DETAIL.encode({k: v for k, v in detail.items() if v is not None}),
-    )
-
-
-def dispatched_event_params(d: NewDispatch) -> tuple[Any, ...]:
-    return event_params(
-        d.intent_id,
-        d.now,
-        "dispatched",
-        None,
-        S.DISPATCHED,
-        d.owner.worker_id,
-        {"attempt": 1, "fence": 1, "key": d.key, "request_id": d.request_id},
+        detail_json(detail),
     )
 
 
@@ -345,12 +348,6 @@ def dispatch_params(d: NewDispatch) -> tuple[Any, ...]:
         d.now,
         d.now,
     )
-
-
-def attempt_one_params(d: NewDispatch) -> tuple[Any, ...]:
-    """The parameters of `Sql.insert_first_attempt`."""
-    o = d.owner
-    return (d.intent_id, o.worker_id, o.host, o.pid, o.pid_start, d.now)
 
 
 def retry_attempt_params(it: Intent, owner: Owner, now: float) -> tuple[Any, ...]:
@@ -456,8 +453,26 @@ class SqlStore(Retention):
         it = self._intent_or_none(ex, intent_id)
         return it is not None and it.fence == fence and it.state == state
 
-    def _dispatched_event(self, ex: Executor, d: NewDispatch) -> None:
-        ex.execute(self._sql.insert_event, dispatched_event_params(d))
+    def _spill(self, ex: Executor, intent_id: str) -> None:
+        """Before a write that deviates from the happy path: move the history the intent row
+        holds (attempt 1, its events) into the history tables, so that write goes on as if
+        they had always been there. Nothing for an intent already spilled or missing."""
+        row = ex.execute(self._sql.spill_intent, (intent_id,)).fetchone()
+        if row is not None:
+            self._spill_intent(ex, intent_from_row(row))
+
+    def _spill_intent(self, ex: Executor, it: Intent) -> None:
+        """`_spill` for an inline intent `it` already read in this transaction."""
+        sql = self._sql
+        ex.execute(sql.spilled, (it.id,))
+        ex.execute(sql.insert_spilled_attempt, attempt_row(inline_attempt(it)))
+        for e in inline_events(it):
+            ex.execute(sql.insert_event, event_row(e))
+
+    def _inline(self, intent_id: str) -> Intent | None:
+        """The intent, if its history is (still) in its row."""
+        rows = self._read(self._sql.inline_intent, (intent_id,))
+        return intent_from_row(rows[0]) if rows else None
 
     def _claimed(
         self,
@@ -538,15 +553,22 @@ class SqlStore(Retention):
         sql = self._sql
 
         def op(ex: Executor, retrying: bool) -> bool:
-            if ex.execute(sql.settle, o.settle_params()).rowcount == 1:
+            params = o.settle_params()
+            if ex.execute(sql.settle_inline, params).rowcount == 1:
+                return True  # the happy path: the intent row holds the whole history
+            if ex.execute(sql.settle, params).rowcount == 1:
                 ex.execute(sql.end_attempt, o.end_attempt_params())
                 ex.execute(sql.insert_event, o.event_params())
                 return True
             if retrying:
                 row = ex.execute(sql.attempt_outcome, (intent_id, fence)).fetchone()
+                if row is None:
+                    row = ex.execute(sql.inline_intent, (intent_id,)).fetchone()
+                    row = None if row is None else (inline_attempt(intent_from_row(row)).outcome,)
                 if row is not None and row[0] == outcome:
                     return True  # our earlier try landed; its answer was lost with the connection
             # A stale owner: keep what it saw as evidence, change nothing else.
+            self._spill(ex, intent_id)
             ex.execute(
                 sql.late_outcome,
                 (outcome, result if error is None else error, intent_id, fence),
@@ -569,6 +591,7 @@ class SqlStore(Retention):
         self, intent_id: str, fence: int, error: str, now: float, deadline_at: float | None = None
     ) -> bool:
         def op(ex: Executor, _retrying: bool) -> bool:
+            self._spill(ex, intent_id)
             cur = ex.execute(self._sql.unknown, (now, error, intent_id, fence))
             if deadline_at is not None:
                 ex.execute(
@@ -594,6 +617,7 @@ class SqlStore(Retention):
         """Move an attempt's deadline later (never earlier); False if its fence is stale."""
 
         def op(ex: Executor, _retrying: bool) -> bool:
+            self._spill(ex, intent_id)
             cur = ex.execute(
                 self._sql.extend_deadline, (deadline_at, deadline_at, now, intent_id, fence)
             )
@@ -620,6 +644,7 @@ class SqlStore(Retention):
 
     def complete_landed(self, intent_id: str, fence: int, result: str | None, now: float) -> bool:
         def op(ex: Executor, retrying: bool) -> bool:
+            self._spill(ex, intent_id)
             cur = ex.execute(self._sql.landed, (result, now, intent_id, fence))
             if cur.rowcount == 0:
                 return retrying and self._settled_as(ex, intent_id, fence, S.COMPLETED)
@@ -641,6 +666,7 @@ class SqlStore(Retention):
         self, intent_id: str, fence: int, reason: str, note: NewNotification, now: float
     ) -> bool:
         def op(ex: Executor, retrying: bool) -> bool:
+            self._spill(ex, intent_id)
             cur = ex.execute(self._sql.indeterminate, (reason, now, intent_id, fence))
             if cur.rowcount == 0:
                 return retrying and self._settled_as(ex, intent_id, fence, S.INDETERMINATE)
@@ -673,6 +699,7 @@ class SqlStore(Retention):
         """Ask again at `next_check_at`; `deadline_at` (only ever moved later) keeps a
         deadline this decision relied on, such as a takeover's, for whoever asks next."""
         def op(ex: Executor, _retrying: bool) -> bool:
+            self._spill(ex, intent_id)
             # The lease ends when the next check is due, so any live recoverer may take it then.
             cur = ex.execute(
                 self._sql.defer,
@@ -716,6 +743,7 @@ class SqlStore(Retention):
             if retrying and it.state == S.INDETERMINATE and it.updated_at == now:
                 return it  # our own earlier try, whose answer the lost connection swallowed
             if it.state == S.DISPATCHED:
+                self._spill(ex, intent_id)
                 cur = ex.execute(self._sql.abandon, (now, intent_id, it.fence))
                 if cur.rowcount == 1:
                     self._event(
@@ -862,6 +890,7 @@ class SqlStore(Retention):
             params = event_params(intent_id, now, kind, None, None, actor, detail)
             if ex.execute(self._sql.same_event, (intent_id, kind, actor, params[-1])).fetchone():
                 return False
+            self._spill(ex, intent_id)
             ex.execute(self._sql.insert_event, params)
             return True
 
@@ -909,10 +938,18 @@ class SqlStore(Retention):
         return [intent_from_row(r) for r in rows]
 
     def attempts(self, intent_id: str) -> list[Attempt]:
-        return [attempt_from_row(r) for r in self._read(self._sql.attempts, (intent_id,))]
+        rows = self._read(self._sql.attempts, (intent_id,))
+        if rows:  # an intent whose history is in its row has none
+            return [attempt_from_row(r) for r in rows]
+        it = self._inline(intent_id)
+        return [] if it is None else [inline_attempt(it)]
 
     def events(self, intent_id: str) -> list[Event]:
-        return [event_from_row(r) for r in self._read(self._sql.events, (intent_id,))]
+        rows = self._read(self._sql.events, (intent_id,))
+        if rows:
+            return [event_from_row(r) for r in rows]
+        it = self._inline(intent_id)
+        return [] if it is None else inline_events(it)
 
     def counts(self) -> dict[tuple[str, str], int]:
         return {(r[0], r[1]): int(r[2]) for r in self._read(self._sql.counts)}

@@ -44,13 +44,12 @@ from poimen.store._sql import (
     SqlStore,
     claim_params,
     dispatch_params,
-    dispatched_event_params,
     too_new,
 )
 
 T = TypeVar("T")
 S = IntentState
-SQL = Sql("%s", "GREATEST")
+SQL = Sql("%s", "GREATEST", " FOR UPDATE")
 Cursor = psycopg.Cursor[Any]
 log = logging.getLogger("poimen.store.postgres")
 
@@ -392,7 +391,7 @@ class PostgresStore(SqlStore):
         raise AssertionError("unreachable")
 
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
-        params = (*dispatch_params(d), *dispatched_event_params(d))
+        params = dispatch_params(d)
 
         def op(cur: Cursor, retrying: bool) -> tuple[Intent, bool]:
             row = self._one_trip(cur, "dispatch", params)
@@ -463,6 +462,7 @@ class PostgresStore(SqlStore):
                     if mine and it and it.state == S.DISPATCHED and it.fence == fence + 1:
                         return it
                 return None
+            self._spill(cur, intent_id)  # a claim opens the history tables
             cur.execute(
                 "UPDATE intents SET fence = fence + 1, owner_id = %s, owner_host = %s, "
                 "owner_pid = %s, owner_start = %s, lease_expires_at = %s, next_check_at = NULL, "
@@ -598,20 +598,15 @@ def _intent_where(cur: Cursor, sql: str, column: str, value: str) -> Intent:
 
 _INSERT_EVENT = "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail)"
 _EVENT = "%s, %s::float8, %s, %s, %s, %s, %s"  # the event's values, as `event_params` gives them
-# The intent, its attempt 1 and its event, or nothing at all when the call id exists.
-_DISPATCH = (
-    f"WITH i AS ({SQL.insert_intent} RETURNING {INTENT_COLUMNS}), "
-    "a AS (INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, owner_pid, "
-    "owner_start, started_at) SELECT id, 1, 1, owner_id, owner_host, owner_pid, owner_start, "
-    "created_at FROM i), "
-    f"e AS ({_INSERT_EVENT} SELECT {_EVENT} FROM i) "
-    f"SELECT {INTENT_COLUMNS} FROM i"
-)
-# The compare-and-set on the fence, then its attempt and event only if it matched.
+# The intent, whose row holds its attempt 1 and events (store/_inline.py), or nothing at all
+# when the call id exists.
+_DISPATCH = f"{SQL.insert_intent} RETURNING {INTENT_COLUMNS}"
+# The compare-and-set on the fence; its attempt and event only if it matched an intent whose
+# history is in the tables already (written before version 7, or after a claim).
 _SETTLE = (
-    f"WITH s AS ({SQL.settle} RETURNING id), "
-    f"a AS ({SQL.end_attempt} AND EXISTS (SELECT FROM s)), "
-    f"e AS ({_INSERT_EVENT} SELECT {_EVENT} FROM s) "
+    f"WITH s AS ({SQL.settle} RETURNING id, inline_history), "
+    f"a AS ({SQL.end_attempt} AND EXISTS (SELECT FROM s WHERE inline_history = 0)), "
+    f"e AS ({_INSERT_EVENT} SELECT {_EVENT} FROM s WHERE inline_history = 0) "
     "SELECT id FROM s"
 )
 

@@ -18,16 +18,15 @@ from poimen._intents import Denial, Intent, IntentState, Owner
 from poimen.errors import ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._fs import refuse_network_fs
+from poimen.store._inline import attempt_row, event_row, inline_attempt, inline_events
 from poimen.store._sql import (
     Executor,
     Outcome,
     Sql,
     SqlStore,
-    attempt_one_params,
     claim_event_params,
     claim_params,
     dispatch_params,
-    dispatched_event_params,
     retry_attempt_params,
     too_new,
 )
@@ -237,9 +236,9 @@ class _GroupCommit:
             return
         nxt = self._queue[0] if self._queue else None
         if nxt is None:
-            if self._stopped:
+            if self._stopped:  # only `stop` waits for nobody to lead, and it stops first
                 self._kick()  # the writer thread exits once nobody leads
-            self._idle.notify_all()
+                self._idle.notify_all()
             self._holder = None
         elif nxt.may_lead:
             self._holder = nxt
@@ -296,6 +295,8 @@ class _GroupCommit:
 
     @staticmethod
     def _wake(batch: list[_Op[Any]], me: Any) -> None:
+        if len(batch) == 1 and batch[0] is me:  # a lone caller's own write (never a future's)
+            return
         by_loop: dict[asyncio.AbstractEventLoop, list[_Op[Any]]] = {}
         for op in batch:
             if op.future is not None:
@@ -446,7 +447,7 @@ def _expect(cur: Any, rows: int) -> None:
 
 
 def _merge_dispatches(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
-    """First dispatch commits of many calls in four statements. A call id already in the log
+    """First dispatch commits of many calls in two statements. A call id already in the log
     or twice in the batch is left to its op, which reads the recorded intent.
 
     The check reads nothing in the usual case: one step of the statement, where RETURNING
@@ -462,18 +463,19 @@ def _merge_dispatches(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
     if not new:
         return
     _expect(_many(conn, _INSERT_INTENTS, [dispatch_params(d) for _, d in new]), len(new))
-    _many(conn, _INSERT_ATTEMPTS, [attempt_one_params(d) for _, d in new])
-    _many(conn, _INSERT_EVENTS, [dispatched_event_params(d) for _, d in new])
     for op, d in new:
         op.value = (_dispatched(d), True)
 
 
 def _merge_outcomes(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
-    """Outcome commits of many calls in four statements, each on its attempt's fence. An
-    outcome whose fence is stale (or whose intent is missing or settled) is left to its op,
-    which keeps it as evidence; so is one intent's second outcome in the batch."""
+    """Outcome commits of many calls in two statements (four if some intent's history is in
+    the tables already), each on its attempt's fence. An outcome whose fence is stale (or
+    whose intent is missing or settled) is left to its op, which keeps it as evidence; so is
+    one intent's second outcome in the batch."""
     outs: list[Outcome] = [op.payload for op in ops]
-    stale = {r[0] for r in _many(conn, _UNSETTLEABLE, [(o.intent_id, o.fence) for o in outs])}
+    odd = _many(conn, _UNSETTLEABLE, [(o.intent_id, o.fence) for o in outs]).fetchall()
+    stale = {r[0] for r in odd if r[1]}
+    spilled = {r[0] for r in odd if not r[1]}  # settled as before version 7
     done: list[tuple[_Op[Any], Outcome]] = []
     for op, o in zip(ops, outs, strict=True):
         if o.intent_id not in stale:
@@ -482,32 +484,42 @@ def _merge_outcomes(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
     if not done:
         return
     _expect(_many(conn, _SETTLE_MANY, [o.settle_params() for _, o in done]), len(done))
-    _many(conn, _END_ATTEMPTS, [o.end_attempt_params() for _, o in done])
-    _many(conn, _INSERT_EVENTS, [o.event_params() for _, o in done])
+    tables = [o for _, o in done if o.intent_id in spilled]
+    if tables:
+        _many(conn, _END_ATTEMPTS, [o.end_attempt_params() for o in tables])
+        _many(conn, _INSERT_EVENTS, [o.event_params() for o in tables])
     for op, _ in done:
         op.value = True
 
 
 def _merge_claims(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
-    """Claims of many intents (a recovery pass drives a page side by side) in four
-    statements: read them, take those still on the claimed fence, open their attempts, write
-    their events. The claimed intent is the row read, changed as the claim changed it."""
+    """Claims of many intents (a recovery pass drives a page side by side) in a few
+    statements: read them, take those still on the claimed fence, spill the history of those
+    whose history is in their row (store/_inline.py), open their attempts, write their
+    events. The claimed intent is the row read, changed as the claim changed it."""
     claims: dict[str, tuple[_Op[Any], _Claim]] = {}
     for op in ops:
         c: _Claim = op.payload
         claims.setdefault(c.intent_id, (op, c))  # one intent twice: the later op decides alone
-    found = {
-        it.id: it for it in map(intent_from_row, _many(conn, _READ_INTENTS, [(i,) for i in claims]))
+    found: dict[str, tuple[Intent, bool]] = {
+        str(r[0]): (intent_from_row(r), bool(r[-1]))
+        for r in _many(conn, _READ_INTENTS, [(i,) for i in claims])
     }
     taken: list[tuple[_Op[Any], _Claim, Intent]] = []
+    inline: list[Intent] = []
     for op, c in claims.values():
-        it = found.get(c.intent_id)
+        it, in_row = found.get(c.intent_id, (None, False))
         if it is None or it.state != S.DISPATCHED or it.fence != c.fence:
             op.value = None  # the compare-and-set on the fence would change nothing
         else:
             taken.append((op, c, _after_claim(it, c)))
+            if in_row:
+                inline.append(it)
     if not taken:
         return
+    if inline:  # first, as if these rows had been written at dispatch
+        _many(conn, _INSERT_SPILLED_ATTEMPTS, [attempt_row(inline_attempt(it)) for it in inline])
+        _many(conn, _INSERT_EVENTS, [event_row(e) for it in inline for e in inline_events(it)])
     rows = [
         (
             *claim_params(
@@ -560,19 +572,20 @@ _KNOWN_CALL_IDS = "SELECT call_id FROM intents WHERE call_id IN (VALUES {values}
 _INSERT_INTENTS = (
     "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, request_id, "
     "owner_id, owner_host, owner_pid, owner_start, lease_expires_at, timeout_s, deadline_at, "
-    "created_at, updated_at, state, fence, unknown_count, attempts) "
-    "SELECT *, 'DISPATCHED', 1, 0, 1 FROM (VALUES {values})"
-)
-_INSERT_ATTEMPTS = (
-    "INSERT INTO attempts (intent_id, owner_id, owner_host, owner_pid, owner_start, "
-    "started_at, number, fence) SELECT *, 1, 1 FROM (VALUES {values})"
+    "created_at, updated_at, state, fence, unknown_count, attempts, inline_history) "
+    "SELECT *, 'DISPATCHED', 1, 0, 1, 1 FROM (VALUES {values})"
 )
 _INSERT_EVENTS = (
     "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) VALUES {values}"
 )
+# The outcomes that are not the happy path's: (intent id, 1) if it cannot settle, (intent id,
+# 0) if its history is in the tables. Empty in the usual case.
 _UNSETTLEABLE = (
-    "SELECT v.column1 FROM (VALUES {values}) AS v LEFT JOIN intents ON intents.id = v.column1 "
-    "WHERE intents.id IS NULL OR intents.state != 'DISPATCHED' OR intents.fence != v.column2"
+    "SELECT v.column1, intents.id IS NULL OR intents.state != 'DISPATCHED' "
+    "OR intents.fence != v.column2 FROM (VALUES {values}) AS v "
+    "LEFT JOIN intents ON intents.id = v.column1 "
+    "WHERE intents.id IS NULL OR intents.state != 'DISPATCHED' OR intents.fence != v.column2 "
+    "OR intents.inline_history = 0"
 )
 # Merged statements take each row's values in the order of the single statement's parameters
 # (`Outcome.settle_params`, `claim_params`, `Outcome.end_attempt_params`).
@@ -583,15 +596,21 @@ _SETTLE_MANY = (
     "WHERE intents.id = v.column5 AND intents.fence = v.column6 "
     "AND intents.state = 'DISPATCHED'"
 )
-_READ_INTENTS = f"SELECT {INTENT_COLUMNS} FROM intents WHERE id IN (VALUES {{values}})"
+_READ_INTENTS = (
+    f"SELECT {INTENT_COLUMNS}, inline_history FROM intents WHERE id IN (VALUES {{values}})"
+)
 _CLAIM_MANY = (
     "UPDATE intents SET fence = fence + 1, owner_id = v.column1, owner_host = v.column2, "
     "owner_pid = v.column3, owner_start = v.column4, lease_expires_at = v.column5, "
     "next_check_at = NULL, deadline_at = COALESCE(v.column6, deadline_at), "
-    "attempts = attempts + v.column7, updated_at = v.column8 "
+    "attempts = attempts + v.column7, updated_at = v.column8, inline_history = 0 "
     "FROM (VALUES {values}) AS v "
     "WHERE intents.id = v.column9 AND intents.fence = v.column10 "
     "AND intents.state = 'DISPATCHED'"
+)
+_INSERT_SPILLED_ATTEMPTS = (
+    "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, owner_pid, "
+    "owner_start, started_at, ended_at, outcome, result, error) VALUES {values}"
 )
 _INSERT_RETRY_ATTEMPTS = (
     "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, owner_pid, "
@@ -853,9 +872,7 @@ class SqliteStore(SqlStore):
             if cur.rowcount == 0:
                 row = conn.execute(SQL.intent_by_call_id, (d.call_id,)).fetchone()
                 return intent_from_row(row), False
-            conn.execute(SQL.insert_first_attempt, attempt_one_params(d))
-            self._dispatched_event(conn, d)
-            return _dispatched(d), True
+            return _dispatched(d), True  # the one row is the whole write
 
         return op
 
@@ -926,6 +943,7 @@ class SqliteStore(SqlStore):
         now: float,
     ) -> Intent | None:
         def op(conn: sqlite3.Connection) -> Intent | None:
+            self._spill(conn, intent_id)  # a claim opens the history tables
             cur = conn.execute(
                 _CLAIM,
                 (

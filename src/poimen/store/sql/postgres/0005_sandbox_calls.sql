@@ -1,4 +1,4 @@
--- poimen intent log, PostgreSQL dialect, version 6: what a sandbox kernel (shadow or replay
+-- poimen intent log, PostgreSQL dialect, version 5: what a sandbox kernel (shadow or replay
 -- mode) answered instead of dispatching. These rows are not intents: recovery never reads
 -- this table, so nothing recorded here can ever be dispatched, by this kernel or a live one
 -- that opens the log later. A row is never changed.

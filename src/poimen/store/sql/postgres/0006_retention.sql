@@ -1,4 +1,4 @@
--- poimen intent log, PostgreSQL dialect, version 7: retention. Events and denials stay
+-- poimen intent log, PostgreSQL dialect, version 6: retention. Events and denials stay
 -- append-only, except for DELETEs inside a prune transaction, which sets the transaction-local
 -- setting poimen.pruning: only `poimen prune` deletes history. UPDATE and TRUNCATE are always
 -- refused.

@@ -1,4 +1,4 @@
--- poimen intent log, SQLite dialect, version 7: retention. Events and denials stay
+-- poimen intent log, SQLite dialect, version 6: retention. Events and denials stay
 -- append-only, except inside a prune transaction, which marks itself with a row in
 -- poimen_pruning (and deletes it before it commits): only `poimen prune` deletes history, and
 -- only what it archived first when asked to.
