@@ -229,6 +229,8 @@ _WORDS = {
 def say(m: Model, label: Label) -> str:
     """A transition in words."""
     what, args = label[0], label[1:]
+    if what == "tick":
+        return "a tick passes"
     if what == "pool":
         i, how = args
         return f"a request of intent {i} ({m.kinds[i]}) nobody waits for any more: {how}"
