@@ -26,8 +26,8 @@ def configs(size: str) -> list[Config]:
         return [
             *(Config(workers=2, intents=("unsafe",), same_host=h) for h in (True, False)),
             Config(workers=2, intents=("unsafe",), stale_reads=True),
-            Config(workers=2, intents=("idempotent",), commit_delay=1),
-            Config(workers=1, intents=("queryable",)),
+            *(Config(workers=w, intents=("idempotent",)) for w in (1, 2)),
+            Config(workers=1, intents=("queryable",), not_sent=False, refusals=False),
         ]
     return [
         *(

@@ -8,6 +8,7 @@ intent claimable). Every decision is the project's own rule (`Rules`), imported,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -81,8 +82,7 @@ class Protocol:
             lookup_backoff=1.0,
             max_backoff=2.0,
         )
-        # No time a frozen snap holds, nor a decision on it, lies further ahead than this.
-        self.horizon = 2 * (cfg.timeout + cfg.margin) + cfg.commit_delay + 3
+        self.max_backoff = int(self.policy.max_backoff)
         self.owners = {
             (w, cur): Owner(f"w{w}", "h" if cfg.same_host else f"h{w}", 2 if cur else 1, "s")
             for w in range(cfg.workers)
@@ -90,6 +90,8 @@ class Protocol:
         }
         self._intents: dict[tuple[int, Row], Intent] = {}
         self._decisions: dict[tuple[int, Row, str, float], _decide.Decision] = {}
+        self._ticked: dict[Thread, Thread] = {}
+        self._normed: dict[Thread, Thread] = {}
 
     # Bridges to the rules.
 
@@ -167,7 +169,13 @@ class Protocol:
 
     def norm(self, th: Thread) -> Thread:
         """Forget what a run will never read again, so that runs that differ only there are
-        one state."""
+        one state (a pure function of the run: remembered)."""
+        got = self._normed.get(th)
+        if got is None:
+            got = self._normed[th] = self._norm(th)
+        return got
+
+    def _norm(self, th: Thread) -> Thread:
         pc = th.pc
         snap = th.snap
         if snap is not None and pc != "existing":  # a stale read is judged on all of its row
@@ -189,8 +197,21 @@ class Protocol:
             th.since if self.asks(th) else 0,
         )
 
+    def _since_cap(self, snap: Row | None) -> int:
+        """How long ago a lookup was asked matters only until the asked-for row's deadline
+        and the longest back-off have passed: the decision and every time it writes are the
+        same from then on."""
+        dl = 0.0 if snap is None or snap.dl is None else snap.dl
+        return max(math.ceil(dl), self.max_backoff)
+
     def tick_thread(self, th: Thread) -> Thread:
-        """One tick passes for a run."""
+        """One tick passes for a run (a pure function of the run: remembered)."""
+        got = self._ticked.get(th)
+        if got is None:
+            got = self._ticked[th] = self._tick_thread(th)
+        return got
+
+    def _tick_thread(self, th: Thread) -> Thread:
         op = th.op
         if isinstance(op, Commit):
             b = op.b
@@ -215,7 +236,7 @@ class Protocol:
             th.inplace,
             th.got,
             op,
-            min(th.since + 1, self.horizon) if self.asks(th) else 0,
+            min(th.since + 1, self._since_cap(th.snap)) if self.asks(th) else 0,
         )
 
     def set_thread(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 from poimen._model._steps import Protocol
 from poimen._model._world import (
@@ -200,34 +201,39 @@ class Model(Protocol):
         yield Edge(("renew", w, i), s._replace(log=log), False, None)
 
     def _crash(self, s: State, w: int) -> Iterator[Edge]:
-        threads = [(i, th) for i, th in enumerate(s.thr[w]) if th is not None]
-        owns = any(r is not None and r.ow == (w, True) for r in s.log)
-        if not threads and not owns:
+        me = (w, True)
+        mine = s.thr[w]
+        owns = any(r is not None and r.ow == me for r in s.log)
+        if not owns and not any(mine):
             return
         # Commits already sent land or not; requests already sent stay in the network.
-        commits = [(i, th.op) for i, th in threads if isinstance(th.op, Commit)]
-        pool = list(s.pool)
-        for i, th in threads:
-            if isinstance(th.op, Req) and th.op.status == "flying":
-                pool.append((i, th.op.latest))
+        commits = [(i, th) for i, th in enumerate(mine) if th and isinstance(th.op, Commit)]
+        flying = [
+            (i, th.op.latest)
+            for i, th in enumerate(mine)
+            if th and isinstance(th.op, Req) and th.op.status == "flying"
+        ]
+        pool = tuple(sorted(s.pool + tuple(flying))) if flying else s.pool
         thr = put(s.thr, w, (None,) * self.N)
         if self.cfg.stale_reads:  # a row read before the crash shows the old process
             thr = tuple(tuple(_dead(t, w) for t in ts) for ts in thr)
-        base = s._replace(thr=thr, pool=tuple(sorted(pool)))
+        base = State(s.log, pool, thr, s.ghost)
         for mask in range(1 << len(commits)):
             t = base
             landed = []
-            for k, (i, op) in enumerate(commits):
+            for k, (i, th0) in enumerate(commits):
                 if mask >> k & 1:
-                    th0 = s.thr[w][i]
-                    assert th0 is not None
+                    op = cast(Commit, th0.op)
                     t, _, _ = self.apply(t, w, i, th0, op)
                     landed.append(op.name)
-            log = tuple(
-                r._replace(ow=(w, False)) if r is not None and r.ow == (w, True) else r
-                for r in t.log
-            )
-            yield Edge(("crash", w, tuple(landed)), self.lapse(t._replace(log=log)), True, None)
+            log = t.log
+            if owns or landed:
+                dead = (w, False)
+                log = tuple(
+                    r._replace(ow=dead) if r is not None and r.ow == me else r for r in log
+                )
+            end = self.lapse(State(log, t.pool, t.thr, t.ghost))
+            yield Edge(("crash", w, tuple(landed)), end, True, None)
 
 
 def _dead(th: Thread | None, w: int) -> Thread | None:
