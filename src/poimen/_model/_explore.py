@@ -27,6 +27,7 @@ class Result:
     stuck: int = 0  # states from which no crash-free path settles every intent
     excused: int = 0  # states with a double effect after a lapsed lease (the stated limit)
     truncated: bool = False
+    depth: int = 0  # when truncated: every state this many steps from the start was checked
 
     def ok(self) -> bool:
         return self.violation is None and self.stuck == 0 and not self.truncated
@@ -36,7 +37,12 @@ class Result:
             f"config: {self.config.describe()}",
             f"states explored: {self.states}  transitions: {self.transitions}  "
             f"time: {self.seconds:.1f}s (CPU {self.cpu:.1f}s)"
-            + ("  (TRUNCATED at max_states)" if self.truncated else ""),
+            + (
+                f"  (TRUNCATED at max_states: every state within {self.depth} steps of the "
+                "start was checked)"
+                if self.truncated
+                else ""
+            ),
         ]
         if self.violation is not None:
             lines.append(f"VIOLATION: {self.violation}")
@@ -94,6 +100,7 @@ def explore(cfg: Config, rules: Rules | None = None, *, liveness: bool = True) -
                 queue.append(v)
                 if len(states) >= cfg.max_states:
                     res.truncated = True
+                    res.depth = _depth(parent, u)
                     queue.clear()
                     break
             elif e.violation is not None:
@@ -152,6 +159,14 @@ def replay(cfg: Config, steps: Sequence[str], rules: Rules | None = None) -> Res
     res.trace.append("final state:")
     res.trace.extend("  " + x for x in show(m, s))
     return res
+
+
+def _depth(parent: array[int], v: int) -> int:
+    n = 0
+    while v > 0:
+        v = parent[v]
+        n += 1
+    return n
 
 
 def _stuck(m: Model, states: list[State], src: array[int], dst: array[int]) -> list[int]:

@@ -229,9 +229,7 @@ class Model(Protocol):
             log = t.log
             if owns or landed:
                 dead = (w, False)
-                log = tuple(
-                    r._replace(ow=dead) if r is not None and r.ow == me else r for r in log
-                )
+                log = tuple(r._replace(ow=dead) if r is not None and r.ow == me else r for r in log)
             end = self.lapse(State(log, t.pool, t.thr, t.ghost))
             yield Edge(("crash", w, tuple(landed)), end, True, None)
 
