@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-not-sent", action="store_true")
     p.add_argument("--no-refusals", action="store_true")
     p.add_argument("--stale-reads", action="store_true")
+    p.add_argument("--slow-renewals", action="store_true")
     p.add_argument(
         "--old-rule",
         action="append",
@@ -92,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lost_commit_replies=not ns.no_lost_commit_replies,
                 not_sent=not ns.no_not_sent,
                 stale_reads=ns.stale_reads,
+                slow_renewals=ns.slow_renewals,
                 refusals=not ns.no_refusals,
                 max_states=ns.max_states,
             )

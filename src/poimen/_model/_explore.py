@@ -75,9 +75,9 @@ def explore(cfg: Config, rules: Rules | None = None, *, liveness: bool = True) -
     src, dst = array("l"), array("l")  # crash-free edges, for liveness
     queue = deque([0])
 
-    def stop(v: int, violation: str, last: str | None = None) -> Result:
-        res.violation = violation
-        res.trace = _trace(m, states, parent, v, last)
+    def stop(v: int, violation: str, last: State | None = None) -> Result:
+        res.trace, named = _trace(m, states, parent, v, last)
+        res.violation = named or violation
         res.states = len(states)
         res.seconds, res.cpu = time.monotonic() - started, time.process_time() - cpu
         return res
@@ -104,7 +104,7 @@ def explore(cfg: Config, rules: Rules | None = None, *, liveness: bool = True) -
                     queue.clear()
                     break
             elif e.violation is not None:
-                return stop(u, e.violation, e.violation)
+                return stop(u, e.violation, t)
             if liveness and not e.crash:
                 src.append(u)
                 dst.append(v)
@@ -197,33 +197,39 @@ def _stuck(m: Model, states: list[State], src: array[int], dst: array[int]) -> l
 
 
 def _trace(
-    m: Model, states: list[State], parent: array[int], v: int, last: str | None = None
-) -> list[str]:
-    """The shortest path to state `v` in words, its workers named as one run names them (the
-    search keeps one state per renaming of the workers; the trace is replayed concretely)."""
+    m: Model, states: list[State], parent: array[int], v: int, last: State | None = None
+) -> tuple[list[str], str | None]:
+    """The shortest path to state `v` (then, if given, over a violating step to `last`) in
+    words, and the violation as this path names it: its workers named as one run names them
+    (the search keeps one state per renaming of the workers; the trace is replayed)."""
     path = []
     while v > 0:
         path.append(v)
         v = parent[v]
     path.reverse()
+    targets = [states[k] for k in path]
+    if last is not None:
+        targets.append(last)
     lines = ["trace (t = ticks since the start):"]
     t = 0
     s = m.initial()
-    for k in path:
-        target = states[k]
-        e = next(e for e in m.successors(s) if target in m.orbit(e.state))
+    violation = None
+    for n, target in enumerate(targets):
+        final = last is not None and n == len(targets) - 1
+        e = next(
+            e
+            for e in m.successors(s)
+            if target in m.orbit(e.state) and (not final or e.violation is not None)
+        )
         s = e.state
+        violation = e.violation
         if e.label[0] == "tick":
             t += 1
         else:
             lines.append(f"  t={t:<3} {say(m, e.label)}")
-    if last is not None:
-        e = next(e for e in m.successors(s) if e.violation == last)
-        lines.append(f"  t={t:<3} {say(m, e.label)}")
-        s = e.state
     lines.append("final state:")
     lines.extend("  " + x for x in show(m, s))
-    return lines
+    return lines, violation or m.check(s)
 
 
 _WORDS = {
@@ -257,6 +263,8 @@ def say(m: Model, label: Label) -> str:
     who = f"w{w}"
     it = f"intent {i} ({m.kinds[i]})"
     r0 = rest[0] if rest else None
+    if what == "renew" and r0:
+        return f"{who}: renews the lease of {it}, by its clock read {r0} ticks before"
     if what in _WORDS:
         text = _WORDS[what].format(it=it, r0=r0)
         return who + ("" if text.startswith("'") else ": ") + text

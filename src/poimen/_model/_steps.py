@@ -300,10 +300,12 @@ class Protocol:
         elif pc == "take":
             # orphan_steps: a request the owner sent just before it stopped may still land.
             later = self.rules.takeover_deadline(self.intent(i, r), BASE, self.M)
+            moved = None
             if later is not None and self.kinds[i] == "queryable":
-                r = r._replace(dl=later - BASE)
+                moved = later - BASE
+                r = r._replace(dl=moved)
             nxt = th._replace(pc="decide", snap=r, got="unasked")
-            yield self._edge(s, w, i, nxt, ("take", w, i, None if later is None else later - BASE))
+            yield self._edge(s, w, i, nxt, ("take", w, i, moved))
         elif pc == "decide":
             yield from self._decide(s, w, i, th, r)
         elif pc == "retry":

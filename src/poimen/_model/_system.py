@@ -156,6 +156,13 @@ class Model(Protocol):
 
     def _tick(self, s: State) -> State:
         log = tuple(None if r is None else shift_row(r) for r in s.log)
+        if self.cfg.slow_renewals:
+            # How long ago a lease ran out matters to a renewal whose clock is that old.
+            log = tuple(
+                r if r is None or o is None or o.lease is None or o.lease > 0
+                else r._replace(lease=max(o.lease - 1, -float(self.cfg.commit_delay)))
+                for r, o in zip(log, s.log, strict=True)
+            )  # fmt: skip
         pool = tuple(sorted((i, latest - 1) for i, latest in s.pool))
         thr = tuple(
             tuple(None if th is None else self.tick_thread(th) for th in row) for row in s.thr
@@ -185,6 +192,9 @@ class Model(Protocol):
             yield Edge(label, self.set_thread(s, w, i, th), False, None)
 
     def _renew(self, s: State, w: int, i: int, th: Thread) -> Iterator[Edge]:
+        """renew_leases: the lease set to now + lease_ttl if it is later, unless it has run
+        out by the renewer's clock. With slow renewals, that clock was read up to a commit's
+        time before the renewal applies."""
         r = s.log[i]
         if (
             r is None
@@ -193,12 +203,14 @@ class Model(Protocol):
             or r.nxt is not None
             or r.ow[0] != w  # renew_leases matches the worker id, whatever the pid
             or r.lease is None
-            or r.lease >= self.cfg.lease_ttl
-            or (self.rules.renewal_never_revives and r.lease <= 0)
         ):
             return
-        log = put(s.log, i, r._replace(lease=float(self.cfg.lease_ttl)))
-        yield Edge(("renew", w, i), s._replace(log=log), False, None)
+        ttl = self.cfg.lease_ttl
+        for age in range(self.cfg.commit_delay + 1 if self.cfg.slow_renewals else 1):
+            if r.lease >= ttl - age or (self.rules.renewal_never_revives and r.lease <= -age):
+                continue
+            log = put(s.log, i, r._replace(lease=float(ttl - age)))
+            yield Edge(("renew", w, i, age), s._replace(log=log), False, None)
 
     def _crash(self, s: State, w: int) -> Iterator[Edge]:
         me = (w, True)

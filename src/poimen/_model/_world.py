@@ -63,6 +63,8 @@ class Config:
     refusals: bool = True  # the provider may refuse a request (nothing happened for it)
     # A run may be slow between reading a row and judging it; off, it judges it at the read.
     stale_reads: bool = False
+    # A renewal may apply up to commit_delay ticks after its clock was read; off, at once.
+    slow_renewals: bool = False
     max_states: int = 3_000_000
 
     @property
@@ -79,6 +81,7 @@ class Config:
             f"crashes={self.crashes} lapses={self.lapses} "
             f"lost_commit_replies={self.lost_commit_replies} not_sent={self.not_sent} "
             f"refusals={self.refusals} stale_reads={self.stale_reads}"
+            + (" slow_renewals=True" if self.slow_renewals else "")
         )
 
 
