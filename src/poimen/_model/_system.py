@@ -73,6 +73,8 @@ class Model(Protocol):
         keys = []
         for w, ts in enumerate(s.thr):
             roles = tuple(0 if r is None or r.ow[0] != w else 1 + r.ow[1] for r in s.log)
+            if self.cfg.stale_reads:  # a read row names its owner: as "me" or "another"
+                ts = tuple(_as_seen_by(t, w) for t in ts)
             keys.append((hash(ts), roles))
         order = sorted(range(self.W), key=keys.__getitem__)
         if order == self._identity:
@@ -244,6 +246,12 @@ class Model(Protocol):
                 log = tuple(r._replace(ow=dead) if r is not None and r.ow == me else r for r in log)
             end = self.lapse(State(log, t.pool, t.thr, t.ghost))
             yield Edge(("crash", w, tuple(landed)), end, True, None)
+
+
+def _as_seen_by(th: Thread | None, w: int) -> Thread | None:
+    if th is None or th.snap is None or th.snap.ow[0] < 0:
+        return th
+    return th._replace(snap=th.snap._replace(ow=(int(th.snap.ow[0] == w), th.snap.ow[1])))
 
 
 def _dead(th: Thread | None, w: int) -> Thread | None:
