@@ -379,7 +379,15 @@ class Protocol:
     def _invoke(self, s: State, w: int, i: int, th: Thread, r: Row) -> Iterator[Edge]:
         g = s.ghost[i]
         nxt = th._replace(pc="wait", runs=1, op=Req("flying", self.L))
-        ghost = put(s.ghost, i, g._replace(sends=g.sends + 1))
+        # Sent by an owner whose lease ran out (its attempt lapsed, or was taken over since):
+        # a second landing of a Queryable request is then the limit the contract states.
+        row = s.log[i]
+        late = g.excused or (
+            self.kinds[i] == "queryable"
+            and row is not None
+            and (row.fence != r.fence or (g.lapsed and row.ow == (w, True)))
+        )
+        ghost = put(s.ghost, i, g._replace(sends=g.sends + 1, excused=late))
         yield self._edge(s, w, i, nxt, ("invoke", w, i, r.att), ghost=ghost)
         if not self.cfg.not_sent:
             return
