@@ -185,8 +185,8 @@ NOT_LANDED_READ_EARLY = [
     "arrive:landed",
 ]  # fmt: skip
 TAKEOVER_DEADLINE_FORGOTTEN = [
-    "call", "commit:dispatch", "stamp", "tick", "tick", "tick", "tick", "invoke", "crash",
-    "recover", "take", "decide", "lookup_answer:unknown", "decide", "commit:defer", "tick",
+    "call", "commit:dispatch", "stamp", "tick", "tick", "invoke", "tick", "tick", "crash",
+    "recover", "take", "decide", "tick", "lookup_answer:unknown", "decide", "commit:defer",
     "recover", "take", "decide", "lookup_read", "lookup_answer:notlanded", "decide",
     "retry:claim", "commit:claim", "stamp", "invoke", "arrive:landed", "pool:landed",
 ]  # fmt: skip
