@@ -273,13 +273,14 @@ def say(m: Model, label: Label) -> str:
             "its deadline stands" if r0 is None else f"takeover deadline now+{r0:g}"
         )
     if what == "decide":
-        d, since = rest[1], rest[2]
+        d, since, as_of = rest[1], rest[2], rest[3]
         if isinstance(d, Defer):
             at = max(d.at - BASE - since, 0.0)
             d_text = f"Defer(next check now+{at:g}, {d.reason})"
         else:
             d_text = repr(d)
-        asked = f" (asked {since} ticks ago, judged as of then)" if since else ""
+        judged = "now" if as_of else "then"
+        asked = f" (asked {since} ticks ago, judged as of {judged})" if since else ""
         return f"{who}: decides {it} on {r0}{asked}: {d_text}"
     if what == "stamp":
         return f"{who}: deadline of {it} " + (

@@ -333,7 +333,7 @@ class Protocol:
         as_of = 0 if th.got == "unasked" or self.rules.lookup_judged_as_asked else since
         d = self.decision(i, r, th.got, float(as_of))
         now_r = shift_row(r, since) if since else r
-        label: Label = ("decide", w, i, th.got, d, since)
+        label: Label = ("decide", w, i, th.got, d, since, as_of)
         if isinstance(d, Ask):
             nxt = th._replace(pc="lookup", snap=now_r, op=Look("sent", "", 0), since=0)
         elif isinstance(d, Complete):
