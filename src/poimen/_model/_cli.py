@@ -21,7 +21,10 @@ def configs(size: str) -> list[Config]:
             *(Config(workers=2, intents=("unsafe",), same_host=h) for h in (True, False)),
             Config(workers=2, intents=("unsafe",), stale_reads=True),
             *(Config(workers=w, intents=("idempotent",)) for w in (1, 2)),
-            Config(workers=1, intents=("queryable",), not_sent=False, refusals=False),
+            *(
+                Config(workers=1, intents=("queryable",), not_sent=False, refusals=False, crashes=c)
+                for c in (True, False)
+            ),
         ]
     return [
         *(
