@@ -1,0 +1,5 @@
+import sys
+
+from poimen._model import main
+
+sys.exit(main())
