@@ -6,6 +6,10 @@ actually landed. The ledger deduplicates ``/keyed`` writes on the supplied
 idempotency key only, never on content: a ledger that deduplicated on content
 would let a double issue with a fresh key slip through as a single effect.
 
+With ``--faults SPEC`` (`poimen._faults`) it injects errors before and after the effect, lost
+responses, refusals and latency, and records every write it receives in a ``received`` table:
+the kill soak's witness of what was sent, not only of what landed.
+
 Run it with::
 
     python -m poimen._provider --ledger PATH --port-file PATH [--port 0]
@@ -35,6 +39,8 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import httpx
 
+from poimen._faults import Fault, FaultCounter, Faults
+
 __all__ = ["LOOKUP_MODES", "ProviderClient", "ProviderProcess", "main"]
 
 LOOKUP_MODES: Final[tuple[str, ...]] = ("truthful", "landed", "never_arrived", "error")
@@ -49,6 +55,14 @@ CREATE TABLE IF NOT EXISTS entries (
     at REAL NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS entries_keyed_key ON entries (key) WHERE kind = 'keyed';
+CREATE TABLE IF NOT EXISTS received (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    identity TEXT NOT NULL,
+    body TEXT NOT NULL,
+    fault TEXT,
+    at REAL NOT NULL
+);
 """
 
 _LEDGER_FILTERS: Final = ("kind", "key", "request_id")
@@ -57,6 +71,10 @@ _STOP_TIMEOUT_S: Final = 5.0
 
 
 # --------------------------------------------------------------------------- server
+
+
+class _Lost(Exception):
+    """The write was applied; its response is lost (the connection closes without one)."""
 
 
 class _HttpError(Exception):
@@ -117,6 +135,14 @@ class _Ledger:
             )
             return _row_id(cur)
 
+    def receive(self, kind: str, identity: str, body: str, fault: str | None) -> None:
+        """A write that arrived, whatever became of it (kept only when faults are on)."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO received (kind, identity, body, fault, at) VALUES (?, ?, ?, ?, ?)",
+                (kind, identity, body, fault, time.time()),
+            )
+
     def first_request(self, request_id: str) -> tuple[int, Any] | None:
         with self._lock:
             row = self._conn.execute(
@@ -163,9 +189,14 @@ class _ProviderServer(ThreadingHTTPServer):
     # past their tools' timeouts.
     request_queue_size = 1024
 
-    def __init__(self, address: tuple[str, int], ledger: _Ledger, lookup_mode: str) -> None:
+    def __init__(
+        self, address: tuple[str, int], ledger: _Ledger, lookup_mode: str,
+        faults: Faults | None = None,
+    ) -> None:
         super().__init__(address, _Handler)
         self.ledger = ledger
+        self.faults = faults
+        self.arrivals = FaultCounter()
         # Plain attribute swaps are atomic under the GIL, so these need no lock.
         self.lookup_mode = lookup_mode
         self.write_delay = 0.0
@@ -198,6 +229,9 @@ class _Handler(BaseHTTPRequestHandler):
             # Always drain the body first so a rejected request cannot desync a kept-alive socket.
             raw = self._read_body() if method == "POST" else b""
             status, payload = self._route(method, raw)
+        except _Lost:
+            self.close_connection = True
+            return
         except _HttpError as exc:
             status, payload = exc.status, {"error": exc.message}
         except Exception:
@@ -246,6 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/plain": ("POST", lambda: self._plain(raw)),
             "/admin/lookup-mode": ("POST", lambda: self._set_lookup_mode(raw)),
             "/admin/delay": ("POST", lambda: self._set_delay(raw)),
+            "/admin/faults": ("POST", lambda: self._set_faults(raw)),
         }
         if path not in routes:
             raise _HttpError(404, f"unknown path {path!r}")
@@ -279,11 +314,35 @@ class _Handler(BaseHTTPRequestHandler):
         if delay > 0:
             time.sleep(delay)
 
+    def _arrive(self, kind: str, identity: str, body: str) -> Fault | None:
+        """Before a write: its fault (recorded as received), its latency, an error before it."""
+        faults = self._state.faults
+        fault = None
+        if faults is not None:
+            fault = faults.write(f"{kind}/{identity}", self._state.arrivals.next(identity))
+            self._state.ledger.receive(kind, identity, body, fault.kind)
+            time.sleep(fault.delay)
+        self._before_write()
+        if fault is not None and fault.kind == "before":
+            raise _HttpError(503, "injected fault before the effect")
+        if fault is not None and fault.kind == "refuse":
+            raise _HttpError(409, "injected refusal")
+        return fault
+
+    @staticmethod
+    def _landed(fault: Fault | None) -> None:
+        """After a write was applied: an error, or a lost response, if its fault says so."""
+        if fault is not None and fault.kind == "after":
+            raise _HttpError(503, "injected fault after the effect")
+        if fault is not None and fault.kind == "lost":
+            raise _Lost
+
     def _keyed(self, raw: bytes) -> tuple[int, Any]:
         key = self._header("Idempotency-Key")
         body = _canonical(self._parse_json(raw))
-        self._before_write()
+        fault = self._arrive("keyed", key, body)
         entry_id, duplicate, differs = self._state.ledger.keyed(key, body)
+        self._landed(fault)
         if not duplicate:
             return 201, {"entry_id": entry_id, "duplicate": False, "key": key}
         return 200, {
@@ -296,17 +355,25 @@ class _Handler(BaseHTTPRequestHandler):
     def _request(self, raw: bytes) -> tuple[int, Any]:
         request_id = self._header("X-Request-Id")
         body = _canonical(self._parse_json(raw))
-        self._before_write()
+        fault = self._arrive("request", request_id, body)
         entry_id = self._state.ledger.insert("request", body, request_id)
+        self._landed(fault)
         return 201, {"entry_id": entry_id, "request_id": request_id}
 
     def _plain(self, raw: bytes) -> tuple[int, Any]:
         body = _canonical(self._parse_json(raw))
-        self._before_write()
-        return 201, {"entry_id": self._state.ledger.insert("plain", body)}
+        fault = self._arrive("plain", body, body)
+        entry_id = self._state.ledger.insert("plain", body)
+        self._landed(fault)
+        return 201, {"entry_id": entry_id}
 
     def _lookup(self, request_id: str) -> tuple[int, Any]:
         mode = self._state.lookup_mode
+        faults = self._state.faults
+        if faults is not None and faults.lookup(
+            request_id, self._state.arrivals.next(f"lookup/{request_id}")
+        ):
+            return 503, {"error": "injected lookup fault"}
         if mode == "landed":
             return 200, {"landed": True, "entry_id": None}
         if mode == "never_arrived":
@@ -336,6 +403,17 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HttpError(400, f"unknown lookup mode {mode!r}; expected one of {LOOKUP_MODES}")
         self._state.lookup_mode = mode
         return 200, {"mode": mode}
+
+    def _set_faults(self, raw: bytes) -> tuple[int, Any]:
+        payload = self._parse_json(raw)
+        spec = payload.get("spec") if isinstance(payload, dict) else None
+        if spec is not None and not isinstance(spec, str):
+            raise _HttpError(400, f"spec must be a string or null, got {spec!r}")
+        try:
+            self._state.faults = None if spec is None else Faults.parse(spec)
+        except ValueError as exc:
+            raise _HttpError(400, str(exc)) from None
+        return 200, {"spec": spec}
 
     def _set_delay(self, raw: bytes) -> tuple[int, Any]:
         payload = self._parse_json(raw)
@@ -367,10 +445,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks an ephemeral port")
     parser.add_argument("--lookup-mode", choices=LOOKUP_MODES, default="truthful")
+    parser.add_argument("--faults", help="inject faults (poimen._faults); every write received "
+                        "is then recorded in the ledger's `received` table")
     args = parser.parse_args(argv)
 
+    faults = Faults.parse(args.faults) if args.faults is not None else None
     ledger = _Ledger(args.ledger)
-    server = _ProviderServer((args.host, args.port), ledger, args.lookup_mode)
+    server = _ProviderServer((args.host, args.port), ledger, args.lookup_mode, faults)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -413,12 +494,16 @@ class ProviderProcess:
     """Runs the provider as its own OS process; context manager."""
 
     def __init__(
-        self, ledger_path: str | os.PathLike[str], *, lookup_mode: str = "truthful"
+        self, ledger_path: str | os.PathLike[str], *, lookup_mode: str = "truthful",
+        faults: str | None = None,
     ) -> None:
         if lookup_mode not in LOOKUP_MODES:
             raise ValueError(f"unknown lookup mode {lookup_mode!r}; expected one of {LOOKUP_MODES}")
+        if faults is not None:
+            Faults.parse(faults)  # refused here, not in the child
         self.ledger_path = Path(ledger_path)
         self.lookup_mode = lookup_mode
+        self.faults = faults
         self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: str | None = None
         self._stderr: IO[bytes] | None = None
@@ -464,6 +549,7 @@ class ProviderProcess:
                 port_file,
                 "--lookup-mode",
                 self.lookup_mode,
+                *(["--faults", self.faults] if self.faults is not None else []),
             ],
             env=_child_env(),
             stdin=subprocess.DEVNULL,
@@ -587,6 +673,10 @@ class ProviderClient:
     def set_lookup_mode(self, mode: str) -> None:
         """How lookups answer: one of `LOOKUP_MODES` (truthful by default)."""
         self._http.post("/admin/lookup-mode", json={"mode": mode}).raise_for_status()
+
+    def set_faults(self, spec: str | None) -> None:
+        """Inject faults as `poimen._faults` reads `spec`; None: no more faults."""
+        self._http.post("/admin/faults", json={"spec": spec}).raise_for_status()
 
     def set_delay(self, seconds: float) -> None:
         """Hold every write this many seconds before it lands."""
