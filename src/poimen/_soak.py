@@ -442,6 +442,9 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
         live.remove(w)
         reuse.extend(_in_flight(base / "sides" / f"{w.record.worker_id}.jsonl"))
 
+    if cfg.progress:
+        print(f"soak: seed {cfg.seed}, {cfg.kills} kills, {cfg.workers} worker(s), log "
+              f"{db_url}, files in {base}", file=sys.stderr, flush=True)
     while killed < cfg.kills:
         while len(live) < cfg.workers and spawned < cfg.kills + crashed:
             spawn()
@@ -465,10 +468,11 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
             elif w.kill_at <= time.monotonic():
                 reap(w, kill=True)
                 killed += 1
-        if cfg.progress and time.monotonic() - last_note > 30:
+        if cfg.progress and time.monotonic() - last_note > 60:
             last_note = time.monotonic()
             rate = killed / (last_note - started)
-            print(f"soak: {killed}/{cfg.kills} kills, {rate:.1f}/s", file=sys.stderr, flush=True)
+            print(f"soak: {killed}/{cfg.kills} kills in {last_note - started:.0f}s "
+                  f"({rate:.2f}/s)", file=sys.stderr, flush=True)
     run.seconds = time.monotonic() - started
     return run
 

@@ -104,6 +104,22 @@ def save_run(run: Run) -> None:
     (run.base / "run.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
+class Sides:
+    """The workers' side files, read again by each consumer: a long soak's do not fit in
+    memory at once."""
+
+    def __init__(self, directory: Path) -> None:
+        self.paths = {p.stem: p for p in sorted(directory.glob("*.jsonl"))}
+
+    def __iter__(self) -> Iterator[tuple[str, Iterator[dict[str, Any]]]]:
+        for wid, path in self.paths.items():
+            yield wid, _records(path)
+
+    def of(self, worker_id: str) -> Iterator[dict[str, Any]]:
+        path = self.paths.get(worker_id)
+        return iter(()) if path is None else _records(path)
+
+
 def _records(path: Path) -> Iterator[dict[str, Any]]:
     with path.open(encoding="utf-8") as f:
         for line in f:
@@ -132,7 +148,7 @@ def check_run(base: str | Path) -> SoakReport:
         received = ledger.execute("SELECT kind, body, fault FROM received").fetchall()
     finally:
         ledger.close()
-    sides = {p.stem: list(_records(p)) for p in sorted((base / "sides").glob("*.jsonl"))}
+    sides = Sides(base / "sides")
 
     checks, effects = _ledger_checks(intents, entries, received)
     waiting = [i for i in intents if i.state == IntentState.AWAITING_APPROVAL]
@@ -236,8 +252,7 @@ class _Ownership:
     end: float = math.inf
 
 
-def _alive_until(workers: list[WorkerRecord], sides: dict[str, list[dict[str, Any]]]) -> dict[
-        str, float]:
+def _alive_until(workers: list[WorkerRecord], sides: Sides) -> dict[str, float]:
     """Until when each worker was certainly alive: its SIGKILL's sending; one that died on its
     own, its last record; one never killed (the final recovery), always."""
     out: dict[str, float] = {}
@@ -245,21 +260,21 @@ def _alive_until(workers: list[WorkerRecord], sides: dict[str, list[dict[str, An
         if w.kill_sent is not None:
             out[w.worker_id] = w.kill_sent
         elif w.exitcode is not None:
-            times = [r.get("t1", r.get("t", 0.0)) for r in sides.get(w.worker_id, [])]
+            times = [r.get("t1", r.get("t", 0.0)) for r in sides.of(w.worker_id)]
             out[w.worker_id] = max(times, default=w.started)
         else:
             out[w.worker_id] = math.inf
     return out
 
 
-def _takeovers(workers: list[WorkerRecord], sides: dict[str, list[dict[str, Any]]]) -> Check:
+def _takeovers(workers: list[WorkerRecord], sides: Sides) -> Check:
     """No live call claimed by another worker: no worker writes on (or runs) an intent while
     another owns it, is alive, and holds a lease that has not run out."""
     alive = _alive_until(workers, sides)
     owns: dict[str, list[_Ownership]] = defaultdict(list)
     renewals: dict[str, list[tuple[float, float, frozenset[str]]]] = defaultdict(list)
     acts: list[tuple[str, str, str, float, int | None]] = []  # worker, intent, what, when, fence
-    for wid, recs in sides.items():
+    for wid, recs in sides:
         held: dict[str, list[_Ownership]] = defaultdict(list)
         for r in recs:
             e = r["e"]
@@ -311,7 +326,7 @@ def _end(owned: Any, at: float) -> None:
 
 def _stats(
     intents: list[Intent], effects: dict[str, int], received: list[Any],
-    workers: list[WorkerRecord], sides: dict[str, list[dict[str, Any]]],
+    workers: list[WorkerRecord], sides: Sides,
 ) -> dict[str, Any]:
     states: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for i in intents:
@@ -322,7 +337,7 @@ def _stats(
     at_kill = {"a tool running": 0, "a recovery pass running": 0, "a call in flight": 0}
     again = errors = takeovers = late = 0
     for w in workers:
-        recs = sides.get(w.worker_id, [])
+        recs = sides.of(w.worker_id)
         open_runs: set[tuple[str, int]] = set()
         open_calls: set[str] = set()
         in_recovery = False
