@@ -19,6 +19,7 @@ not reproducible: the same seed gives the same plan, not the same interleaving.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -538,3 +539,43 @@ def run_soak(cfg: SoakConfig) -> Any:
     finally:
         if cfg.workdir is None:
             shutil.rmtree(base, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def add_parser(sub: Any) -> None:
+    """`python -m poimen.testing soak` (`scripts/soak`)."""
+    s = sub.add_parser("soak", help="the kill soak: workers SIGKILLed at random, checked by "
+                       "the provider's ledger (docs/verification.md)")
+    s.add_argument("--kills", type=int, default=100)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--workers", type=int, default=2, help="worker processes on one log")
+    s.add_argument("--db", default="sqlite",
+                   help="sqlite, postgres (a fresh database on the local server) or a URL")
+    s.add_argument("--faults", default=DEFAULT_FAULTS,
+                   help="the provider's faults (poimen._faults); '' for none")
+    s.add_argument("--threads", type=int, default=3, help="calls in flight per worker")
+    s.add_argument("--max-delay", type=float, default=0.8,
+                   help="a worker is SIGKILLed a random time up to this after its start")
+    s.add_argument("--keep", metavar="DIR", help="keep the log, ledger and side files in DIR")
+    s.add_argument("--check", metavar="DIR", help="only judge the soak kept in DIR again")
+    s.add_argument("--json", action="store_true")
+
+
+def main(ns: argparse.Namespace) -> int:
+    from poimen._soak_check import check_run
+
+    try:
+        if ns.check:
+            report = check_run(ns.check)
+        else:
+            report = run_soak(SoakConfig(
+                kills=ns.kills, seed=ns.seed, workers=ns.workers, db=ns.db, faults=ns.faults,
+                threads=ns.threads, max_delay=ns.max_delay, workdir=ns.keep,
+                progress=True))
+    except (FileExistsError, ValueError) as exc:
+        print(f"soak: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_json(), indent=1) if ns.json else report.table())
+    return 0 if report.ok() else 1

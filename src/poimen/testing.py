@@ -649,10 +649,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--json", action="store_true")
     d.add_argument("--lookup-mode", default="truthful", choices=LOOKUP_MODES,
                    help="how the provider answers lookups; a lying one makes the drill fail")
-    _soak_parser(sub)
+    from poimen import _soak
+
+    _soak.add_parser(sub)
     ns = p.parse_args(argv)
     if ns.cmd == "soak":
-        return _soak_main(ns)
+        return _soak.main(ns)
     if ns.cmd == "drill":
         try:
             report = crash_drill(ns.keep, lookup_mode=ns.lookup_mode)
@@ -685,45 +687,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
     finally:
         kernel.close()
     return 0
-
-
-def _soak_parser(sub: Any) -> None:
-    from poimen._soak import DEFAULT_FAULTS
-
-    s = sub.add_parser("soak", help="the kill soak: workers SIGKILLed at random, checked by "
-                       "the provider's ledger (docs/verification.md)")
-    s.add_argument("--kills", type=int, default=100)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--workers", type=int, default=2, help="worker processes on one log")
-    s.add_argument("--db", default="sqlite",
-                   help="sqlite, postgres (a fresh database on the local server) or a URL")
-    s.add_argument("--faults", default=DEFAULT_FAULTS,
-                   help="the provider's faults (poimen._faults); '' for none")
-    s.add_argument("--threads", type=int, default=3, help="calls in flight per worker")
-    s.add_argument("--max-delay", type=float, default=0.8,
-                   help="a worker is SIGKILLed a random time up to this after its start")
-    s.add_argument("--keep", metavar="DIR", help="keep the log, ledger and side files in DIR")
-    s.add_argument("--check", metavar="DIR", help="only judge the soak kept in DIR again")
-    s.add_argument("--json", action="store_true")
-
-
-def _soak_main(ns: argparse.Namespace) -> int:
-    from poimen._soak import SoakConfig, run_soak
-    from poimen._soak_check import check_run
-
-    try:
-        if ns.check:
-            report = check_run(ns.check)
-        else:
-            report = run_soak(SoakConfig(
-                kills=ns.kills, seed=ns.seed, workers=ns.workers, db=ns.db, faults=ns.faults,
-                threads=ns.threads, max_delay=ns.max_delay, workdir=ns.keep,
-                progress=True))
-    except (FileExistsError, ValueError) as exc:
-        print(f"soak: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(report.as_json(), indent=1) if ns.json else report.table())
-    return 0 if report.ok() else 1
 
 
 if __name__ == "__main__":
