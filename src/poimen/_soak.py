@@ -51,7 +51,7 @@ from poimen._kernel import Kernel
 from poimen._protocol import Holds
 from poimen._provider import ProviderProcess
 from poimen._tools import Caps
-from poimen.errors import DefiniteFailure
+from poimen.testing import provider_lookup, provider_result
 
 __all__ = ["SoakConfig", "run_soak"]
 
@@ -209,12 +209,7 @@ def register_soak_tools(kernel: Kernel, url: str, side: Side, timeout: float) ->
     u = httpx.URL(url)
     caps = Caps(hosts=(f"{u.host}:{u.port}",))
 
-    def body(r: httpx.Response) -> dict[str, Any]:
-        if 400 <= r.status_code < 500:
-            raise DefiniteFailure(f"provider refused: {r.status_code}")
-        r.raise_for_status()
-        out: dict[str, Any] = r.json()
-        return out
+    body = provider_result
 
     @contextlib.contextmanager
     def run(ctx: ToolContext) -> Iterator[None]:
@@ -231,13 +226,7 @@ def register_soak_tools(kernel: Kernel, url: str, side: Side, timeout: float) ->
             return body(ctx.http.post(f"{url}/keyed", json={
                 "order_id": order_id, "amount_cents": amount_cents}))
 
-    def lookup(request_id: str, /) -> Any:
-        from poimen._effects import Landed, NotLanded, Unknown
-
-        r = client.get(f"/requests/{request_id}")
-        if r.status_code == 200:
-            return Landed(r.json())
-        return NotLanded() if r.status_code == 404 else Unknown(f"lookup {r.status_code}")
+    lookup = provider_lookup(url, client)
 
     @kernel.tool(id="soak.ship", effects=Queryable(lookup=lookup), caps=caps, timeout=timeout)
     def ship(ctx: ToolContext, order_id: str, address: str) -> dict[str, Any]:
