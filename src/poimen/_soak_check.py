@@ -13,12 +13,12 @@ import json
 import math
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poimen._intents import Intent, IntentState
+from poimen._intents import Attempt, Intent, IntentState
 from poimen._soak import CLASS, Run, SoakConfig, WorkerRecord
 from poimen.store import open_store
 
@@ -136,10 +136,12 @@ def check_run(base: str | Path) -> SoakReport:
     data = json.loads((base / "run.json").read_text(encoding="utf-8"))
     cfg = SoakConfig(**data["config"])
     workers = [WorkerRecord(**w) for w in data["workers"]]
+    sides = Sides(base / "sides")
     store = open_store(data["db_url"])
     try:
         intents = store.list_intents(limit=2**62)
         unfinished = store.list_unfinished(after_id="", limit=2**62)
+        runners = _runs_by_owner(sides, store.attempts)
     finally:
         store.close()
     ledger = sqlite3.connect(f"file:{base / 'ledger.db'}?mode=ro", uri=True)
@@ -148,8 +150,6 @@ def check_run(base: str | Path) -> SoakReport:
         received = ledger.execute("SELECT kind, body, fault FROM received").fetchall()
     finally:
         ledger.close()
-    sides = Sides(base / "sides")
-
     checks, effects = _ledger_checks(intents, entries, received)
     waiting = [i for i in intents if i.state == IntentState.AWAITING_APPROVAL]
     left = Check("nothing unfinished after the final recovery", len(intents))
@@ -157,6 +157,7 @@ def check_run(base: str | Path) -> SoakReport:
                         for i in [*unfinished, *waiting]]
     checks.append(left)
     checks.append(_takeovers(workers, sides))
+    checks.append(runners)
     db = data["db_url"].split(":", 1)[0]
     return SoakReport(
         seed=cfg.seed, kills=sum(1 for w in workers if w.kill_sent is not None),
@@ -312,6 +313,24 @@ def _takeovers(workers: list[WorkerRecord], sides: Sides) -> Check:
                     f"intent {intent_id}: {wid} {what} at {at:.3f} while {o.worker} drove "
                     f"fence {o.fence} (since {o.start:.3f}, lease until >= {lease:.3f}, alive "
                     f"until >= {min(o.end, alive.get(o.worker, math.inf)):.3f})")
+    return check
+
+
+def _runs_by_owner(sides: Sides, attempts: Callable[[str], list[Attempt]]) -> Check:
+    """Every tool run was made by the worker the log's attempts table names as that attempt's
+    owner: nobody runs a tool without having dispatched or claimed its attempt."""
+    ran: dict[str, set[tuple[int, str]]] = defaultdict(set)
+    for wid, recs in sides:
+        for r in recs:
+            if r["e"] == "run":
+                ran[r["i"]].add((r["a"], wid))
+    check = Check("each tool run by its attempt's owner in the log", sum(map(len, ran.values())))
+    for intent_id, runs in ran.items():
+        owners = {a.number: a.owner.worker_id if a.owner else None for a in attempts(intent_id)}
+        for number, wid in sorted(runs):
+            if owners.get(number) != wid:
+                check.violations.append(f"intent {intent_id}: {wid} ran attempt {number}, which "
+                                        f"the log gives to {owners.get(number)}")
     return check
 
 

@@ -96,6 +96,8 @@ def test_fifty_kills_on_sqlite_hold_and_a_doctored_witness_is_caught(tmp_path: P
     with other.open("a", encoding="utf-8") as f:
         f.write(json.dumps({"e": "w", "op": "defer", "i": intent_id, "f": 1, "ok": True,
                             "t0": at, "t1": at}) + "\n")
+        # ... and ran the tool of an attempt it never dispatched nor claimed (long before).
+        f.write(json.dumps({"e": "run", "i": intent_id, "a": 1, "t": 1.0}) + "\n")
 
     again = check_run(base)
     got = violated(again)
@@ -105,6 +107,7 @@ def test_fifty_kills_on_sqlite_hold_and_a_doctored_witness_is_caught(tmp_path: P
     assert got.get("no landed call is FAILED (Unsafe included)", 0) >= 1, got
     assert got.get("a COMPLETED call has its effect", 0) >= 1, got
     assert got.get("no live call taken over by another worker", 0) == 1, got
+    assert got.get("each tool run by its attempt's owner in the log", 0) == 1, got
     assert "Idempotent: at most one effect per key and per call" not in got, got
     assert not again.ok()
     assert "VIOLATION" in again.table()
