@@ -17,10 +17,14 @@ from poimen._soak_check import SoakReport, check_run
 from tests.conftest import fresh_postgres_database
 
 KILLS = 50
+# The defaults' rates, raised a little so that fifty kills meet every fault on a slow machine.
+FAULTS = ("before=0.06,after=0.06,lost=0.06,refuse=0.04,latency=0.3,max_latency=0.25,"
+          "lookup_error=0.05")
 
 
 def soak(tmp_path: Path, db: str, **options: Any) -> SoakReport:
-    config = {"kills": KILLS, "seed": 15, "workers": 2, "db": db, "progress": False, **options}
+    config = {"kills": KILLS, "seed": 15, "workers": 2, "db": db, "faults": FAULTS,
+              "progress": False, **options}
     return run_soak(SoakConfig(**config))
 
 
