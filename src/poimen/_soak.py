@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import multiprocessing
@@ -266,6 +265,7 @@ def worker_main(plan: WorkerPlan, up: Any) -> None:
     pipe) when its kernel is open: the driver counts its kill delay from then."""
     err = os.open(plan.errors, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(err, 2)
+    os.close(err)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     side = Side(plan.side)
     side.log(e="start", t=time.time())
@@ -396,15 +396,14 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
         wid = f"w{spawned}"
         spawned += 1
         again = tuple(reuse.popleft() for _ in range(min(len(reuse), 2 * cfg.threads)))
+        # One worker in four recovers first and is killed soon: kills inside recovery.
+        first = rng.random() < 0.25
         plan = WorkerPlan(db=db_url, provider=provider_url, worker_id=wid,
                           side=str(base / "sides" / f"{wid}.jsonl"),
                           errors=str(base / "sides" / f"{wid}.err"), seed=f"{cfg.seed}/{wid}",
                           threads=cfg.threads, timeout=cfg.timeout, margin=cfg.margin,
                           lease_ttl=cfg.lease_ttl, recover_share=cfg.recover_share, reuse=again,
-                          break_rule=cfg.break_rule)
-        # One worker in four recovers first and is killed soon: kills inside recovery.
-        first = rng.random() < 0.25
-        plan = dataclasses.replace(plan, recover_first=first)
+                          recover_first=first, break_rule=cfg.break_rule)
         rec = WorkerRecord(wid, started=time.time(), reused=len(again))
         up, tell = ctx.Pipe(duplex=False)
         p = ctx.Process(target=worker_main, args=(plan, tell), daemon=True)
