@@ -50,7 +50,6 @@ from poimen._kernel import Kernel
 from poimen._protocol import Holds
 from poimen._provider import ProviderProcess
 from poimen._tools import Caps
-from poimen.testing import provider_lookup, provider_result
 
 __all__ = ["SoakConfig", "run_soak"]
 
@@ -203,6 +202,10 @@ def instrument(kernel: Kernel, side: Side) -> None:
 
 def register_soak_tools(kernel: Kernel, url: str, side: Side, timeout: float) -> None:
     """One tool per effect class against the provider; each logs its runs to `side`."""
+    # Imported here: a worker's process runs `poimen.testing` as its main module first, when
+    # the soak was started with `python -m poimen.testing`.
+    from poimen.testing import provider_lookup, provider_result
+
     client = httpx.Client(base_url=url, timeout=timeout, verify=False)  # plain HTTP: no CA load
     kernel.on_close(client.close)
     u = httpx.URL(url)
