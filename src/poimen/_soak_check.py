@@ -70,7 +70,7 @@ class SoakReport:
         lines = [
             f"poimen kill soak: seed {self.seed}, {self.kills} kills, {self.workers} worker(s), "
             f"{self.db}",
-            f"provider faults: {self.faults}",
+            f"provider faults: {self.faults or 'none'}",
             "",
             f"{'invariant':{w}}  {'checked':>8}  violations",
         ]
