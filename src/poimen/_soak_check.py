@@ -389,7 +389,7 @@ def _stats(
         "kills with ... at the SIGKILL": at_kill,
         "calls made again by call id": again,
         "claims of a new attempt (retries and takeovers)": takeovers,
-        "late outcomes refused on a stale fence": late,
+        "outcomes refused on a stale fence (a late owner, or a recoverer that lost a race)": late,
         "workers that died on their own": sum(
             1 for w in workers if w.kill_sent is None and w.exitcode is not None),
         "exceptions raised to a worker's caller": errors,
