@@ -10,7 +10,7 @@
 - `crash_drill`: the end-to-end drill the README runs: the same kills without poimen (a naive
   at-least-once runner) and with it.
 
-It is one module on purpose (a little over 600 lines): it is the public testing API, and a
+It is one module on purpose (about 700 lines): it is the public testing API, and a
 user finds every helper here.
 """
 
