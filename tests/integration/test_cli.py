@@ -416,6 +416,33 @@ def test_recorded_text_cannot_spoof_the_output(store_url: str) -> None:
     assert "\u202e" not in line and "\\u202e" in line
 
 
+def test_event_details_are_redacted_in_json_and_text(store_url: str) -> None:
+    """An event's detail, whoever wrote it, shows no value under a secret name, nested or in
+    a recorded result."""
+    detail = {
+        "api_token": SECRET,
+        "nested": [{"password": "hunter2"}],
+        "result": json.dumps({"token": "tk-1"}),
+    }
+    store = open_store(store_url)
+    try:
+        iid = dispatch(store, "c-secret")
+        assert store.record_event(iid, "noted", actor="t", detail=detail, now=store.now())
+    finally:
+        store.close()
+    shown = poimen_json("show", iid, db=store_url)
+    [noted] = [e for e in shown["events"] if e["kind"] == "noted"]
+    assert noted["detail"] == {
+        "api_token": "[redacted]",
+        "nested": [{"password": "[redacted]"}],
+        "result": {"token": "[redacted]"},
+    }
+    human = poimen("show", iid, db=store_url)
+    assert human.returncode == 0 and "noted" in human.stdout
+    for out in (json.dumps(shown), human.stdout):
+        assert SECRET not in out and "hunter2" not in out and "tk-1" not in out
+
+
 def test_bad_numbers_and_deep_results_are_usage_errors(store_url: str) -> None:
     ids = hostile_log(store_url)
     for args in (
