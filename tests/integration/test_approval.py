@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from poimen import (
     Pending,
 )
 from poimen.errors import ArgumentError, NotAwaitingApprovalError, RegistrationError
+from poimen.store import open_store
 from poimen.testing import ProviderClient, ProviderProcess, kill_at_pause
 from tests.integration.approval_app import CHARGE, EMAIL, make_kernel
 from tests.integration.test_lifecycle import intent_of
@@ -151,6 +153,65 @@ def test_of_two_operators_deciding_at_once_exactly_one_wins(
         assert sorted(results) == ["refused", "won"]
         decided = [e for e in k.store.events(out.intent_id) if e.kind in ("approved", "rejected")]
         assert len(decided) == 1
+    finally:
+        k.close()
+
+
+def test_two_approvals_queued_on_a_held_row_have_one_winner(
+    postgres_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """PostgreSQL reads take no lock: both deciders see AWAITING_APPROVAL while the row is held
+    elsewhere, then queue to write it. The second to write must still lose."""
+    import psycopg
+
+    k = make_kernel(postgres_url, provider.url)
+    try:
+        iid = k.call(EMAIL, {"to": "bob"}, call_id="c1").intent_id
+    finally:
+        k.close()
+    stores = [open_store(postgres_url) for _ in range(2)]
+    results: list[str] = []
+
+    def approve(store: Any, operator: str) -> None:
+        try:
+            store.decide_approval(iid, approve=True, operator=operator, reason="r",
+                                  now=store.now())
+            results.append("won")
+        except NotAwaitingApprovalError:
+            results.append("refused")
+
+    queued = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    threads = [threading.Thread(target=approve, args=(s, f"op-{i}")) for i, s in enumerate(stores)]
+    with psycopg.connect(postgres_url) as holder, psycopg.connect(
+        postgres_url, autocommit=True
+    ) as watch:
+        holder.execute("SELECT 1 FROM intents WHERE id = %s FOR UPDATE", (iid,))
+        for t in threads:
+            t.start()
+        give_up = time.monotonic() + 120
+        while watch.execute(queued).fetchone() != (2,):
+            assert time.monotonic() < give_up, "the two approvals never queued on the row"
+            time.sleep(0.01)
+        holder.commit()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        assert sorted(results) == ["refused", "won"]
+        events = stores[0].events(iid)
+        assert [e.kind for e in events].count("approved") == 1
+        assert stores[0].get_intent(iid).fence == 2  # type: ignore[union-attr]
+    finally:
+        for s in stores:
+            s.close()
+    # The approved call runs once, as the provider sees it.
+    k = make_kernel(postgres_url, provider.url)
+    try:
+        k.recover()
+        assert isinstance(k.wait_sync("c1", timeout=60), Completed)
+        assert sent(ledger, "c1") == 1
     finally:
         k.close()
 

@@ -126,14 +126,19 @@ MUTANTS: list[Mutant] = [
     Mutant("renewal-shortens", "a renewal never shortens a lease", SQL,
            'f"UPDATE intents SET lease_expires_at = {g}(COALESCE(lease_expires_at, ?), ?) "',
            'f"UPDATE intents SET lease_expires_at = COALESCE(?, ?) "', T_STORE),
+    # Both stores decide under a lock (SQLite's one writer, PostgreSQL's FOR UPDATE): the
+    # UPDATE's own state test is a second guard, so the one that counts is the read's.
     Mutant("resolve-two-winners", "an operator's decision has exactly one winner", SQL,
-           '"WHERE id = ? AND state = \'INDETERMINATE\'"', '"WHERE id = ?"', T_STORE),
+           "        if row[0] != S.INDETERMINATE:\n            raise NotIndeterminateError(",
+           "        if False:\n            raise NotIndeterminateError(", T_STORE),
+    # The fence alone, or the state alone, stops a second approval: the mutant drops both.
+    # SQLite reads under its one writer; PostgreSQL's reads take no lock, so the race there.
     Mutant("approve-two-winners", "an approval has exactly one winner", SQL,
            "\"reason = 'approved', updated_at = ? \"\n"
            "            \"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'\"",
            "\"reason = 'approved', updated_at = ? \"\n"
-           "            \"WHERE id = ? AND fence = ?\"",
-           ("tests/integration/test_approval.py", "-k", "sqlite")),
+           "            \"WHERE id = ? AND fence >= ?\"",
+           ("tests/integration/test_approval.py", "-k", "sqlite or held_row")),
     Mutant("append-only-sqlite", "events are append-only", "poimen/store/sql/sqlite/0006_retention.sql",
            "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\n"
            "WHEN NOT EXISTS (SELECT 1 FROM poimen_pruning)",
