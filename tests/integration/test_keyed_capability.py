@@ -132,6 +132,13 @@ def register_cap_tools(k: Kernel, url: str, tmp_path: Path, stash: dict[str, Any
                 with open(tmp_path / "charge.json", "w") as f:
                     f.write(json.dumps(body))
                 return None
+            case "file_write_only":  # an existing file, no flag but O_WRONLY
+                fd = os.open(tmp_path / "existing.txt", os.O_WRONLY)
+                try:
+                    os.write(fd, b"after")
+                finally:
+                    os.close(fd)
+                return None
             case "spawn":
                 subprocess.run([sys.executable, "-c", "pass"], check=True)
                 return None
@@ -290,6 +297,7 @@ DENIED = [
     ("wrapped_by_library", "connect", "out_of_band"),
     ("raw_socket", "connect", "out_of_band"),
     ("file", "file_write", "out_of_band"),
+    ("file_write_only", "file_write", "out_of_band"),
     ("spawn", "spawn", "out_of_band"),
     ("other_host", "http", "host_not_in_caps"),
     ("other_sink", "sink", "sink_not_in_caps"),
@@ -301,6 +309,7 @@ def test_out_of_band_write_is_denied_and_audited(
     kernel: Kernel, ledger: ProviderClient, tmp_path: Path, how: str, action: str, reason: str
 ) -> None:
     kernel.call(TOOL, {**ORDER, "order_id": "warm-up"}, call_id="w")  # pool warm, one entry
+    (tmp_path / "existing.txt").write_text("before")
     before = ledger.entries()
     since = kernel.store.now()
     out = kernel.call(TOOL, {**ORDER, "how": how}, call_id="c1")
@@ -319,6 +328,7 @@ def test_out_of_band_write_is_denied_and_audited(
     assert kernel.denials(tool_id=SHIP) == []
     assert ledger.entries() == before
     assert not (tmp_path / "charge.json").exists()
+    assert (tmp_path / "existing.txt").read_text() == "before"
 
 
 def test_denial_is_committed_before_the_exception_reaches_the_tool(
