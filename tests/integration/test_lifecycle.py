@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -292,6 +293,35 @@ def test_background_recovery_goes_on_after_intents_it_cannot_settle(store_url: s
         k.close()
 
 
+def test_an_intent_whose_recovery_raises_does_not_stop_the_others(sqlite_url: str) -> None:
+    """A row the database refuses to change (a trigger here, a damaged page in real life): its
+    recovery raises, is reported, and the other intents of the pass are still recovered."""
+    k = Kernel(sqlite_url, notifiers=[], deadline_margin=0.0)
+    done: list[str] = []
+    by_order = KeyDerivation.fields("order")
+
+    @k.tool(id="ok", effects=Idempotent(key=by_order), caps=Caps(), timeout=1)
+    def ok(ctx: ToolContext, order: str) -> str:
+        done.append(order)
+        return order
+
+    try:
+        for c in ("a-stuck", "b-good"):
+            orphan(k, "ok", "idempotent", {"order": c}, c, key=by_order.derive("ok", {"order": c}))
+        conn = sqlite3.connect(sqlite_url[len("sqlite:///"):], isolation_level=None)
+        conn.execute(
+            "CREATE TRIGGER stuck BEFORE UPDATE ON intents WHEN OLD.call_id = 'a-stuck' "
+            "BEGIN SELECT RAISE(ABORT, 'this row cannot be changed'); END"
+        )
+        conn.close()
+        report = k.recover()
+        assert report.errors == [intent_of(k, "a-stuck").id]
+        assert intent_of(k, "a-stuck").state == S.DISPATCHED  # left for the next pass
+        assert intent_of(k, "b-good").state == S.COMPLETED and done == ["b-good"]
+    finally:
+        k.close()
+
+
 def test_a_result_the_log_cannot_store_completes_with_the_error_recorded(
     store_url: str,
 ) -> None:
@@ -395,8 +425,6 @@ def write_lock_held(store_url: str, seconds: float) -> Iterator[threading.Event]
 
     def hold() -> None:
         if store_url.startswith("sqlite"):
-            import sqlite3
-
             conn = sqlite3.connect(store_url[len("sqlite:///"):], isolation_level=None)
             conn.execute("BEGIN IMMEDIATE")
             held.set()
