@@ -34,6 +34,7 @@ from poimen import (
     Kernel,
     KeyDerivation,
     NotLanded,
+    NotSent,
     Pending,
     Queryable,
     ToolContext,
@@ -689,11 +690,33 @@ def test_a_refused_connection_after_a_write_went_out_stays_unknown(
     store_url: str, provider: ProviderProcess, ledger: ProviderClient
 ) -> None:
     port = closed_port()
+    seen: list[type[BaseException]] = []
     with Kernel(store_url, notifiers=[]) as k:
         @k.tool(id="send", effects=Unsafe(), caps=Caps(), timeout=2)
         def send(ctx: ToolContext) -> Any:
             ctx.http.post(f"{provider.url}/plain", json={"n": 1})  # this one lands
-            return ctx.http.post(f"http://127.0.0.1:{port}/audit", json={}).json()
+            try:
+                return ctx.http.post(f"http://127.0.0.1:{port}/audit", json={}).json()
+            except Exception as exc:
+                seen.append(type(exc))
+                raise
+
+        out = k.call("send", {}, call_id="c1")
+        assert isinstance(out, Indeterminate) and out.reason == "unsafe_unknown_outcome"
+        assert ledger.count(kind="plain") == 1
+        assert seen == [httpx.ConnectError]  # not NotSent: a write of the attempt went out
+
+
+def test_a_tools_own_not_sent_after_a_write_went_out_stays_unknown(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """A tool may raise NotSent for its own client; it says nothing of what ctx.http sent
+    before it. Retried in place, the provider would see the write again."""
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="send", effects=Unsafe(), caps=Caps(), timeout=2)
+        def send(ctx: ToolContext) -> Any:
+            ctx.http.post(f"{provider.url}/plain", json={"n": 1})  # this one lands
+            raise NotSent("the audit client could not connect")
 
         out = k.call("send", {}, call_id="c1")
         assert isinstance(out, Indeterminate) and out.reason == "unsafe_unknown_outcome"

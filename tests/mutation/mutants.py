@@ -79,9 +79,13 @@ MUTANTS: list[Mutant] = [
     Mutant("cancel-releases-hold", "a cancelled caller leaves its tool held until it returns",
            RUNNERS, "                    _continue_in_thread(e, gen, cf)",
            "                    gen.close()", T_LIFE),
+    # ctx.http raises NotSent only if nothing went out, but a tool may raise NotSent itself:
+    # the rule lives in the classification of the tool's exception, which checks both.
     Mutant("not-sent-after-write", "a request that never left is FAILED only if nothing went "
-           "out", HANDLES, "if left == 0 and (scope is None or scope.writes == 0):", "if True:",
-           T_LIFE),
+           "out", RUNNERS,
+           "any(isinstance(x, NotSent) for x in chain)\n        and flight.writes == 0\n"
+           "        and (scope is None or scope.writes == 0)\n",
+           "any(isinstance(x, NotSent) for x in chain)\n", T_LIFE),
     Mutant("key-from-raw-args", "the key is derived from the recorded arguments", KERNEL,
            "            key = effects.key.derive(t.id, recorded)\n",
            "            key = effects.key.derive(t.id, dict(args))\n",
