@@ -6,9 +6,15 @@ actually landed. The ledger deduplicates ``/keyed`` writes on the supplied
 idempotency key only, never on content: a ledger that deduplicated on content
 would let a double issue with a fresh key slip through as a single effect.
 
+With ``--faults SPEC`` (`poimen._faults`) it injects errors before and after the effect, lost
+responses, refusals and latency, and records every write it receives in a ``received`` table:
+the kill soak's witness of what was sent, not only of what landed.
+
 Run it with::
 
     python -m poimen._provider --ledger PATH --port-file PATH [--port 0]
+
+or through `ProviderProcess` (`poimen._provider_client`, re-exported here with `ProviderClient`).
 """
 
 from __future__ import annotations
@@ -17,27 +23,22 @@ import argparse
 import json
 import math
 import os
-import shutil
 import signal
 import sqlite3
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from types import FrameType, TracebackType
-from typing import IO, Any, Final
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from types import FrameType
+from typing import Any, Final
+from urllib.parse import parse_qs, unquote, urlsplit
 
-import httpx
+from poimen._faults import Fault, FaultCounter, Faults
+from poimen._provider_client import LOOKUP_MODES, ProviderClient, ProviderProcess
 
 __all__ = ["LOOKUP_MODES", "ProviderClient", "ProviderProcess", "main"]
-
-LOOKUP_MODES: Final[tuple[str, ...]] = ("truthful", "landed", "never_arrived", "error")
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -49,14 +50,24 @@ CREATE TABLE IF NOT EXISTS entries (
     at REAL NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS entries_keyed_key ON entries (key) WHERE kind = 'keyed';
+CREATE TABLE IF NOT EXISTS received (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    identity TEXT NOT NULL,
+    body TEXT NOT NULL,
+    fault TEXT,
+    at REAL NOT NULL
+);
 """
 
 _LEDGER_FILTERS: Final = ("kind", "key", "request_id")
-_START_TIMEOUT_S: Final = 10.0
-_STOP_TIMEOUT_S: Final = 5.0
 
 
 # --------------------------------------------------------------------------- server
+
+
+class _Lost(Exception):
+    """The write was applied; its response is lost (the connection closes without one)."""
 
 
 class _HttpError(Exception):
@@ -117,6 +128,14 @@ class _Ledger:
             )
             return _row_id(cur)
 
+    def receive(self, kind: str, identity: str, body: str, fault: str | None) -> None:
+        """A write that arrived, whatever became of it (kept only when faults are on)."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO received (kind, identity, body, fault, at) VALUES (?, ?, ?, ?, ?)",
+                (kind, identity, body, fault, time.time()),
+            )
+
     def first_request(self, request_id: str) -> tuple[int, Any] | None:
         with self._lock:
             row = self._conn.execute(
@@ -163,9 +182,14 @@ class _ProviderServer(ThreadingHTTPServer):
     # past their tools' timeouts.
     request_queue_size = 1024
 
-    def __init__(self, address: tuple[str, int], ledger: _Ledger, lookup_mode: str) -> None:
+    def __init__(
+        self, address: tuple[str, int], ledger: _Ledger, lookup_mode: str,
+        faults: Faults | None = None,
+    ) -> None:
         super().__init__(address, _Handler)
         self.ledger = ledger
+        self.faults = faults
+        self.arrivals = FaultCounter()
         # Plain attribute swaps are atomic under the GIL, so these need no lock.
         self.lookup_mode = lookup_mode
         self.write_delay = 0.0
@@ -198,6 +222,9 @@ class _Handler(BaseHTTPRequestHandler):
             # Always drain the body first so a rejected request cannot desync a kept-alive socket.
             raw = self._read_body() if method == "POST" else b""
             status, payload = self._route(method, raw)
+        except _Lost:
+            self.close_connection = True
+            return
         except _HttpError as exc:
             status, payload = exc.status, {"error": exc.message}
         except Exception:
@@ -246,6 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/plain": ("POST", lambda: self._plain(raw)),
             "/admin/lookup-mode": ("POST", lambda: self._set_lookup_mode(raw)),
             "/admin/delay": ("POST", lambda: self._set_delay(raw)),
+            "/admin/faults": ("POST", lambda: self._set_faults(raw)),
         }
         if path not in routes:
             raise _HttpError(404, f"unknown path {path!r}")
@@ -279,11 +307,35 @@ class _Handler(BaseHTTPRequestHandler):
         if delay > 0:
             time.sleep(delay)
 
+    def _arrive(self, kind: str, identity: str, body: str) -> Fault | None:
+        """Before a write: its fault (recorded as received), its latency, an error before it."""
+        faults = self._state.faults
+        fault = None
+        if faults is not None:
+            fault = faults.write(f"{kind}/{identity}", self._state.arrivals.next(identity))
+            self._state.ledger.receive(kind, identity, body, fault.kind)
+            time.sleep(fault.delay)
+        self._before_write()
+        if fault is not None and fault.kind == "before":
+            raise _HttpError(503, "injected fault before the effect")
+        if fault is not None and fault.kind == "refuse":
+            raise _HttpError(409, "injected refusal")
+        return fault
+
+    @staticmethod
+    def _landed(fault: Fault | None) -> None:
+        """After a write was applied: an error, or a lost response, if its fault says so."""
+        if fault is not None and fault.kind == "after":
+            raise _HttpError(503, "injected fault after the effect")
+        if fault is not None and fault.kind == "lost":
+            raise _Lost
+
     def _keyed(self, raw: bytes) -> tuple[int, Any]:
         key = self._header("Idempotency-Key")
         body = _canonical(self._parse_json(raw))
-        self._before_write()
+        fault = self._arrive("keyed", key, body)
         entry_id, duplicate, differs = self._state.ledger.keyed(key, body)
+        self._landed(fault)
         if not duplicate:
             return 201, {"entry_id": entry_id, "duplicate": False, "key": key}
         return 200, {
@@ -296,17 +348,25 @@ class _Handler(BaseHTTPRequestHandler):
     def _request(self, raw: bytes) -> tuple[int, Any]:
         request_id = self._header("X-Request-Id")
         body = _canonical(self._parse_json(raw))
-        self._before_write()
+        fault = self._arrive("request", request_id, body)
         entry_id = self._state.ledger.insert("request", body, request_id)
+        self._landed(fault)
         return 201, {"entry_id": entry_id, "request_id": request_id}
 
     def _plain(self, raw: bytes) -> tuple[int, Any]:
         body = _canonical(self._parse_json(raw))
-        self._before_write()
-        return 201, {"entry_id": self._state.ledger.insert("plain", body)}
+        fault = self._arrive("plain", body, body)
+        entry_id = self._state.ledger.insert("plain", body)
+        self._landed(fault)
+        return 201, {"entry_id": entry_id}
 
     def _lookup(self, request_id: str) -> tuple[int, Any]:
         mode = self._state.lookup_mode
+        faults = self._state.faults
+        if faults is not None and faults.lookup(
+            request_id, self._state.arrivals.next(f"lookup/{request_id}")
+        ):
+            return 503, {"error": "injected lookup fault"}
         if mode == "landed":
             return 200, {"landed": True, "entry_id": None}
         if mode == "never_arrived":
@@ -336,6 +396,17 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HttpError(400, f"unknown lookup mode {mode!r}; expected one of {LOOKUP_MODES}")
         self._state.lookup_mode = mode
         return 200, {"mode": mode}
+
+    def _set_faults(self, raw: bytes) -> tuple[int, Any]:
+        payload = self._parse_json(raw)
+        spec = payload.get("spec") if isinstance(payload, dict) else None
+        if spec is not None and not isinstance(spec, str):
+            raise _HttpError(400, f"spec must be a string or null, got {spec!r}")
+        try:
+            self._state.faults = None if spec is None else Faults.parse(spec)
+        except ValueError as exc:
+            raise _HttpError(400, str(exc)) from None
+        return 200, {"spec": spec}
 
     def _set_delay(self, raw: bytes) -> tuple[int, Any]:
         payload = self._parse_json(raw)
@@ -367,10 +438,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks an ephemeral port")
     parser.add_argument("--lookup-mode", choices=LOOKUP_MODES, default="truthful")
+    parser.add_argument("--faults", help="inject faults (poimen._faults); every write received "
+                        "is then recorded in the ledger's `received` table")
     args = parser.parse_args(argv)
 
+    faults = Faults.parse(args.faults) if args.faults is not None else None
     ledger = _Ledger(args.ledger)
-    server = _ProviderServer((args.host, args.port), ledger, args.lookup_mode)
+    server = _ProviderServer((args.host, args.port), ledger, args.lookup_mode, faults)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -395,217 +469,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.server_close()
     ledger.close()
     return 0
-
-
-# --------------------------------------------------------------------------- client
-
-
-def _child_env() -> dict[str, str]:
-    # The child must import poimen from this same source tree, installed or not.
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ)
-    existing = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = package_parent + (os.pathsep + existing if existing else "")
-    return env
-
-
-class ProviderProcess:
-    """Runs the provider as its own OS process; context manager."""
-
-    def __init__(
-        self, ledger_path: str | os.PathLike[str], *, lookup_mode: str = "truthful"
-    ) -> None:
-        if lookup_mode not in LOOKUP_MODES:
-            raise ValueError(f"unknown lookup mode {lookup_mode!r}; expected one of {LOOKUP_MODES}")
-        self.ledger_path = Path(ledger_path)
-        self.lookup_mode = lookup_mode
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._workdir: str | None = None
-        self._stderr: IO[bytes] | None = None
-        self._url: str | None = None
-        self._returncode: int | None = None
-
-    @property
-    def url(self) -> str:
-        """The provider's base URL."""
-        if self._url is None:
-            raise RuntimeError("provider is not running; call start() first")
-        return self._url
-
-    @property
-    def pid(self) -> int:
-        """The provider process's pid."""
-        if self._proc is None:
-            raise RuntimeError("provider is not running; call start() first")
-        return self._proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        """Exit status of the last stopped process (None while running or never started)."""
-        return self._returncode
-
-    def start(self) -> ProviderProcess:
-        """Start the process and wait until it serves."""
-        if self._proc is not None:
-            raise RuntimeError("provider already started")
-        self._workdir = tempfile.mkdtemp(prefix="poimen-provider-")
-        port_file = os.path.join(self._workdir, "port")
-        # stderr goes to a file, not a pipe, so a chatty child can never block on a full pipe.
-        self._stderr = open(os.path.join(self._workdir, "stderr.log"), "w+b")  # noqa: SIM115
-        self._returncode = None
-        self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "poimen._provider",
-                "--ledger",
-                str(self.ledger_path),
-                "--port-file",
-                port_file,
-                "--lookup-mode",
-                self.lookup_mode,
-            ],
-            env=_child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
-        )
-        try:
-            self._url = self._wait_ready(self._proc, port_file)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_ready(self, proc: subprocess.Popen[bytes], port_file: str) -> str:
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        with httpx.Client(timeout=1.0) as http:
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"provider exited with status {proc.returncode} during startup:\n"
-                        f"{self._read_stderr()}"
-                    )
-                if os.path.exists(port_file):
-                    with open(port_file, encoding="ascii") as fh:
-                        url = f"http://127.0.0.1:{int(fh.read().strip())}"
-                    try:
-                        if http.get(f"{url}/health").status_code == 200:
-                            return url
-                    except httpx.TransportError:
-                        pass  # bound but not yet answering; poll again
-                time.sleep(0.02)
-        raise RuntimeError(
-            f"provider not ready within {_START_TIMEOUT_S} s:\n{self._read_stderr()}"
-        )
-
-    def _read_stderr(self) -> str:
-        if self._stderr is None:
-            return ""
-        self._stderr.flush()
-        self._stderr.seek(0)
-        return self._stderr.read().decode(errors="replace")
-
-    def stop(self) -> None:
-        """Stop the process (SIGTERM, then SIGKILL)."""
-        proc, self._proc, self._url = self._proc, None, None
-        if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=_STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            self._returncode = proc.returncode
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
-
-    def __enter__(self) -> ProviderProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-class ProviderClient:
-    """Thin typed client for the provider's HTTP API."""
-
-    def __init__(self, url: str) -> None:
-        self._http = httpx.Client(base_url=url, timeout=10)
-
-    @staticmethod
-    def _filters(kind: str | None, key: str | None, request_id: str | None) -> dict[str, str]:
-        given = {"kind": kind, "key": key, "request_id": request_id}
-        return {name: value for name, value in given.items() if value is not None}
-
-    def entries(
-        self, *, kind: str | None = None, key: str | None = None, request_id: str | None = None
-    ) -> list[dict[str, Any]]:
-        """The ledger's entries, optionally only those of one kind, key or request id."""
-        response = self._http.get("/ledger", params=self._filters(kind, key, request_id))
-        response.raise_for_status()
-        entries: list[dict[str, Any]] = response.json()["entries"]
-        return entries
-
-    def count(
-        self, *, kind: str | None = None, key: str | None = None, request_id: str | None = None
-    ) -> int:
-        """How many ledger entries match: the witness's count of effects."""
-        response = self._http.get("/ledger", params=self._filters(kind, key, request_id))
-        response.raise_for_status()
-        return int(response.json()["count"])
-
-    def keyed_write(self, key: str | None, body: Mapping[str, Any]) -> httpx.Response:
-        """POST /keyed: a write the ledger deduplicates on `key` (the Idempotency-Key header)."""
-        headers = {} if key is None else {"Idempotency-Key": key}
-        return self._http.post("/keyed", json=dict(body), headers=headers)
-
-    def request_write(self, request_id: str, body: Mapping[str, Any]) -> httpx.Response:
-        """POST /requests: a write recorded under `request_id` (X-Request-Id), never
-        deduplicated."""
-        return self._http.post("/requests", json=dict(body), headers={"X-Request-Id": request_id})
-
-    def plain_write(self, body: Mapping[str, Any]) -> httpx.Response:
-        """POST /plain: a write the ledger never deduplicates."""
-        return self._http.post("/plain", json=dict(body))
-
-    def lookup(self, request_id: str) -> httpx.Response:
-        # safe="" so a request id containing "/" stays one path segment.
-        """GET /requests/<request_id>: 200 with the first request's body, or 404."""
-        return self._http.get(f"/requests/{quote(request_id, safe='')}")
-
-    def set_lookup_mode(self, mode: str) -> None:
-        """How lookups answer: one of `LOOKUP_MODES` (truthful by default)."""
-        self._http.post("/admin/lookup-mode", json={"mode": mode}).raise_for_status()
-
-    def set_delay(self, seconds: float) -> None:
-        """Hold every write this many seconds before it lands."""
-        self._http.post("/admin/delay", json={"seconds": seconds}).raise_for_status()
-
-    def close(self) -> None:
-        """Close the HTTP client."""
-        self._http.close()
-
-    def __enter__(self) -> ProviderClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@
 - `crash_drill`: the end-to-end drill the README runs: the same kills without poimen (a naive
   at-least-once runner) and with it.
 
-It is one module on purpose (a little over 600 lines): it is the public testing API, and a
+It is one module on purpose (about 700 lines): it is the public testing API, and a
 user finds every helper here.
 """
 
@@ -65,6 +65,7 @@ __all__ = [
     "kill_at_pause",
     "kill_when_held",
     "provider_lookup",
+    "provider_result",
     "register_test_tools",
     "spawn_call",
     "spawn_held_calls",
@@ -110,18 +111,22 @@ def provider_lookup(url: str, client: httpx.Client | None = None) -> Any:
     return lookup
 
 
+def provider_result(r: httpx.Response) -> dict[str, Any]:
+    """A write's answer from the provider: a refusal (4xx) is a `DefiniteFailure`; any other
+    error raises (an unknown outcome)."""
+    if 400 <= r.status_code < 500:
+        raise DefiniteFailure(f"provider refused: {r.status_code} {r.text}")
+    r.raise_for_status()
+    body: dict[str, Any] = r.json()
+    return body
+
+
 def register_test_tools(kernel: Kernel, provider_url: str, *, timeout: float = 2.0) -> None:
     """Register `test.charge`, `test.ship` and `test.email` against the provider."""
     client = httpx.Client(base_url=provider_url, timeout=timeout)
     kernel.on_close(client.close)
     caps = Caps(hosts=(_host_port(provider_url),))
-
-    def _check(r: httpx.Response) -> dict[str, Any]:
-        if 400 <= r.status_code < 500:
-            raise DefiniteFailure(f"provider refused: {r.status_code} {r.text}")
-        r.raise_for_status()
-        body: dict[str, Any] = r.json()
-        return body
+    _check = provider_result
 
     @kernel.tool(
         id=CHARGE,
@@ -649,7 +654,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--json", action="store_true")
     d.add_argument("--lookup-mode", default="truthful", choices=LOOKUP_MODES,
                    help="how the provider answers lookups; a lying one makes the drill fail")
+    from poimen import _soak
+
+    _soak.add_parser(sub)
     ns = p.parse_args(argv)
+    if ns.cmd == "soak":
+        return _soak.main(ns)
     if ns.cmd == "drill":
         try:
             report = crash_drill(ns.keep, lookup_mode=ns.lookup_mode)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from poimen.store.sqlite import _GroupCommit
+from poimen.store._group_commit import GroupCommit as _GroupCommit
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-import poimen.store.sqlite as sqlite_store
-from poimen.store.sqlite import _GroupCommit
+import poimen.store._group_commit as group_commit
+from poimen.store._group_commit import GroupCommit as _GroupCommit
 from tests.interrupts import Injection, Interrupted, every_point, raising_handler
 
 WEDGED = 20.0  # seconds a write may take on a loaded machine before the writer counts as stuck
@@ -182,7 +182,7 @@ def _each_point(gc: _GroupCommit, path: Path, scenario: Callable[[Injection, str
         _check_told(path, told)
         all_told.answers.update(told.answers)
 
-    assert every_point(sqlite_store.__file__, checked) > 10
+    assert every_point(group_commit.__file__, checked) > 10
     _check_told(path, all_told)  # nothing told committed was undone later
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from poimen._observe import OBSERVED_WRITES, UNOBSERVED, ObservedStore
+from poimen._observed_store import OBSERVED_WRITES, UNOBSERVED, ObservedStore
 from poimen.store.postgres import PostgresStore
 from poimen.store.sqlite import SqliteStore
 
@@ -25,7 +25,7 @@ def test_every_store_method_is_reported_or_known_to_change_no_state(store: type)
     unknown = names - OBSERVED_WRITES - UNOBSERVED
     assert not unknown, (
         f"{store.__name__} has methods the observers know nothing of: {sorted(unknown)}; "
-        "report them in poimen._observe.ObservedStore or list them in UNOBSERVED"
+        "report them in poimen._observed_store.ObservedStore or list them in UNOBSERVED"
     )
     assert not OBSERVED_WRITES & UNOBSERVED
     for name in OBSERVED_WRITES & names:

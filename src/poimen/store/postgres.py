@@ -16,6 +16,9 @@ fence, events in the same transaction). What PostgreSQL adds:
 - Migrations run under a transaction-scoped advisory lock: concurrent migrators leave one schema.
 - A call's two commits are one statement each (data-modifying CTEs), prepared once per session
   and sent with their BEGIN and COMMIT in one message: one round trip per durable commit.
+
+A little over 600 lines: the statements both dialects share live in `_sql`; what stays here
+is what only PostgreSQL does (the pool, the clock, retries, locking claims).
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""The embedded default store: SQLite in WAL mode, synchronous=FULL, one writer with group commit."""
+"""The embedded default store: SQLite in WAL mode, synchronous=FULL, one writer with group commit.
+
+About 700 lines: the merged writes of a batch (dispatches, outcomes, claims) sit beside the
+store methods whose statements they merge, so the two are changed together; the writer itself
+is `_group_commit`, the statements both dialects share `_sql`.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from poimen._guard import sqlite_writes
 from poimen._intents import Denial, Intent, IntentState, Owner
 from poimen.errors import ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._fs import refuse_network_fs
+from poimen.store._group_commit import GroupCommit, Op
 from poimen.store._inline import attempt_row, event_row, inline_attempt, inline_events
 from poimen.store._sql import (
     Executor,
@@ -40,347 +46,6 @@ SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _INHERITED: list[sqlite3.Connection] = []
 
 
-class _Op(Generic[T]):
-    __slots__ = (
-        "done",
-        "error",
-        "fn",
-        "future",
-        "may_lead",
-        "merge",
-        "payload",
-        "value",
-        "wake",
-        "woken",
-    )
-
-    def __init__(
-        self,
-        fn: Callable[[sqlite3.Connection], T],
-        merge: _Merge | None = None,
-        payload: Any = None,
-    ) -> None:
-        self.fn = fn
-        # Ops with the same `merge` are written together, a few statements for the whole
-        # batch; `merge` leaves the ops it cannot settle to their own `fn`.
-        self.merge = merge
-        self.payload = payload
-        self.done = False
-        self.value: T | None = None
-        self.error: BaseException | None = None
-        # A lock held on the waiter's behalf: released once its commit is durable, or (if
-        # `may_lead`) to hand it the leader's role. None for a caller that led at once.
-        self.wake: threading.Lock | None = None
-        self.may_lead = False
-        self.woken = False  # the role was handed to it and its lock released
-        # An async caller's future instead: resolved on its loop once the commit is durable.
-        self.future: asyncio.Future[T] | None = None
-
-
-class _Thread:
-    """The role's holder while the writer thread leads."""
-
-
-_THREAD: Any = _Thread()
-
-
-class _GroupCommit:
-    """Many callers' writes in one transaction; each caller returns only after that commit.
-
-    A caller that finds no leader becomes the leader and commits whatever is queued, its
-    own write included; callers arriving meanwhile queue, each waiting on its own lock. The
-    leader wakes exactly the callers of the batch it committed and hands the role to the
-    first caller still queued, so no caller is woken for nothing. A single caller therefore
-    commits inline, with no thread hop.
-
-    An async caller cannot lead (its loop must not block): it queues a future, and when the
-    role falls to it, the store's writer thread leads instead and resolves the futures of
-    each batch on their loops, one callback per loop.
-
-    Interrupts: a signal handler's exception (KeyboardInterrupt, an alarm) lands only on the
-    main thread, anywhere. So the main thread never leads another caller's write, and is
-    never handed the role while it waits: the writer thread leads in its place. An
-    interrupted caller gets the interrupt and its own write's fate is unknown to it (it is
-    committed or not; a caller retries with the same call id); the role always passes on,
-    a transaction it opened is rolled back, and every other caller's answer stays true.
-    """
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-        self._lock = threading.Lock()
-        self._queue: list[_Op[Any]] = []
-        # Who leads: an op (its caller's thread), _THREAD, or None. Set under `_lock`; the
-        # role is handed on only by its holder, or for it by `_abandon`.
-        self._holder: Any = None
-        self._go = threading.Lock()  # released to make the writer thread lead once
-        self._go.acquire()
-        self._thread: threading.Thread | None = None
-        self._thread_leads = False  # the role was handed to the thread, not yet taken up
-        self._thread_gone = False
-        self._stopped = False
-        self._idle = threading.Condition(self._lock)  # notified when nobody leads
-
-    def run(
-        self,
-        fn: Callable[[sqlite3.Connection], T],
-        merge: _Merge | None = None,
-        payload: Any = None,
-    ) -> T:
-        op: _Op[T] = _Op(fn, merge, payload)
-        alone = threading.current_thread() is threading.main_thread()
-        try:
-            with self._lock:
-                if self._stopped:
-                    raise StoreUnavailableError("the store is closed")
-                if self._holder is None:
-                    self._holder = op
-                    if not alone:  # leads whatever queues meanwhile, its own write first
-                        self._queue.append(op)
-                else:
-                    if alone:  # the writer thread leads this write's batch
-                        self._ensure_thread()
-                    wake = threading.Lock()
-                    wake.acquire()
-                    op.wake, op.may_lead = wake, not alone
-                    self._queue.append(op)
-            if op.wake is not None:
-                op.wake.acquire()  # our commit is durable, or we are the next leader
-            if not op.done:
-                self._lead(op, alone=alone)
-        except BaseException:
-            self._abandon(op)
-            raise
-        if op.error is not None:
-            raise op.error
-        return op.value  # type: ignore[return-value]
-
-    def submit(
-        self,
-        fn: Callable[[sqlite3.Connection], T],
-        merge: _Merge | None = None,
-        payload: Any = None,
-    ) -> asyncio.Future[T]:
-        """`run` for a caller on an event loop: the future resolves once the commit is
-        durable, and the loop never blocks on the write."""
-        op: _Op[T] = _Op(fn, merge, payload)
-        op.future = fut = asyncio.get_running_loop().create_future()
-        try:
-            with self._lock:
-                if self._stopped:
-                    raise StoreUnavailableError("the store is closed")
-                self._ensure_thread()
-                self._queue.append(op)
-                self._pass_role(None)  # to the thread, if nobody leads
-        except BaseException:
-            self._abandon(op)
-            raise
-        return fut
-
-    def stop(self, within: float) -> bool:
-        """Take no more writes and wait up to `within` seconds for the batch in flight and
-        those queued before; True once nobody uses the connection any more."""
-        with self._lock:
-            self._stopped = True
-            self._kick()  # an idle thread exits
-        with self._idle:
-            return self._idle.wait_for(lambda: self._holder is None, within)
-
-    def _ensure_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._thread_main, name="poimen-sqlite-writer", daemon=True
-            )
-            self._thread.start()
-
-    def _kick(self) -> None:
-        if self._thread is not None:
-            with contextlib.suppress(RuntimeError):  # released already: it wakes all the same
-                self._go.release()
-
-    def _thread_main(self) -> None:
-        while True:
-            self._go.acquire()
-            with self._lock:
-                leads, self._thread_leads = self._thread_leads, False
-                if not leads and self._stopped and self._holder is None:
-                    self._thread_gone = True
-                    return
-            if leads:
-                try:
-                    self._lead(_THREAD, alone=False)
-                except BaseException:  # the batch is settled and the role passed on: go on
-                    log.exception("SQLite writer thread: a batch failed")
-
-    def _lead(self, me: Any, *, alone: bool) -> None:
-        """Commit a batch as the role's holder `me`, then hand the role on. `alone`: only
-        `me`'s write, for the main thread, where an interrupt must reach no other caller."""
-        batch = [me]
-        if not alone:
-            with self._lock:
-                batch, self._queue = self._queue, []
-        try:
-            if me is _THREAD and self._stopped:  # queued async writes are refused on close
-                self._commit(self._refuse_async(batch))
-            else:
-                self._commit(batch)  # marks every op of the batch done, success or not
-        finally:
-            self._wake(batch, me)
-            with self._lock:
-                self._pass_role(me)
-
-    def _pass_role(self, holder: Any) -> None:
-        """Hand the leader's role on from `holder`, under `_lock`: a no-op unless `holder`
-        has it, so a caller interrupted midway may call it again. Each step sets the state
-        before it wakes anyone, so an interrupt in between leaves work `_abandon` redoes."""
-        if self._holder is not holder:
-            return
-        nxt = self._queue[0] if self._queue else None
-        if nxt is None:
-            if self._stopped:  # only `stop` waits for nobody to lead, and it stops first
-                self._kick()  # the writer thread exits once nobody leads
-                self._idle.notify_all()
-            self._holder = None
-        elif nxt.may_lead:
-            self._holder = nxt
-            self._wake_holder()
-        elif self._thread is None or self._thread_gone:
-            # Nobody can lead this write (its caller was interrupted mid-submit, or the
-            # store closed): it was never committed, so say so.
-            self._queue.remove(nxt)
-            nxt.error, nxt.done = StoreUnavailableError("the store is closed"), True
-            self._wake([nxt], None)
-            self._pass_role(holder)
-        else:
-            self._holder = _THREAD
-            self._thread_leads = True
-            self._wake_holder()
-
-    def _wake_holder(self) -> None:
-        """Wake the role's holder if it was handed the role and not yet woken (idempotent)."""
-        h = self._holder
-        if h is _THREAD:
-            if self._thread_leads:
-                self._kick()
-        elif h is not None and h.wake is not None and not h.woken:
-            with contextlib.suppress(RuntimeError):  # released by an interrupted try
-                h.wake.release()
-            h.woken = True
-
-    def _abandon(self, op: _Op[Any]) -> None:
-        """After an exception anywhere in `op`'s caller: drop its write if no leader took it
-        (then it is never committed), roll back a transaction it left open, and see the role
-        handed on. Repeated until done: a second interrupt must not leave half of it."""
-        for _ in range(8):
-            try:
-                with self._lock:
-                    if op in self._queue:
-                        self._queue.remove(op)
-                    if self._holder is op:
-                        with contextlib.suppress(sqlite3.Error):
-                            if self._conn.in_transaction:
-                                self._conn.execute("ROLLBACK")
-                        self._pass_role(op)
-                    self._wake_holder()
-                    self._pass_role(None)  # a role dropped between two holders
-                return
-            except BaseException:  # a second interrupt: the first is the one raised
-                continue
-
-    def _refuse_async(self, batch: list[_Op[Any]]) -> list[_Op[Any]]:
-        refused = [op for op in batch if op.future is not None]
-        err = StoreUnavailableError("the store is closed")
-        for op in refused:
-            op.error, op.done = err, True
-        return [op for op in batch if op.future is None]
-
-    @staticmethod
-    def _wake(batch: list[_Op[Any]], me: Any) -> None:
-        if len(batch) == 1 and batch[0] is me:  # a lone caller's own write (never a future's)
-            return
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Op[Any]]] = {}
-        for op in batch:
-            if op.future is not None:
-                by_loop.setdefault(op.future.get_loop(), []).append(op)
-            elif op is not me and op.wake is not None:
-                with contextlib.suppress(RuntimeError):  # its caller was interrupted
-                    op.wake.release()
-        for loop, ops in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
-                loop.call_soon_threadsafe(_resolve, ops)
-
-    def _commit(self, batch: list[_Op[Any]]) -> None:
-        """Write and commit `batch`. Each op ends with an error, or with a value only if its
-        write is committed, whatever stops the batch: what the connection says decides."""
-        conn = self._conn
-        committing = False
-        try:
-            if not batch:
-                return
-            conn.execute("BEGIN IMMEDIATE")
-            if len(batch) == 1:
-                op = batch[0]
-                try:
-                    op.value = op.fn(conn)
-                except BaseException as exc:
-                    op.error = exc
-            elif not _run_all(conn, batch):
-                # One op raised: undo the whole batch, then run it again with each op in its
-                # own savepoint, so one caller's failure does not sink the others. An op
-                # touches nothing but the connection, so running it twice is safe.
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                conn.execute("BEGIN IMMEDIATE")
-                for op in batch:
-                    op.value, op.error = None, None
-                    conn.execute("SAVEPOINT op")
-                    try:
-                        op.value = op.fn(conn)
-                        conn.execute("RELEASE op")
-                    except BaseException as exc:
-                        op.error = exc
-                        conn.execute("ROLLBACK TO op")
-                        conn.execute("RELEASE op")
-            if all(op.error is not None for op in batch):
-                conn.execute("ROLLBACK")
-            else:
-                committing = True
-                conn.execute("COMMIT")
-        except BaseException as exc:
-            # A transaction still open never committed; a COMMIT that ran and raised nothing
-            # did, whatever was interrupted after it.
-            committed = False
-            with contextlib.suppress(sqlite3.Error):  # a closed store: nothing is committed
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                else:
-                    committed = committing and not isinstance(exc, sqlite3.Error)
-            if not committed:
-                err = StoreError(f"commit failed: {exc!r}")
-                err.__cause__ = exc
-                for op in batch:
-                    if op.error is None:
-                        op.error, op.value = err, None
-            if not isinstance(exc, sqlite3.Error):
-                raise  # an interrupt: the leader's caller gets it
-        finally:
-            for op in batch:
-                op.done = True
-
-
-def _resolve(ops: list[_Op[Any]]) -> None:
-    for op in ops:
-        fut = op.future
-        if fut is None or fut.done():  # cancelled: the write stands all the same
-            continue
-        try:
-            if op.error is not None:
-                fut.set_exception(op.error)
-            else:
-                fut.set_result(op.value)
-        except (TypeError, RuntimeError) as exc:  # an error a future refuses: say so, go on
-            fut.set_exception(StoreError(f"write failed: {op.error!r} ({exc})"))
-
-
 def _set_wal(conn: sqlite3.Connection, *, within: float = 30.0) -> None:
     # Switching a new file to WAL takes an exclusive lock without calling the busy handler,
     # so processes opening one file at once get "database is locked": wait for each other.
@@ -393,41 +58,6 @@ def _set_wal(conn: sqlite3.Connection, *, within: float = 30.0) -> None:
             if "locked" not in str(exc) or time.monotonic() > end:
                 raise
             time.sleep(0.01)
-
-
-def _run_all(conn: sqlite3.Connection, batch: list[_Op[Any]]) -> bool:
-    """Run every op of a batch without savepoints (two statements per op saved, and ops
-    seldom fail): mergeable ops together, the rest one by one; False as soon as one raises.
-
-    Statements, not rows, are what a batch pays for: each one hands the GIL back and has to
-    win it again from the callers' threads."""
-    groups: dict[_Merge, list[_Op[Any]]] = {}
-    for op in batch:
-        op.value = _UNSETTLED
-        if op.merge is not None and _CAN_MERGE:
-            groups.setdefault(op.merge, []).append(op)
-    try:
-        for merge, ops in groups.items():
-            if len(ops) > 1:  # a lone op's own statements are quicker than a merged one
-                for i in range(0, len(ops), _MERGE_ROWS):
-                    merge(conn, ops[i : i + _MERGE_ROWS])
-        for op in batch:
-            if op.value is _UNSETTLED:
-                op.value = op.fn(conn)
-    except BaseException:
-        return False
-    return True
-
-
-class _Unsettled:
-    """The value of an op its merge left to its own `fn`."""
-
-
-_UNSETTLED: Any = _Unsettled()
-# A merged outcome is an UPDATE ... FROM, new in SQLite 3.33.
-_CAN_MERGE = sqlite3.sqlite_version_info >= (3, 33, 0)
-# 17 parameters per intent row, well inside SQLite's 32,766 variables per statement.
-_MERGE_ROWS = 500
 
 
 def _many(conn: sqlite3.Connection, template: str, rows: list[tuple[Any, ...]]) -> Any:
@@ -446,7 +76,7 @@ def _expect(cur: Any, rows: int) -> None:
         raise _MergeMismatch(f"a merged write changed {cur.rowcount} rows, not {rows}")
 
 
-def _merge_dispatches(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
+def _merge_dispatches(conn: sqlite3.Connection, ops: list[Op[Any]]) -> None:
     """First dispatch commits of many calls in two statements. A call id already in the log
     or twice in the batch is left to its op, which reads the recorded intent.
 
@@ -455,7 +85,7 @@ def _merge_dispatches(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
     win it back."""
     ds: list[NewDispatch] = [op.payload for op in ops]
     seen = {r[0] for r in _many(conn, _KNOWN_CALL_IDS, [(d.call_id,) for d in ds])}
-    new: list[tuple[_Op[Any], NewDispatch]] = []
+    new: list[tuple[Op[Any], NewDispatch]] = []
     for op, d in zip(ops, ds, strict=True):
         if d.call_id not in seen:
             seen.add(d.call_id)
@@ -467,7 +97,7 @@ def _merge_dispatches(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
         op.value = (_dispatched(d), True)
 
 
-def _merge_outcomes(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
+def _merge_outcomes(conn: sqlite3.Connection, ops: list[Op[Any]]) -> None:
     """Outcome commits of many calls in two statements (four if some intent's history is in
     the tables already), each on its attempt's fence. An outcome whose fence is stale (or
     whose intent is missing or settled) is left to its op, which keeps it as evidence; so is
@@ -476,7 +106,7 @@ def _merge_outcomes(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
     odd = _many(conn, _UNSETTLEABLE, [(o.intent_id, o.fence) for o in outs]).fetchall()
     stale = {r[0] for r in odd if r[1]}
     spilled = {r[0] for r in odd if not r[1]}  # settled as before version 7
-    done: list[tuple[_Op[Any], Outcome]] = []
+    done: list[tuple[Op[Any], Outcome]] = []
     for op, o in zip(ops, outs, strict=True):
         if o.intent_id not in stale:
             stale.add(o.intent_id)
@@ -492,12 +122,12 @@ def _merge_outcomes(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
         op.value = True
 
 
-def _merge_claims(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
+def _merge_claims(conn: sqlite3.Connection, ops: list[Op[Any]]) -> None:
     """Claims of many intents (a recovery pass drives a page side by side) in a few
     statements: read them, take those still on the claimed fence, spill the history of those
     whose history is in their row (store/_inline.py), open their attempts, write their
     events. The claimed intent is the row read, changed as the claim changed it."""
-    claims: dict[str, tuple[_Op[Any], _Claim]] = {}
+    claims: dict[str, tuple[Op[Any], _Claim]] = {}
     for op in ops:
         c: _Claim = op.payload
         claims.setdefault(c.intent_id, (op, c))  # one intent twice: the later op decides alone
@@ -505,7 +135,7 @@ def _merge_claims(conn: sqlite3.Connection, ops: list[_Op[Any]]) -> None:
         str(r[0]): (intent_from_row(r), bool(r[-1]))
         for r in _many(conn, _READ_INTENTS, [(i,) for i in claims])
     }
-    taken: list[tuple[_Op[Any], _Claim, Intent]] = []
+    taken: list[tuple[Op[Any], _Claim, Intent]] = []
     inline: list[Intent] = []
     for op, c in claims.values():
         it, in_row = found.get(c.intent_id, (None, False))
@@ -565,8 +195,6 @@ class _Claim(NamedTuple):
     deadline_at: float | None
     now: float
 
-
-_Merge = Callable[[sqlite3.Connection, list[_Op[Any]]], None]
 
 _KNOWN_CALL_IDS = "SELECT call_id FROM intents WHERE call_id IN (VALUES {values})"
 _INSERT_INTENTS = (
@@ -674,7 +302,7 @@ class SqliteStore(SqlStore):
         self._readers = 0  # reader connections open, in use or idle
         self._max_readers = readers
         self._readonly = readonly
-        self._writer = None if readonly else _GroupCommit(self._connect(writer=True))
+        self._writer = None if readonly else GroupCommit(self._connect(writer=True))
         self._writer_lock = threading.Lock()
         self._forked = False
         if migrate and not readonly:
@@ -907,7 +535,7 @@ class SqliteStore(SqlStore):
         fn = self._outcome_op(o)
         return lambda conn: fn(conn, False)
 
-    def _writer_open(self) -> _GroupCommit:
+    def _writer_open(self) -> GroupCommit:
         if self._closed:
             raise StoreUnavailableError("the store is closed")
         if self._readonly:
@@ -917,7 +545,7 @@ class SqliteStore(SqlStore):
         if self._forked:
             with self._writer_lock:
                 if self._forked:
-                    self._writer = _GroupCommit(self._connect(writer=True))
+                    self._writer = GroupCommit(self._connect(writer=True))
                     self._forked = False
         assert self._writer is not None
         return self._writer
