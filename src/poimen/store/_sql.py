@@ -56,6 +56,8 @@ S = IntentState
 #: The reason of an intent an operator moved from DISPATCHED to INDETERMINATE.
 ABANDONED = "abandoned_by_operator"
 OUTCOMES = {S.COMPLETED: "completed", S.FAILED: "failed"}
+#: The lease a takeover leaves (`SqlStore.seize`): run out since the epoch, by every clock.
+SEIZED = 0.0
 
 
 class Result(Protocol):
@@ -161,6 +163,18 @@ class Sql:
             f"UPDATE intents SET lease_expires_at = {g}(COALESCE(lease_expires_at, ?), ?) "
             "WHERE owner_id = ? AND state = 'DISPATCHED' AND next_check_at IS NULL "
             "AND lease_expires_at > ? AND id IN "
+        )
+        # A takeover's first write: only on the lease it judged run out, so a renewal that
+        # applied since wins; the lease left has run out for good, so none applies after.
+        same = "IS" if placeholder == "?" else "IS NOT DISTINCT FROM"
+        self.seize = q(
+            f"UPDATE intents SET lease_expires_at = {SEIZED!r} "
+            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED' "
+            f"AND lease_expires_at {same} ?"
+        )
+        self.seized = q(
+            "SELECT 1 FROM intents WHERE id = ? AND fence = ? AND state = 'DISPATCHED' "
+            f"AND lease_expires_at = {SEIZED!r}"
         )
         self.landed = q(
             "UPDATE intents SET state = 'COMPLETED', result = ?, reason = 'landed_by_lookup', "
@@ -661,6 +675,18 @@ class SqlStore(Retention):
             return True
 
         return self._tx("complete_landed", op)
+
+    def seize(self, intent_id: str, fence: int, judged_lease: float | None) -> bool:
+        # The lease is no part of the history an inline row stands for: nothing to spill.
+        def op(ex: Executor, retrying: bool) -> bool:
+            cur = ex.execute(self._sql.seize, (intent_id, fence, judged_lease))
+            if cur.rowcount == 0:
+                # Our own earlier try, whose answer was lost, may have seized it.
+                got = ex.execute(self._sql.seized, (intent_id, fence)).fetchone()
+                return retrying and got is not None
+            return True
+
+        return self._tx("seize", op)
 
     def mark_indeterminate(
         self, intent_id: str, fence: int, reason: str, note: NewNotification, now: float
