@@ -208,6 +208,12 @@ class ObservedStore:
             self._fenced(intent_id, fence, "defer")
         return ok
 
+    def seize(self, intent_id: str, fence: int, judged_lease: float | None) -> bool:
+        ok = self._inner.seize(intent_id, fence, judged_lease)
+        if not ok:
+            self._fenced(intent_id, fence, "seize")
+        return ok
+
     def renew_leases(
         self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float, now: float
     ) -> int:
@@ -355,6 +361,7 @@ OBSERVED_WRITES = frozenset(
         "mark_indeterminate",
         "defer",
         "renew_leases",
+        "seize",
         "resolve",
         "abandon",
         "record_awaiting",

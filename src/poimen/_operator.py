@@ -52,7 +52,7 @@ from poimen._present import (
 from poimen.call_ids import original_of
 from poimen.errors import IntentNotFoundError
 from poimen.store._base import Store
-from poimen.store._sql import ABANDONED
+from poimen.store._statements import ABANDONED
 
 S = IntentState
 

@@ -259,12 +259,18 @@ def existing_steps(
 
 
 def orphan_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outcome | None]:
-    """Settle an unfinished intent found claimable; None if this kernel drives it already."""
+    """Settle an unfinished intent found claimable; None if it is not taken over: this
+    kernel drives it already, or a write since it was read (its owner's renewal) came first."""
     if not e.holds.take(intent.id):
         return None
-    if e.observer is not None:
-        e.observer.takeover(intent)
     try:
+        # On the lease as judged: a renewal sent before the judgement and applied after
+        # would otherwise hand the call to two live drivers.
+        seized = yield Block(e.store.seize, (intent.id, intent.fence, intent.lease_expires_at))
+        if not seized:
+            return None
+        if e.observer is not None:
+            e.observer.takeover(intent)
         later = takeover_deadline(intent, e.store.now(), e.deadline_margin)
         if later is not None and isinstance(t.registration.effects, Queryable):
             # Its owner stopped mid-attempt: what it sent until now may still land.

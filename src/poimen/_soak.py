@@ -47,8 +47,8 @@ from poimen._effects import Idempotent, KeyDerivation, Queryable, ReadOnly, Unsa
 from poimen._faults import Faults
 from poimen._intents import Intent
 from poimen._kernel import Kernel
-from poimen._protocol import Holds
 from poimen._provider import ProviderProcess
+from poimen._steps import Holds
 from poimen._tools import Caps
 
 __all__ = ["SoakConfig", "run_soak"]

@@ -316,6 +316,35 @@ def test_a_lease_that_has_run_out_is_never_renewed(store: Store) -> None:
     assert store.renew_leases("worker-a", [iid], lease + 60, lease - 0.1) == 1
 
 
+def test_a_takeover_seizes_only_the_lease_it_judged(store: Store) -> None:
+    # The recoverer judged the lease run out; the owner's renewal, sent by its clock before
+    # that, applied in between: the seize on the judged lease must lose to it.
+    iid = dispatch(store, lease=0.5)
+    judged = store.get_intent(iid).lease_expires_at  # type: ignore[union-attr]
+    assert judged is not None
+    assert store.renew_leases("worker-a", [iid], judged + 60, judged - 0.1) == 1
+    assert not store.seize(iid, 1, judged)
+    assert store.get_intent(iid).lease_expires_at == judged + 60  # type: ignore[union-attr]
+
+    # A seize that wins leaves a lease no renewal brings back, whatever its clock.
+    other = dispatch(store, lease=0.5)
+    before = store.get_intent(other)
+    assert before is not None and before.lease_expires_at is not None
+    history = (store.attempts(other), store.events(other))
+    assert not store.seize(other, 2, before.lease_expires_at)  # another fence
+    assert store.seize(other, 1, before.lease_expires_at)
+    after = store.get_intent(other)
+    assert after is not None and after.lease_expires_at is not None
+    assert after.lease_expires_at <= before.lease_expires_at - 0.5
+    assert after.fence == 1 and after.owner == before.owner
+    assert (store.attempts(other), store.events(other)) == history  # no history of its own
+    assert store.renew_leases("worker-a", [other], store.now() + 60, 0.0) == 0
+    assert not store.seize(other, 1, before.lease_expires_at)  # judged on a stale read
+    # A later recoverer judges the seized lease, as a crashed one left it, and takes it.
+    assert store.seize(other, 1, after.lease_expires_at)
+    assert claim(store, other, 1, new_attempt=False) is not None
+
+
 def test_defer_sets_next_check_and_lease_together(store: Store) -> None:
     iid = dispatch(store, effect="queryable")
     at = store.now() + 7.5

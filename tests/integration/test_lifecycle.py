@@ -44,6 +44,7 @@ from poimen import (
 )
 from poimen._intents import Intent, Owner
 from poimen._keys import args_digest, canonical
+from poimen._recovery import drive_orphan
 from poimen.errors import PoimenError
 from poimen.store._base import NewDispatch
 from poimen.testing import ProviderClient, ProviderProcess, provider_lookup
@@ -414,6 +415,48 @@ def test_renewal_never_shortens_a_long_tools_lease(store_url: str) -> None:
         finally:
             gate.set()
             th.join(30)
+
+
+def test_a_renewal_applied_after_a_recoverer_judged_the_lease_run_out_keeps_its_call(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    # The trace of docs/verification.md, finding 5, in its order: the owner reads its clock,
+    # its lease runs out, a recoverer reads the row and judges it claimable, the owner's
+    # renewal applies (by its clock, the lease had not run out), the recoverer takes over.
+    owner = Owner("w-a", "host-a", 1, "1")
+    with Kernel(store_url, host="host-b", notifiers=[]) as b:
+        runs: list[int] = []
+
+        @b.tool(id="pay", effects=Unsafe(), caps=Caps(), timeout=2)
+        def pay(ctx: ToolContext) -> None:
+            runs.append(ctx.attempt)
+
+        owners_clock = b.store.now()
+        text = canonical({})
+        it, created = b.store.record_dispatch(NewDispatch(
+            intent_id="in_c1", call_id="c1", tool_id="pay", effect="unsafe", args=text,
+            args_hash=args_digest(text), key=None, request_id=None, owner=owner,
+            lease_expires_at=owners_clock + 0.3, timeout_s=2, deadline_at=owners_clock + 3,
+            now=owners_clock,
+        ))
+        assert created and it.lease_expires_at is not None
+        lease = it.lease_expires_at
+        wait_for(lambda: b.store.now() > lease, "the owner's lease to run out")
+        read_at = b.store.now()
+        judged = intent_of(b, "c1")
+        assert b._engine.claimable(judged, read_at) == "claimable"
+        assert b.store.renew_leases("w-a", [it.id], owners_clock + 30, owners_clock) == 1
+
+        out = drive_orphan(b._engine, b._engine.tools["pay"], judged)
+        # The owner goes on with its call: it invokes the tool and records the outcome.
+        httpx.post(f"{provider.url}/plain", json={"n": 1}, timeout=10)
+        recorded = b.store.record_outcome(
+            it.id, 1, S.COMPLETED, result=None, error=None, now=b.store.now()
+        )
+        assert isinstance(out, Pending) and runs == []
+        assert recorded and intent_of(b, "c1").state == S.COMPLETED
+        assert intent_of(b, "c1").owner == owner and b.store.notifications() == []
+        assert ledger.count(kind="plain") == 1
 
 
 # 4. A Queryable deadline counts from when the attempt starts.

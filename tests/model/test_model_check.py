@@ -38,7 +38,7 @@ def test_the_rules_under_check_are_the_projects_own() -> None:
     assert r.attempt_deadline is _decide.attempt_deadline
     assert r.failure_is_final is _decide.failure_is_final
     assert r.lookup_judged_as_asked and r.clock_before_read
-    assert r.renewal_never_revives and r.defer_keeps_deadline
+    assert r.renewal_never_revives and r.defer_keeps_deadline and r.takeover_seizes
 
 
 # The protocol as built holds every property.
@@ -69,18 +69,10 @@ def test_queryable_holds_every_property() -> None:
     _holds(explore(dataclasses.replace(QUERYABLE, crashes=False)), 100_000)
 
 
-# What the check finds in the protocol as built (docs/verification.md, finding 5): kept as a
-# strict expected failure until the protocol changes; then the marker must go.
+# Finding 5's configuration: a renewal applied up to a commit's time after its clock was read.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 5: renew_leases judges whether a lease has run out by the renewer's "
-    "clock, read before its write applies (SQLite's writer queue, PostgreSQL's retries): "
-    "sent just before the lease runs out and applied just after, it revives the lease of an "
-    "owner a recoverer has judged gone and is taking over, on the fence alone",
-)
+@pytest.mark.timeout(600)
 def test_a_slow_renewal_never_revives_a_lease_a_recoverer_judged_run_out() -> None:
     _holds(explore(Config(workers=2, intents=("unsafe",), slow_renewals=True)), 1000)
 
@@ -172,6 +164,11 @@ def test_a_broken_rule_is_caught_with_a_trace(cfg: Config, rules: Rules, expecte
         ),
         ("renewal-revives", Config(workers=2, intents=("unsafe",)), "renewed since"),
         ("defer-drops-deadline", QUERYABLE, "landed 2 times"),
+        (
+            "takeover-fence-only",
+            Config(workers=2, intents=("unsafe",), slow_renewals=True),
+            "renewed since",
+        ),
     ],
 )
 def test_a_findings_old_rule_is_caught_again(old_rule: str, cfg: Config, expected: str) -> None:
@@ -188,8 +185,8 @@ NOT_LANDED_READ_EARLY = [
 ]  # fmt: skip
 TAKEOVER_DEADLINE_FORGOTTEN = [
     "call", "commit:dispatch", "stamp", "tick", "tick", "invoke", "tick", "tick", "crash",
-    "recover", "take", "decide", "tick", "lookup_answer:unknown", "decide", "commit:defer",
-    "recover", "take", "decide", "lookup_read", "lookup_answer:notlanded", "decide",
+    "recover", "commit:seize", "take", "decide", "tick", "lookup_answer:unknown", "decide",
+    "commit:defer", "recover", "commit:seize", "take", "decide", "lookup_read", "lookup_answer:notlanded", "decide",
     "retry:claim", "commit:claim", "stamp", "invoke", "arrive:landed", "pool:landed",
 ]  # fmt: skip
 

@@ -158,6 +158,27 @@ class Protocol:
         """attempt_deadline as a time relative to now."""
         return self.rules.attempt_deadline(BASE + start, self.T, margin) - BASE
 
+    def taking(self, th: Thread, r: Row) -> Thread:
+        """A run that judged row `r` claimable: it takes it over, after its seize commit
+        (compared with the lease it judged) when the rule has one."""
+        nxt = th._replace(pc="take", snap=r, owns=False, got="unasked", op=None)
+        # A stale read judged late (`existing`) compares its lease as of its clock: a seize
+        # after ticks since then loses, as if a write came first (fewer takeovers, not more).
+        if self.rules.takeover_seizes:
+            return nxt._replace(op=Commit("seize", 0, r.fence, r.lease))
+        return nxt
+
+    def tick_lease(self, x: float | None) -> float | None:
+        """One tick for a lease as the log keeps it: with slow renewals, how long ago it ran
+        out is kept up to a commit's time (`Model._tick`)."""
+        if x is None or x > 0 or not self.cfg.slow_renewals:
+            return earlier(x)
+        return max(x - 1, -float(self.cfg.commit_delay))
+
+    def seized(self) -> float:
+        """The lease a seize leaves: run out as long ago as the log tells apart."""
+        return -float(self.cfg.commit_delay) if self.cfg.slow_renewals else 0.0
+
     # A run's state, kept small.
 
     def asks(self, th: Thread) -> bool:
@@ -217,7 +238,9 @@ class Protocol:
             b = op.b
             if b is not None:
                 b = max(b - 1, self.clip_stamp) if op.name == "extend" else earlier(b)
-            op = Commit(op.name, op.age + 1, op.fence, earlier(op.a), b, op.n, op.text)
+            # A seize compares the lease it judged with the log's: both tick alike.
+            a = self.tick_lease(op.a) if op.name == "seize" else earlier(op.a)
+            op = Commit(op.name, op.age + 1, op.fence, a, b, op.n, op.text)
         elif isinstance(op, Req):
             if op.latest:
                 op = Req(op.status, op.latest - 1)
@@ -293,8 +316,7 @@ class Protocol:
         if pc == "existing":
             # A row read a while ago, judged now: as built, against a clock read before it.
             if r.st == S.DISPATCHED and self.claimable(w, i, r) == "claimable":
-                nxt = th._replace(pc="take", got="unasked")
-                yield self._edge(s, w, i, nxt, ("existing", w, i, "claimable"))
+                yield self._edge(s, w, i, self.taking(th, r), ("existing", w, i, "claimable"))
             else:
                 yield self._edge(s, w, i, None, ("existing", w, i, "answered"))
         elif pc == "take":
@@ -487,10 +509,17 @@ class Protocol:
             if self.cfg.stale_reads:
                 return s, th._replace(pc="existing", snap=r, owns=False, op=None), None
             if r.st == S.DISPATCHED and self.claimable(w, i, r) == "claimable":
-                return s, th._replace(pc="take", snap=r, owns=False, op=None), None
+                return s, self.taking(th, r), None
             return s, None, None
         if r is None or r.fence != op.fence or r.st != S.DISPATCHED:
             return s, None, None  # fenced out: the run answers from the log
+        if name == "seize":
+            if r.lease != op.a:
+                return s, None, None  # a renewal came first: not taken over this time
+            # Its first write: a live owner it seizes from must be one whose lease ran out.
+            ghost, violation = self._takeover(s, w, i, r, th)
+            t = State(put(s.log, i, r._replace(lease=self.seized())), s.pool, s.thr, ghost)
+            return self.lapse(t), th._replace(op=None), violation
         ghost, violation = s.ghost, None
         if name in ("claim", "landed", "defer", "indet"):
             ghost, violation = self._takeover(s, w, i, r, th)

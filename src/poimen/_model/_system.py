@@ -189,7 +189,7 @@ class Model(Protocol):
             th = Thread("existing", r, False, 0.0, 0, 0, 0, "unasked", None)
             yield Edge(("read", w, i, owner_text(r.ow)), self.set_thread(s, w, i, th), False, None)
         elif self.claimable(w, i, r) == "claimable":
-            th = Thread("take", r, False, 0.0, 0, 0, 0, "unasked", None)
+            th = self.taking(Thread("take", r, False, 0.0, 0, 0, 0, "unasked", None), r)
             label = ("recover", w, i, owner_text(r.ow))
             yield Edge(label, self.set_thread(s, w, i, th), False, None)
 

@@ -107,15 +107,20 @@ class Rules:
     renewal_never_revives: bool = True
     # defer writes the deadline its decision relied on, a takeover's included (finding 4).
     defer_keeps_deadline: bool = True
+    # A takeover's first write seizes the lease it judged, so a renewal applied since wins
+    # and none applies after (finding 5).
+    takeover_seizes: bool = True
 
 
 # What each finding's fix was, put back: the command line's --old-rule.
 OLD_RULES: dict[str, dict[str, Any]] = {
     "lookup-judged-when-answered": {"lookup_judged_as_asked": False},
     "refusal-always-final": {"failure_is_final": lambda current, intent: True},
-    "clock-after-read": {"clock_before_read": False},
+    # Before finding 5's fix a takeover's seize would also have caught a stale row.
+    "clock-after-read": {"clock_before_read": False, "takeover_seizes": False},
     "renewal-revives": {"renewal_never_revives": False},
     "defer-drops-deadline": {"defer_keeps_deadline": False},
+    "takeover-fence-only": {"takeover_seizes": False},
 }
 
 

@@ -120,6 +120,12 @@ class Store(Protocol):
         now: float,
         deadline_at: float | None = None,
     ) -> bool: ...
+    def seize(self, intent_id: str, fence: int, judged_lease: float | None) -> bool:
+        """A takeover's first write: run the lease out for good, if it is still the one the
+        takeover judged (`judged_lease`, as read) on this fence; False if a renewal or another
+        write came first, and the intent is not to be taken over now."""
+        ...
+
     def renew_leases(
         self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float, now: float
     ) -> int: ...

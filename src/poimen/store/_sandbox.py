@@ -14,7 +14,8 @@ from typing import Any, Literal
 from poimen._intents import Intent
 from poimen.errors import CorruptRowError, StoreError
 from poimen.store._base import INTENT_COLUMNS, Store, intent_from_row
-from poimen.store._sql import Executor, SqlStore
+from poimen.store._sql import SqlStore
+from poimen.store._statements import Executor
 
 #: The schema version that has ``sandbox_calls``; an older log has no sandbox records.
 SANDBOX_VERSION = 5

@@ -1,12 +1,15 @@
-"""What the SQLite and PostgreSQL stores share: their statements, written once with ``?``
-placeholders and translated per dialect at import, and every method whose SQL and logic are
-the same on both. A backend supplies `_read`, `_tx` (its transaction and, for PostgreSQL,
-its retries) and the methods that really differ."""
+"""What the SQLite and PostgreSQL stores share: every method whose SQL and logic are the same
+on both, over the statements of `_statements`. A backend supplies `_read`, `_tx` (its
+transaction and, for PostgreSQL, its retries) and the methods that really differ.
+
+Over 600 lines: `SqlStore` is one class, the store's shared half, and each of its methods is
+one transaction a reader wants to see whole.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from poimen._intents import (
     Attempt,
@@ -24,13 +27,10 @@ from poimen.errors import (
     NotAwaitingApprovalError,
     NotDispatchedError,
     NotIndeterminateError,
-    SchemaTooNewError,
 )
 from poimen.store._base import (
-    ATTEMPT_COLUMNS,
     DELIVERY_COLUMNS,
     DENIAL_COLUMNS,
-    EVENT_COLUMNS,
     INTENT_COLUMNS,
     NOTIFICATION_COLUMNS,
     NewDispatch,
@@ -44,361 +44,24 @@ from poimen.store._base import (
 )
 from poimen.store._inline import (
     attempt_row,
-    detail_json,
     event_row,
     inline_attempt,
     inline_events,
 )
 from poimen.store._retention import Retention
+from poimen.store._statements import (
+    OUTCOMES,
+    Executor,
+    Outcome,
+    Sql,
+    _where,
+    claim_event_params,
+    event_params,
+    retry_attempt_params,
+)
 
 T = TypeVar("T")
 S = IntentState
-#: The reason of an intent an operator moved from DISPATCHED to INDETERMINATE.
-ABANDONED = "abandoned_by_operator"
-OUTCOMES = {S.COMPLETED: "completed", S.FAILED: "failed"}
-
-
-class Result(Protocol):
-    """What `Executor.execute` returns: a sqlite3 or psycopg cursor."""
-
-    @property
-    def rowcount(self) -> int: ...
-    def fetchone(self) -> Any: ...
-
-
-class Executor(Protocol):
-    """What one transaction's statements run on: a sqlite3.Connection or a psycopg cursor."""
-
-    def execute(self, sql: str, params: Sequence[Any], /) -> Result: ...
-
-
-class Sql:
-    """The statements both dialects share, with `placeholder` for each ``?``."""
-
-    def __init__(self, placeholder: str, greatest: str, lock: str = "") -> None:
-        def q(sql: str) -> str:
-            return sql.replace("?", placeholder)
-
-        self.p = placeholder
-        g = greatest  # the larger of two values: MAX(a, b) in SQLite, GREATEST in PostgreSQL
-        # `lock` takes a row for the rest of a write transaction (FOR UPDATE in PostgreSQL;
-        # SQLite's one writer needs nothing): two spills of one intent at once would write
-        # its attempt 1 twice.
-        # Reads.
-        self.intent_by_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?")
-        self.intent_by_call_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = ?")
-        self.unfinished = q(
-            f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = 'DISPATCHED' AND id > ? "
-            "ORDER BY id LIMIT ?"
-        )
-        self.attempts = q(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE intent_id = ? ORDER BY number"
-        )
-        self.events = q(f"SELECT {EVENT_COLUMNS} FROM events WHERE intent_id = ? ORDER BY id")
-        self.counts = "SELECT tool_id, state, COUNT(*) FROM intents GROUP BY tool_id, state"
-        self.due_notifications = q(
-            f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE delivered_at IS NULL "
-            "AND next_attempt_at <= ? ORDER BY next_attempt_at, id LIMIT ?"
-        )
-        self.notifications = f"SELECT {NOTIFICATION_COLUMNS} FROM outbox ORDER BY id"
-        self.notifications_of = q(
-            f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE intent_id = ? ORDER BY id"
-        )
-        self.attempt_outcome = q("SELECT outcome FROM attempts WHERE intent_id = ? AND fence = ?")
-        self.note_by_delivery = q("SELECT intent_id, created_at FROM outbox WHERE delivery_id = ?")
-        # Writes.
-        self.insert_intent = q(
-            "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
-            "request_id, state, fence, owner_id, owner_host, owner_pid, owner_start, "
-            "lease_expires_at, timeout_s, deadline_at, next_check_at, unknown_count, "
-            "attempts, created_at, updated_at, inline_history) VALUES "
-            "(?,?,?,?,?,?,?,?,'DISPATCHED',1,?,?,?,?,?,?,?,NULL,0,1,?,?,1) "
-            "ON CONFLICT (call_id) DO NOTHING"
-        )
-        # The happy path's history in the row (store/_inline.py): read, and spilled into
-        # the history tables by the first write that deviates from that path.
-        self.inline_intent = q(
-            f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ? AND inline_history = 1"
-        )
-        self.spill_intent = self.inline_intent + lock
-        self.spilled = q("UPDATE intents SET inline_history = 0 WHERE id = ?")
-        self.insert_spilled_attempt = q(
-            "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
-            "owner_pid, owner_start, started_at, ended_at, outcome, result, error) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
-        )
-        self.insert_attempt = q(
-            "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "
-            "owner_pid, owner_start, started_at) VALUES (?,?,?,?,?,?,?,?)"
-        )
-        self.settle = q(
-            "UPDATE intents SET state = ?, result = ?, error = ?, lease_expires_at = NULL, "
-            "next_check_at = NULL, updated_at = ? "
-            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
-        )
-        # The happy path's second commit: this row is the whole write.
-        self.settle_inline = self.settle + " AND inline_history = 1"
-        self.end_attempt = q(
-            "UPDATE attempts SET ended_at = ?, outcome = ?, result = ?, error = ? "
-            "WHERE intent_id = ? AND fence = ?"
-        )
-        self.late_outcome = q(
-            "UPDATE attempts SET late_outcome = ?, late_result = ? "
-            "WHERE intent_id = ? AND fence = ?"
-        )
-        self.unknown = q(
-            "UPDATE attempts SET ended_at = ?, outcome = 'unknown', error = ? "
-            "WHERE intent_id = ? AND fence = ? AND outcome IS NULL"
-        )
-        # Deadlines and leases only ever move later: a slower path never shortens them.
-        self.extend_deadline = q(
-            f"UPDATE intents SET deadline_at = {g}(COALESCE(deadline_at, ?), ?), updated_at = ? "
-            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
-        )
-        # A lease that has run out is never renewed: its owner counts as gone from then on,
-        # and another worker may already be deciding on it.
-        self.renew = q(
-            f"UPDATE intents SET lease_expires_at = {g}(COALESCE(lease_expires_at, ?), ?) "
-            "WHERE owner_id = ? AND state = 'DISPATCHED' AND next_check_at IS NULL "
-            "AND lease_expires_at > ? AND id IN "
-        )
-        self.landed = q(
-            "UPDATE intents SET state = 'COMPLETED', result = ?, reason = 'landed_by_lookup', "
-            "lease_expires_at = NULL, next_check_at = NULL, updated_at = ? "
-            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
-        )
-        self.indeterminate = q(
-            "UPDATE intents SET state = 'INDETERMINATE', reason = ?, lease_expires_at = NULL, "
-            "next_check_at = NULL, updated_at = ? "
-            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
-        )
-        self.defer = q(
-            "UPDATE intents SET next_check_at = ?, lease_expires_at = ?, unknown_count = ?, "
-            # NULL leaves the deadline as it is (SQLite's MAX is NULL then, PostgreSQL's
-            # GREATEST the other value: COALESCE makes both mean the same).
-            f"reason = ?, updated_at = ?, deadline_at = COALESCE({g}(deadline_at, ?), "
-            "deadline_at, ?) "
-            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
-        )
-        self.resolve = q(
-            "UPDATE intents SET state = ?, result = ?, updated_at = ? "
-            "WHERE id = ? AND state = 'INDETERMINATE'"
-        )
-        # The fence moves on: a worker that comes back after all only adds late evidence.
-        self.abandon = q(
-            f"UPDATE intents SET state = 'INDETERMINATE', reason = '{ABANDONED}', "
-            "fence = fence + 1, lease_expires_at = NULL, next_check_at = NULL, updated_at = ? "
-            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
-        )
-        # Approval: a call recorded before anything is dispatched, decided by an operator.
-        self.insert_awaiting = q(
-            "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
-            "request_id, state, fence, timeout_s, deadline_at, next_check_at, unknown_count, "
-            "attempts, created_at, updated_at) VALUES "
-            "(?,?,?,?,?,?,?,?,'AWAITING_APPROVAL',1,?,NULL,?,0,0,?,?) "
-            "ON CONFLICT (call_id) DO NOTHING"
-        )
-        self.approve = q(
-            "UPDATE intents SET state = 'DISPATCHED', fence = fence + 1, next_check_at = NULL, "
-            "reason = 'approved', updated_at = ? "
-            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'"
-        )
-        self.refuse = q(
-            "UPDATE intents SET state = 'FAILED', fence = fence + 1, next_check_at = NULL, "
-            "error = ?, reason = ?, updated_at = ? "
-            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'"
-        )
-        self.expired_approvals = q(
-            f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = 'AWAITING_APPROVAL' "
-            "AND next_check_at <= ? ORDER BY id LIMIT ?"
-        )
-        self.insert_event = q(
-            "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
-            "VALUES (?,?,?,?,?,?,?)"
-        )
-        self.same_event = q(
-            "SELECT 1 FROM events WHERE intent_id = ? AND kind = ? AND actor = ? AND detail = ?"
-        )
-        self.insert_note = q(
-            "INSERT INTO outbox (delivery_id, intent_id, kind, payload, created_at, "
-            "next_attempt_at) VALUES (?,?,?,?,?,?) ON CONFLICT (delivery_id) DO NOTHING"
-        )
-        self.insert_delivery = q(
-            "INSERT INTO deliveries (notification_id, notifier, next_attempt_at) "
-            "SELECT id, ?, ? FROM outbox WHERE delivery_id = ? "
-            "ON CONFLICT (notification_id, notifier) DO NOTHING"
-        )
-        self.deliveries_of = q(
-            f"SELECT {', '.join('d.' + c for c in DELIVERY_COLUMNS.split(', '))} "
-            "FROM deliveries d JOIN outbox o ON o.id = d.notification_id "
-            "WHERE o.intent_id = ? ORDER BY d.notification_id, d.notifier"
-        )
-        self.delivered = q(
-            "UPDATE deliveries SET delivered_at = ?, attempts = attempts + 1 "
-            "WHERE notification_id = ? AND notifier = ? AND delivered_at IS NULL"
-        )
-        # The outbox row keeps the totals, and is delivered once all its notifiers are.
-        self.note_tried = q("UPDATE outbox SET attempts = attempts + 1 WHERE id = ?")
-        self.note_delivered = q(
-            "UPDATE outbox SET delivered_at = ? WHERE id = ? AND delivered_at IS NULL "
-            "AND NOT EXISTS (SELECT 1 FROM deliveries WHERE notification_id = ? "
-            "AND delivered_at IS NULL)"
-        )
-        self.delivery_failed = q(
-            "UPDATE deliveries SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
-            "WHERE notification_id = ? AND notifier = ? AND delivered_at IS NULL"
-        )
-        self.note_failed = q(
-            "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
-            "WHERE id = ? AND delivered_at IS NULL"
-        )
-        self.insert_denial = q(
-            "INSERT INTO denials (at, tool_id, intent_id, attempt, action, target, reason) "
-            "VALUES (?,?,?,?,?,?,?)"
-        )
-
-
-def _where(p: str, conds: Sequence[tuple[str, Any]]) -> tuple[str, list[Any]]:
-    """``WHERE <cond> p AND ...`` over the conditions whose value is not None, in order."""
-    kept = [(cond, value) for cond, value in conds if value is not None]
-    if not kept:
-        return "", []
-    return "WHERE " + " AND ".join(f"{c} {p}" for c, _ in kept), [v for _, v in kept]
-
-
-def too_new(where: str, found: int, known: int) -> SchemaTooNewError:
-    return SchemaTooNewError(
-        f"the intent log at {where} has schema version {found}, newer than "
-        f"version {known} that this poimen knows; upgrade poimen",
-        found=found,
-        known=known,
-    )
-
-
-def event_params(
-    intent_id: str,
-    at: float,
-    kind: str,
-    src: IntentState | None,
-    dst: IntentState | None,
-    actor: str,
-    detail: dict[str, Any],
-) -> tuple[Any, ...]:
-    """The parameters of `Sql.insert_event`; None values are left out of the detail."""
-    return (
-        intent_id,
-        at,
-        kind,
-        None if src is None else src.value,
-        None if dst is None else dst.value,
-        actor,
-        detail_json(detail),
-    )
-
-
-class Outcome(NamedTuple):
-    """A definite outcome to write on an attempt's fence, and the parameters of its three
-    statements (settle, end_attempt, the event), in one place for every way of writing it."""
-
-    intent_id: str
-    fence: int
-    state: IntentState
-    result: str | None
-    error: str | None
-    now: float
-
-    def settle_params(self) -> tuple[Any, ...]:
-        return (self.state.value, self.result, self.error, self.now, self.intent_id, self.fence)
-
-    def end_attempt_params(self) -> tuple[Any, ...]:
-        o = self
-        return (o.now, OUTCOMES[o.state], o.result, o.error, o.intent_id, o.fence)
-
-    def event_params(self) -> tuple[Any, ...]:
-        return event_params(
-            self.intent_id,
-            self.now,
-            OUTCOMES[self.state],
-            S.DISPATCHED,
-            self.state,
-            "kernel",
-            {"fence": self.fence, "error": self.error},
-        )
-
-
-def dispatch_params(d: NewDispatch) -> tuple[Any, ...]:
-    """The parameters of `Sql.insert_intent`."""
-    o = d.owner
-    return (
-        d.intent_id,
-        d.call_id,
-        d.tool_id,
-        d.effect,
-        d.args,
-        d.args_hash,
-        d.key,
-        d.request_id,
-        o.worker_id,
-        o.host,
-        o.pid,
-        o.pid_start,
-        d.lease_expires_at,
-        d.timeout_s,
-        d.deadline_at,
-        d.now,
-        d.now,
-    )
-
-
-def retry_attempt_params(it: Intent, owner: Owner, now: float) -> tuple[Any, ...]:
-    """The parameters of `Sql.insert_attempt` for the attempt a claim opens; `it` is the row
-    after the claim."""
-    return (
-        it.id,
-        it.attempts,
-        it.fence,
-        owner.worker_id,
-        owner.host,
-        owner.pid,
-        owner.pid_start,
-        now,
-    )
-
-
-def claim_event_params(
-    it: Intent, owner: Owner, new_attempt: bool, now: float, nonce: str | None
-) -> tuple[Any, ...]:
-    return event_params(
-        it.id,
-        now,
-        "retry" if new_attempt else "claimed",
-        S.DISPATCHED,
-        S.DISPATCHED,
-        owner.worker_id,
-        {"fence": it.fence, "attempt": it.attempts if new_attempt else None, "claim": nonce},
-    )
-
-
-def claim_params(
-    owner: Owner,
-    lease_expires_at: float,
-    deadline_at: float | None,
-    new_attempt: bool,
-    now: float,
-    intent_id: str,
-) -> tuple[Any, ...]:
-    """The parameters of a claim's UPDATE, through ``WHERE id = ?``."""
-    return (
-        owner.worker_id,
-        owner.host,
-        owner.pid,
-        owner.pid_start,
-        lease_expires_at,
-        deadline_at,
-        1 if new_attempt else 0,
-        now,
-        intent_id,
-    )
 
 
 class SqlStore(Retention):
@@ -662,6 +325,18 @@ class SqlStore(Retention):
 
         return self._tx("complete_landed", op)
 
+    def seize(self, intent_id: str, fence: int, judged_lease: float | None) -> bool:
+        # The lease is no part of the history an inline row stands for: nothing to spill.
+        def op(ex: Executor, retrying: bool) -> bool:
+            cur = ex.execute(self._sql.seize, (intent_id, fence, judged_lease))
+            if cur.rowcount == 0:
+                # Our own earlier try, whose answer was lost, may have seized it.
+                got = ex.execute(self._sql.seized, (intent_id, fence)).fetchone()
+                return retrying and got is not None
+            return True
+
+        return self._tx("seize", op)
+
     def mark_indeterminate(
         self, intent_id: str, fence: int, reason: str, note: NewNotification, now: float
     ) -> bool:
@@ -698,13 +373,23 @@ class SqlStore(Retention):
     ) -> bool:
         """Ask again at `next_check_at`; `deadline_at` (only ever moved later) keeps a
         deadline this decision relied on, such as a takeover's, for whoever asks next."""
+
         def op(ex: Executor, _retrying: bool) -> bool:
             self._spill(ex, intent_id)
             # The lease ends when the next check is due, so any live recoverer may take it then.
             cur = ex.execute(
                 self._sql.defer,
-                (next_check_at, next_check_at, unknown_count, reason, now, deadline_at,
-                 deadline_at, intent_id, fence),
+                (
+                    next_check_at,
+                    next_check_at,
+                    unknown_count,
+                    reason,
+                    now,
+                    deadline_at,
+                    deadline_at,
+                    intent_id,
+                    fence,
+                ),
             )
             if cur.rowcount:
                 self._event(
@@ -787,8 +472,18 @@ class SqlStore(Retention):
             cur = ex.execute(
                 self._sql.insert_awaiting,
                 (
-                    d.intent_id, d.call_id, d.tool_id, d.effect, d.args, d.args_hash, d.key,
-                    d.request_id, d.timeout_s, expires_at, d.now, d.now,
+                    d.intent_id,
+                    d.call_id,
+                    d.tool_id,
+                    d.effect,
+                    d.args,
+                    d.args_hash,
+                    d.key,
+                    d.request_id,
+                    d.timeout_s,
+                    expires_at,
+                    d.now,
+                    d.now,
                 ),
             )
             if cur.rowcount == 0:
@@ -796,8 +491,14 @@ class SqlStore(Retention):
                 it = intent_from_row(row)
                 return it, retrying and it.id == d.intent_id
             self._event(
-                ex, d.intent_id, d.now, "awaiting_approval", None, S.AWAITING_APPROVAL,
-                d.owner.worker_id, {"expires_at": expires_at},
+                ex,
+                d.intent_id,
+                d.now,
+                "awaiting_approval",
+                None,
+                S.AWAITING_APPROVAL,
+                d.owner.worker_id,
+                {"expires_at": expires_at},
             )
             self._insert_note(ex, d.intent_id, note, d.now)
             made = self._intent_or_none(ex, d.intent_id)
@@ -837,10 +538,19 @@ class SqlStore(Retention):
                     cur = ex.execute(self._sql.refuse, (error, "rejected", now, intent_id, fence))
                 if cur.rowcount == 1:
                     self._event(
-                        ex, intent_id, now, "approved" if approve else "rejected",
-                        S.AWAITING_APPROVAL, target, operator,
-                        {**(context or {}), "operator": operator, "reason": reason,
-                         "fence": fence + 1},
+                        ex,
+                        intent_id,
+                        now,
+                        "approved" if approve else "rejected",
+                        S.AWAITING_APPROVAL,
+                        target,
+                        operator,
+                        {
+                            **(context or {}),
+                            "operator": operator,
+                            "reason": reason,
+                            "fence": fence + 1,
+                        },
                     )
                     done = self._intent_or_none(ex, intent_id)
                     assert done is not None
@@ -868,8 +578,14 @@ class SqlStore(Retention):
                 )
                 if cur.rowcount:
                     self._event(
-                        ex, it.id, now, "approval_expired", S.AWAITING_APPROVAL, S.FAILED,
-                        "kernel", {"fence": it.fence + 1},
+                        ex,
+                        it.id,
+                        now,
+                        "approval_expired",
+                        S.AWAITING_APPROVAL,
+                        S.FAILED,
+                        "kernel",
+                        {"fence": it.fence + 1},
                     )
                 return cur.rowcount == 1
 

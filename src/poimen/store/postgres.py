@@ -40,11 +40,11 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from poimen._intents import Denial, Intent, IntentState, Owner
 from poimen.errors import PoimenError, ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
-from poimen.store._sql import (
+from poimen.store._sql import SqlStore
+from poimen.store._statements import (
     Executor,
     Outcome,
     Sql,
-    SqlStore,
     claim_params,
     dispatch_params,
     too_new,

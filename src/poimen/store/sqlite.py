@@ -25,11 +25,11 @@ from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, mig
 from poimen.store._fs import refuse_network_fs
 from poimen.store._group_commit import GroupCommit, Op
 from poimen.store._inline import attempt_row, event_row, inline_attempt, inline_events
-from poimen.store._sql import (
+from poimen.store._sql import SqlStore
+from poimen.store._statements import (
     Executor,
     Outcome,
     Sql,
-    SqlStore,
     claim_event_params,
     claim_params,
     dispatch_params,
