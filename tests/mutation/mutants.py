@@ -25,6 +25,7 @@ CAP = "poimen/_capability.py"
 HANDLES = "poimen/_handles.py"
 GUARD = "poimen/_guard.py"
 SQL = "poimen/store/_statements.py"
+STORE = "poimen/store/_sql.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
 T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not postgres")
@@ -132,7 +133,7 @@ MUTANTS: list[Mutant] = [
            'f"UPDATE intents SET lease_expires_at = COALESCE(?, ?) "', T_STORE),
     # Both stores decide under a lock (SQLite's one writer, PostgreSQL's FOR UPDATE): the
     # UPDATE's own state test is a second guard, so the one that counts is the read's.
-    Mutant("resolve-two-winners", "an operator's decision has exactly one winner", SQL,
+    Mutant("resolve-two-winners", "an operator's decision has exactly one winner", STORE,
            "        if row[0] != S.INDETERMINATE:\n            raise NotIndeterminateError(",
            "        if False:\n            raise NotIndeterminateError(", T_STORE),
     # The fence alone, or the state alone, stops a second approval: the mutant drops both.
