@@ -37,8 +37,13 @@ print(start is not None, bool(me.pid_start), alive, other, _liveness.process_ali
 """
 
 
-def _can_unshare() -> bool:
-    return os.geteuid() == 0 and shutil.which("unshare") is not None and sys.platform == "linux"
+def _need_unshare(what: str) -> None:
+    """Skip loudly without root and unshare; in CI (POIMEN_REQUIRE_MOUNTS=1) fail instead."""
+    if os.geteuid() == 0 and shutil.which("unshare") is not None and sys.platform == "linux":
+        return
+    if os.environ.get("POIMEN_REQUIRE_MOUNTS") == "1":
+        pytest.fail(f"POIMEN_REQUIRE_MOUNTS=1 but this test {what}")
+    pytest.skip(what)
 
 
 def _run(cmd: list[str]) -> str:
@@ -48,8 +53,8 @@ def _run(cmd: list[str]) -> str:
     return out.stdout.strip()
 
 
-@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare to hide /proc")
 def test_a_live_process_is_seen_alive_on_a_host_without_proc(tmp_path: Path) -> None:
+    _need_unshare("needs root and unshare to hide /proc")
     # A mount namespace where /proc is an empty tmpfs: poimen finds no procfs, as on macOS.
     # psutil reads the real one, bound elsewhere, as it uses the system's own calls there.
     real = tmp_path / "realproc"
@@ -75,8 +80,8 @@ def test_a_live_process_is_seen_alive_with_proc() -> None:
     assert _run([sys.executable, "-c", _JUDGE]) == "True True True False False"
 
 
-@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare for a new pid namespace")
 def test_another_pid_namespace_is_another_host() -> None:
+    _need_unshare("needs root and unshare for a new pid namespace")
     inside = _run(
         [
             "unshare",
