@@ -44,6 +44,7 @@ from poimen.store._sql import SqlStore
 from poimen.store._statements import (
     Executor,
     Outcome,
+    Reader,
     Sql,
     claim_params,
     dispatch_params,
@@ -210,17 +211,25 @@ class PostgresStore(SqlStore):
                     self._forked = False
         return self._pool
 
-    def _run(self, what: str, fn: Callable[[Cursor, bool], T], *, transaction: bool = True) -> T:
+    def _run(
+        self,
+        what: str,
+        fn: Callable[[Cursor, bool], T],
+        *,
+        transaction: bool = True,
+        snapshot: bool = False,
+    ) -> T:
         """Run `fn` in one transaction; retry it while the database is unreachable.
 
         `fn(cur, retrying)` gets `retrying=True` on every try after a failed one, so it can
         recognise its own earlier commit whose answer the lost connection swallowed. With
         `transaction=False` statements run in autocommit: for reads, and for writes that bring
-        their own BEGIN and COMMIT (`_one_trip`).
+        their own BEGIN and COMMIT (`_one_trip`). `snapshot=True` reads in one read-only
+        transaction whose statements all see the log as of its first one.
         """
         if self._closed:
             raise StoreUnavailableError("the store is closed")
-        if self._readonly and (transaction or what in _ONE_TRIP_WRITES):
+        if self._readonly and not snapshot and (transaction or what in _ONE_TRIP_WRITES):
             raise ReadOnlyStoreError(
                 f"{what}: the intent log at {self._where} was opened read-only",
                 url=self._where,
@@ -233,8 +242,10 @@ class PostgresStore(SqlStore):
             wait = min(self._connect_timeout, max(0.05, deadline - time.monotonic()))
             try:
                 with self._connection(wait, direct=retrying) as conn:
-                    if transaction:
+                    if transaction or snapshot:
                         with conn.transaction(), conn.cursor() as cur:
+                            if snapshot:
+                                cur.execute(_SNAPSHOT)
                             return fn(cur, retrying)
                     with conn.cursor() as cur:
                         return fn(cur, retrying)
@@ -291,6 +302,12 @@ class PostgresStore(SqlStore):
             return cur.fetchall()
 
         return self._run("read", op, transaction=False)
+
+    def _snapshot(self, fn: Callable[[Reader], T]) -> T:
+        def op(cur: Cursor, _retrying: bool) -> T:
+            return fn(lambda sql, params=(): cur.execute(sql, params).fetchall())
+
+        return self._run("read", op, snapshot=True)
 
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
         return self._run(what, fn)
@@ -605,9 +622,15 @@ _EVENT = "%s, %s::float8, %s, %s, %s, %s, %s"  # the event's values, as `event_p
 # when the call id exists.
 _DISPATCH = f"{SQL.insert_intent} RETURNING {INTENT_COLUMNS}"
 # The compare-and-set on the fence; its attempt and event only if it matched an intent whose
-# history is in the tables already (written before version 7, or after a claim).
+# history is in the tables already (written before version 7, or after a claim). It matches
+# only where this statement's snapshot put the history: a spill (a deferral on the same fence)
+# that committed while the settle waited for the row wrote attempt 1 where this snapshot cannot
+# see it. The settle then matches nothing, and the shared write, each statement with a snapshot
+# of its own, settles it.
 _SETTLE = (
-    f"WITH s AS ({SQL.settle} RETURNING id, inline_history), "
+    f"WITH s AS ({SQL.settle} AND inline_history = "
+    "(SELECT h.inline_history FROM intents h WHERE h.id = intents.id) "
+    "RETURNING id, inline_history), "
     f"a AS ({SQL.end_attempt} AND EXISTS (SELECT FROM s WHERE inline_history = 0)), "
     f"e AS ({_INSERT_EVENT} SELECT {_EVENT} FROM s WHERE inline_history = 0) "
     "SELECT id FROM s"
@@ -625,6 +648,8 @@ def _prepared(name: str, sql: str) -> tuple[str, str]:
     )
 
 
+# Every statement of the transaction sees the snapshot its first one took.
+_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 _ONE_TRIP_WRITES = frozenset({"record_dispatch", "record_outcome"})
 _ONE_TRIP = {"dispatch": _prepared("dispatch", _DISPATCH), "settle": _prepared("settle", _SETTLE)}
 _RESOLVE = f"{SQL.resolve} RETURNING {INTENT_COLUMNS}"
