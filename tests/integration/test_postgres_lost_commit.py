@@ -1,8 +1,10 @@
-"""A COMMIT that reaches the server but whose answer never comes back (issue 4, faults).
+"""A COMMIT that reaches the server but whose answer never comes back (issue 4, faults), and one
+that never reaches it (issue 29, rule 7).
 
 A real TCP proxy sits between poimen and PostgreSQL; armed, it forwards one COMMIT and then cuts
 both sockets before the server's reply can pass. The retry must recognise the write that landed:
-never apply it twice, never mistake it for someone else's.
+never apply it twice, never mistake it for someone else's. Armed with `land=False`, it drops the
+COMMIT and the server's side, lets a rival act while poimen still waits, then cuts poimen's side.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import pytest
@@ -26,6 +28,11 @@ from poimen.testing import CHARGE, EMAIL, ProviderClient, register_test_tools
 pytestmark = pytest.mark.postgres
 
 
+class Cut(NamedTuple):
+    land: bool  # the COMMIT reaches the server, or never does
+    meanwhile: Callable[[], None]  # run once the server's side is gone, before poimen's goes
+
+
 class CommitCutter:
     """Forwards bytes both ways; `arm(skip)` lets `skip` COMMITs through, then cuts the next."""
 
@@ -35,12 +42,15 @@ class CommitCutter:
         self.port = self.listener.getsockname()[1]
         self._lock = threading.Lock()
         self._skip: int | None = None
+        self._cut = Cut(True, lambda: None)
         self.cuts = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def arm(self, skip: int = 0) -> None:
+    def arm(
+        self, skip: int = 0, *, land: bool = True, meanwhile: Callable[[], None] = lambda: None
+    ) -> None:
         with self._lock:
-            self._skip = skip
+            self._skip, self._cut = skip, Cut(land, meanwhile)
 
     def _accept(self) -> None:
         while True:
@@ -50,37 +60,54 @@ class CommitCutter:
                 return
             server = socket.create_connection(self.upstream)
             cut = threading.Event()  # set: nothing more passes from server to client
-            for args in ((client, server, cut, True), (server, client, cut, False)):
+            held = threading.Event()  # clear: poimen's side stays open for now
+            held.set()
+            for args in ((client, server, cut, held, True), (server, client, cut, held, False)):
                 threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _cut_here(self, chunk: bytes) -> bool:
+    def _cut_here(self, chunk: bytes) -> Cut | None:
         if b"COMMIT\x00" not in chunk:
-            return False
+            return None
         with self._lock:
             if self._skip is None:
-                return False
+                return None
             if self._skip > 0:
                 self._skip -= 1
-                return False
+                return None
             self._skip = None
             self.cuts += 1
-            return True
+            return self._cut
 
     def _pump(
-        self, src: socket.socket, dst: socket.socket, cut: threading.Event, from_client: bool
+        self,
+        src: socket.socket,
+        dst: socket.socket,
+        cut: threading.Event,
+        held: threading.Event,
+        from_client: bool,
     ) -> None:
         try:
             while chunk := src.recv(65536):
-                if from_client and self._cut_here(chunk):
+                plan = self._cut_here(chunk) if from_client else None
+                if plan is not None:
                     cut.set()
-                    dst.sendall(chunk)
-                    time.sleep(0.2)  # the server commits; its answer dies with the sockets
+                    if plan.land:
+                        dst.sendall(chunk)
+                        time.sleep(0.2)  # the server commits; its answer dies with the sockets
+                    else:  # the server never sees it, and rolls back once its side is gone
+                        held.clear()
+                        dst.shutdown(socket.SHUT_RDWR)
+                        try:
+                            plan.meanwhile()
+                        finally:
+                            held.set()
                     break
                 if cut.is_set():
                     break
                 dst.sendall(chunk)
         except OSError:
             pass
+        held.wait(120)
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
@@ -194,3 +221,59 @@ def test_lost_indeterminate_commit_notifies_once(
     assert report.indeterminate == 1, report
     assert [e.kind for e in kernel.store.events(iid)] == ["dispatched", "indeterminate"]
     assert len(kernel.store.notifications(iid)) == 1
+
+
+RIVALS = {
+    "another worker": Owner("rival", "host-r", 4242, "1"),
+    "another thread of this worker": None,  # the kernel's own owner
+}
+
+
+@pytest.mark.parametrize("rival", list(RIVALS))
+def test_a_claim_whose_commit_never_landed_is_not_taken_for_a_rivals(
+    cutter: tuple[CommitCutter, str],
+    kernel: Kernel,
+    ledger: ProviderClient,
+    postgres_url: str,
+    rival: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Our claim's COMMIT never reaches the server; a rival claims the intent at the next fence
+    before our retry looks. The retry finds a claim at `fence + 1`, but not its own: it reports
+    a lost race, and the call runs only for the rival (which, here, never runs it)."""
+    from poimen._effects import KeyDerivation
+
+    args = {"order_id": "o-rival", "amount_cents": 9}
+    key = KeyDerivation.fields("order_id", "amount_cents").derive(CHARGE, args)
+    iid = _orphan(kernel, CHARGE, '{"amount_cents":9,"order_id":"o-rival"}', key)
+    owner = RIVALS[rival] or kernel.owner
+    direct = PostgresStore(postgres_url)
+    claimed: list[Any] = []
+
+    def rival_claims() -> None:
+        # Once the server has rolled our claim back, its row is free to claim.
+        give_up = time.monotonic() + 60
+        while not claimed and time.monotonic() < give_up:
+            now = direct.now()
+            it = direct.claim(
+                iid, 1, owner, lease_expires_at=now + 600, new_attempt=True,
+                deadline_at=None, now=now,
+            )  # fmt: skip
+            if it is not None:
+                claimed.append(it)
+            time.sleep(0.01)
+
+    proxy, _ = cutter
+    proxy.arm(skip=1, land=False, meanwhile=rival_claims)  # the seize passes, the claim not
+    try:
+        report = kernel.recover()
+        assert proxy.cuts == 1 and len(claimed) == 1
+        # The claim's own try was the one cut, and its retry looked for it.
+        retried = [r.getMessage() for r in caplog.records if r.name == "poimen.store.postgres"]
+        assert [m.split(":")[0] for m in retried] == ["claim"], retried
+        assert (report.completed, report.lost_race) == (0, 1), report
+        it = direct.get_intent(iid)
+        assert it is not None and (it.state.value, it.fence, it.owner) == ("DISPATCHED", 2, owner)
+        assert ledger.count(kind="keyed", key=key) == 0  # the rival holds it and has not run it
+    finally:
+        direct.close()

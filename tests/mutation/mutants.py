@@ -26,6 +26,7 @@ HANDLES = "poimen/_handles.py"
 GUARD = "poimen/_guard.py"
 SQL = "poimen/store/_statements.py"
 STORE = "poimen/store/_sql.py"
+PG = "poimen/store/postgres.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
 T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not postgres")
@@ -159,6 +160,29 @@ MUTANTS: list[Mutant] = [
            'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED")',
            'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED", '
            '"DISPATCHED")', ("tests/integration/test_retention.py", "-k", "sqlite")),
+    # PostgreSQL's settle, the history readers, the server clock, lost claims.
+    Mutant("settle-stale-snapshot", "a settle ends the attempt a concurrent spill wrote", PG,
+           'f"WITH s AS ({SQL.settle} AND inline_history = "\n'
+           '    "(SELECT h.inline_history FROM intents h WHERE h.id = intents.id) "\n',
+           'f"WITH s AS ({SQL.settle} "\n',
+           ("tests/contract/test_spill_races.py", "-k", "settle")),
+    Mutant("history-read-unsnapshotted-sqlite", "a history is read in one snapshot",
+           "poimen/store/sqlite.py", '            conn.execute("BEGIN")\n', "",
+           ("tests/contract/test_spill_races.py", "-k", "history and sqlite")),
+    Mutant("history-read-unsnapshotted-postgres", "a history is read in one snapshot", PG,
+           '_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"',
+           '_SNAPSHOT = "SET TRANSACTION READ ONLY"',
+           ("tests/contract/test_spill_races.py", "-k", "history and postgres")),
+    Mutant("clock-wall-elapsed", "a wall-clock step never moves the server clock", PG,
+           "        return server + (mono - at)\n", "        return server + (time.time() - wall)\n",
+           ("tests/contract/test_postgres_clock.py",)),
+    Mutant("clock-stall-unnoticed", "a stalled monotonic clock is measured again", PG,
+           "due = mono >= self._clock_next or time.time() - wall - (mono - at) > _STALL",
+           "due = mono >= self._clock_next", ("tests/contract/test_postgres_clock.py",)),
+    Mutant("lost-claim-adopted", "a lost claim is ours only if it carries our nonce", PG,
+           "if mine and it and it.state == S.DISPATCHED and it.fence == fence + 1:",
+           "if it and it.state == S.DISPATCHED and it.fence == fence + 1:",
+           ("tests/integration/test_postgres_lost_commit.py", "-k", "rival")),
     # The operator path.
     Mutant("redaction-skipped", "secrets are redacted wherever they are shown",
            "poimen/_present.py",

@@ -53,6 +53,7 @@ from poimen.store._statements import (
     OUTCOMES,
     Executor,
     Outcome,
+    Reader,
     Sql,
     _where,
     claim_event_params,
@@ -74,6 +75,12 @@ class SqlStore(Retention):
         raise NotImplementedError
 
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
+        raise NotImplementedError
+
+    def _snapshot(self, fn: Callable[[Reader], T]) -> T:
+        """`fn`'s reads, all in one snapshot of the log (a read-only transaction): a write
+        that commits meanwhile is seen by every one of them or by none. A reader of one
+        intent's history needs it: a spill moves that history from the row to the tables."""
         raise NotImplementedError
 
     def _prefix_match(self, prefix: str) -> tuple[str, tuple[Any, ...]]:
@@ -131,11 +138,6 @@ class SqlStore(Retention):
         ex.execute(sql.insert_spilled_attempt, attempt_row(inline_attempt(it)))
         for e in inline_events(it):
             ex.execute(sql.insert_event, event_row(e))
-
-    def _inline(self, intent_id: str) -> Intent | None:
-        """The intent, if its history is (still) in its row."""
-        rows = self._read(self._sql.inline_intent, (intent_id,))
-        return intent_from_row(rows[0]) if rows else None
 
     def _claimed(
         self,
@@ -654,18 +656,24 @@ class SqlStore(Retention):
         return [intent_from_row(r) for r in rows]
 
     def attempts(self, intent_id: str) -> list[Attempt]:
-        rows = self._read(self._sql.attempts, (intent_id,))
-        if rows:  # an intent whose history is in its row has none
-            return [attempt_from_row(r) for r in rows]
-        it = self._inline(intent_id)
-        return [] if it is None else [inline_attempt(it)]
+        def read(q: Reader) -> list[Attempt]:
+            rows = q(self._sql.attempts, (intent_id,))
+            if rows:  # an intent whose history is in its row has none
+                return [attempt_from_row(r) for r in rows]
+            inline = q(self._sql.inline_intent, (intent_id,))
+            return [inline_attempt(intent_from_row(r)) for r in inline]
+
+        return self._snapshot(read)
 
     def events(self, intent_id: str) -> list[Event]:
-        rows = self._read(self._sql.events, (intent_id,))
-        if rows:
-            return [event_from_row(r) for r in rows]
-        it = self._inline(intent_id)
-        return [] if it is None else inline_events(it)
+        def read(q: Reader) -> list[Event]:
+            rows = q(self._sql.events, (intent_id,))
+            if rows:
+                return [event_from_row(r) for r in rows]
+            inline = q(self._sql.inline_intent, (intent_id,))
+            return inline_events(intent_from_row(inline[0])) if inline else []
+
+        return self._snapshot(read)
 
     def counts(self) -> dict[tuple[str, str], int]:
         return {(r[0], r[1]): int(r[2]) for r in self._read(self._sql.counts)}

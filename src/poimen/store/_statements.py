@@ -50,6 +50,12 @@ class Executor(Protocol):
     def execute(self, sql: str, params: Sequence[Any], /) -> Result: ...
 
 
+class Reader(Protocol):
+    """One read inside a snapshot (`SqlStore._snapshot`): a statement and its rows."""
+
+    def __call__(self, sql: str, params: Sequence[Any] = (), /) -> list[Any]: ...
+
+
 class Sql:
     """The statements both dialects share, with `placeholder` for each ``?``."""
 

@@ -3,9 +3,10 @@
 Semantics follow the SQLite store exactly (one transaction per method, compare-and-set on the
 fence, events in the same transaction). What PostgreSQL adds:
 
-- Time is the database server's clock. The offset between this host's clock and the server's is
-  measured when the store opens and refreshed every `clock_refresh` seconds, so `now()` costs no
-  round trip and every host compares leases against one clock.
+- Time is the database server's clock, measured when the store opens and again every
+  `clock_refresh` seconds; in between, `now()` adds the time elapsed on this host's monotonic
+  clock, so it costs no round trip, every host compares leases against one clock, and a step of
+  this host's wall clock never moves it.
 - Claims take the row with ``FOR UPDATE SKIP LOCKED``: a recoverer never queues behind another
   one holding the same intent; it moves on.
 - A lost connection (``OperationalError``) is retried with back-off for up to `retry_for`
@@ -44,6 +45,7 @@ from poimen.store._sql import SqlStore
 from poimen.store._statements import (
     Executor,
     Outcome,
+    Reader,
     Sql,
     claim_params,
     dispatch_params,
@@ -65,6 +67,8 @@ _INHERITED: list[Any] = []
 # program limits exceeded (54, e.g. an index row too large). psycopg raises class 54 as an
 # OperationalError, but no retry can succeed and the session is sound.
 _REFUSED = ("22", "54")
+# Seconds the wall clock may run ahead of the monotonic one before the server is asked again.
+_STALL = 1.0
 
 
 def _refused(exc: BaseException) -> bool:
@@ -143,7 +147,7 @@ class PostgresStore(SqlStore):
                 url=self._where,
             ) from exc
         try:
-            self._offset = _measure_offset(probe)
+            self._clock = _measure_clock(probe)
         except psycopg.Error as exc:
             probe.close()
             raise StoreUnavailableError(
@@ -151,7 +155,7 @@ class PostgresStore(SqlStore):
                 url=self._where,
             ) from exc
         probe.close()
-        self._clock_at = time.monotonic()
+        self._clock_next = time.monotonic() + clock_refresh
         self._clock_lock = threading.Lock()
         # Sessions that hold the call path's prepared statements.
         self._prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = (
@@ -210,17 +214,25 @@ class PostgresStore(SqlStore):
                     self._forked = False
         return self._pool
 
-    def _run(self, what: str, fn: Callable[[Cursor, bool], T], *, transaction: bool = True) -> T:
+    def _run(
+        self,
+        what: str,
+        fn: Callable[[Cursor, bool], T],
+        *,
+        transaction: bool = True,
+        snapshot: bool = False,
+    ) -> T:
         """Run `fn` in one transaction; retry it while the database is unreachable.
 
         `fn(cur, retrying)` gets `retrying=True` on every try after a failed one, so it can
         recognise its own earlier commit whose answer the lost connection swallowed. With
         `transaction=False` statements run in autocommit: for reads, and for writes that bring
-        their own BEGIN and COMMIT (`_one_trip`).
+        their own BEGIN and COMMIT (`_one_trip`). `snapshot=True` reads in one read-only
+        transaction whose statements all see the log as of its first one.
         """
         if self._closed:
             raise StoreUnavailableError("the store is closed")
-        if self._readonly and (transaction or what in _ONE_TRIP_WRITES):
+        if self._readonly and not snapshot and (transaction or what in _ONE_TRIP_WRITES):
             raise ReadOnlyStoreError(
                 f"{what}: the intent log at {self._where} was opened read-only",
                 url=self._where,
@@ -233,8 +245,10 @@ class PostgresStore(SqlStore):
             wait = min(self._connect_timeout, max(0.05, deadline - time.monotonic()))
             try:
                 with self._connection(wait, direct=retrying) as conn:
-                    if transaction:
+                    if transaction or snapshot:
                         with conn.transaction(), conn.cursor() as cur:
+                            if snapshot:
+                                cur.execute(_SNAPSHOT)
                             return fn(cur, retrying)
                     with conn.cursor() as cur:
                         return fn(cur, retrying)
@@ -292,6 +306,12 @@ class PostgresStore(SqlStore):
 
         return self._run("read", op, transaction=False)
 
+    def _snapshot(self, fn: Callable[[Reader], T]) -> T:
+        def op(cur: Cursor, _retrying: bool) -> T:
+            return fn(lambda sql, params=(): cur.execute(sql, params).fetchall())
+
+        return self._run("read", op, snapshot=True)
+
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
         return self._run(what, fn)
 
@@ -306,19 +326,27 @@ class PostgresStore(SqlStore):
             self._pool.close()
 
     def now(self) -> float:
-        """The database server's clock, from the measured offset (no round trip)."""
-        if time.monotonic() - self._clock_at > self._clock_refresh and self._clock_lock.acquire(
-            blocking=False
-        ):
+        """The database server's clock: its last measurement plus the time elapsed since on
+        this host's monotonic clock (no round trip). The wall clock is no part of it."""
+        server, at, wall = self._clock
+        mono = time.monotonic()
+        # A monotonic clock that stood still while the wall clock went on (a suspended host)
+        # is measured against the server again at once.
+        due = mono >= self._clock_next or time.time() - wall - (mono - at) > _STALL
+        if due and self._clock_lock.acquire(blocking=False):
             try:
                 with self._connection(self._connect_timeout, direct=False) as conn:
-                    self._offset = _measure_offset(conn)
-            except (*_TRANSIENT, psycopg.Error) as exc:  # keep the last offset, try again later
-                log.warning("clock offset not refreshed: %s", _first_line(exc))
+                    self._clock = _measure_clock(conn)
+            except (*_TRANSIENT, psycopg.Error) as exc:  # keep the last one, try again later
+                log.warning("server clock not measured: %s", _first_line(exc))
+                # ... and take the wall clock's jump as seen, or every call would ask again.
+                self._clock = (server, at, time.time() - (time.monotonic() - at))
             finally:
-                self._clock_at = time.monotonic()
+                self._clock_next = time.monotonic() + self._clock_refresh
                 self._clock_lock.release()
-        return time.time() + self._offset
+            server, at, _ = self._clock
+            mono = time.monotonic()
+        return server + (mono - at)
 
     # Schema.
 
@@ -567,21 +595,21 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _measure_offset(conn: psycopg.Connection[Any]) -> float:
-    """Server clock minus this host's clock, taken at the midpoint of one round trip."""
-    best: tuple[float, float] | None = None
-    for _ in range(3):  # the shortest round trip gives the tightest estimate
-        t0 = time.time()
+def _measure_clock(conn: psycopg.Connection[Any]) -> tuple[float, float, float]:
+    """The server's clock, and this host's monotonic and wall clocks at the same instant: the
+    midpoint of the shortest of three round trips (the tightest estimate)."""
+    best: tuple[float, float, float, float] | None = None
+    for _ in range(3):
+        w0, t0 = time.time(), time.monotonic()
         row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
-        t1 = time.time()
+        t1, w1 = time.monotonic(), time.time()
         assert row is not None
-        sample = (t1 - t0, float(row[0]) - (t0 + t1) / 2)
-        if best is None or sample[0] < best[0]:
-            best = sample
+        if best is None or t1 - t0 < best[0]:
+            best = (t1 - t0, float(row[0]), (t0 + t1) / 2, (w0 + w1) / 2)
     if not conn.autocommit:
         conn.rollback()
     assert best is not None
-    return best[1]
+    return best[1:]
 
 
 def _found_version(cur: Cursor) -> int:
@@ -605,9 +633,15 @@ _EVENT = "%s, %s::float8, %s, %s, %s, %s, %s"  # the event's values, as `event_p
 # when the call id exists.
 _DISPATCH = f"{SQL.insert_intent} RETURNING {INTENT_COLUMNS}"
 # The compare-and-set on the fence; its attempt and event only if it matched an intent whose
-# history is in the tables already (written before version 7, or after a claim).
+# history is in the tables already (written before version 7, or after a claim). It matches
+# only where this statement's snapshot put the history: a spill (a deferral on the same fence)
+# that committed while the settle waited for the row wrote attempt 1 where this snapshot cannot
+# see it. The settle then matches nothing, and the shared write, each statement with a snapshot
+# of its own, settles it.
 _SETTLE = (
-    f"WITH s AS ({SQL.settle} RETURNING id, inline_history), "
+    f"WITH s AS ({SQL.settle} AND inline_history = "
+    "(SELECT h.inline_history FROM intents h WHERE h.id = intents.id) "
+    "RETURNING id, inline_history), "
     f"a AS ({SQL.end_attempt} AND EXISTS (SELECT FROM s WHERE inline_history = 0)), "
     f"e AS ({_INSERT_EVENT} SELECT {_EVENT} FROM s WHERE inline_history = 0) "
     "SELECT id FROM s"
@@ -625,6 +659,8 @@ def _prepared(name: str, sql: str) -> tuple[str, str]:
     )
 
 
+# Every statement of the transaction sees the snapshot its first one took.
+_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 _ONE_TRIP_WRITES = frozenset({"record_dispatch", "record_outcome"})
 _ONE_TRIP = {"dispatch": _prepared("dispatch", _DISPATCH), "settle": _prepared("settle", _SETTLE)}
 _RESOLVE = f"{SQL.resolve} RETURNING {INTENT_COLUMNS}"

@@ -14,7 +14,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -29,6 +29,7 @@ from poimen.store._sql import SqlStore
 from poimen.store._statements import (
     Executor,
     Outcome,
+    Reader,
     Sql,
     claim_event_params,
     claim_params,
@@ -365,6 +366,22 @@ class SqliteStore(SqlStore):
         return self._write(lambda conn: fn(conn, False))
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self._reader() as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def _snapshot(self, fn: Callable[[Reader], T]) -> T:
+        # A deferred BEGIN: the first read fixes the snapshot (WAL), the writer goes on.
+        with self._reader() as conn:
+            conn.execute("BEGIN")
+            try:
+                return fn(lambda sql, params=(): conn.execute(sql, params).fetchall())
+            finally:
+                if conn.in_transaction:  # an error may have ended it already
+                    conn.execute("ROLLBACK")
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """A reader connection of the pool, for this thread until the block ends."""
         conn: sqlite3.Connection | None = None
         counted = opening = False
         try:
@@ -385,7 +402,11 @@ class SqliteStore(SqlStore):
                     opening = True
             if conn is None:
                 conn = self._connect()
-            return conn.execute(sql, params).fetchall()
+            elif conn.in_transaction:
+                # A snapshot an interrupt cut short came back open: a read must see the log
+                # as it is now, not as it was then.
+                conn.execute("ROLLBACK")
+            yield conn
         except sqlite3.Error as exc:
             raise StoreError(f"read failed: {exc}") from exc
         finally:
