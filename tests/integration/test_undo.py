@@ -314,3 +314,17 @@ def test_an_indeterminate_call_whose_undo_needs_its_result_waits_for_the_operato
         k.resolve(intent_of(k, "p/1").id, landed=True, result={"id": 42}, operator="ann",
                   reason="the provider shows payment 42")
         assert k.undo("p/", operator="ann").complete and refunded == [42]
+
+
+def test_a_call_id_with_the_last_code_point_after_the_scope_is_undone(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """An MCP client chooses its ids (``mcp/<value>``); U+10FFFF right after the scope is a
+    call of the scope like any other, never skipped with the scope reported complete."""
+    with make_kernel(store_url, provider.url) as k:
+        k.call(CHARGE, {"order": "o1", "cents": 500}, call_id="mcp/\U0010ffff")
+        k.call(CHARGE, {"order": "o2", "cents": 500}, call_id="mcp/\U0010ffff\U0010ffff")
+        report = k.undo("mcp/", operator="ann")
+        assert statuses(report) == [("mcp/\U0010ffff\U0010ffff", "undone"),
+                                    ("mcp/\U0010ffff", "undone")]
+        assert report.complete and (refunds(ledger, "o1"), refunds(ledger, "o2")) == (1, 1)

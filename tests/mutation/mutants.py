@@ -159,6 +159,11 @@ MUTANTS: list[Mutant] = [
            'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED")',
            'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED", '
            '"DISPATCHED")', ("tests/integration/test_retention.py", "-k", "sqlite")),
+    # Undo and retention.
+    Mutant("prefix-misses-last-code-point", "a prefix search finds every call id of the scope",
+           "poimen/store/sqlite.py", "        end = prefix_end(prefix)\n",
+           '        end = prefix + "\\U0010ffff"\n',
+           ("tests/contract/test_prefix_search.py", "-k", "sqlite")),
     # The operator path.
     Mutant("redaction-skipped", "secrets are redacted wherever they are shown",
            "poimen/_present.py",
