@@ -5,7 +5,9 @@ What is never removed: an unfinished intent (DISPATCHED, AWAITING_APPROVAL), an 
 INDETERMINATE one, one with an undelivered notification, one younger than the window, and one
 younger than its tool's provider key window (`Idempotent(key_ttl=...)`, known when the
 application is given). The window is at least `MIN_AGE`: that long, a call id is promised to
-answer with its recorded outcome.
+answer with its recorded outcome. The store adds two rules (docs/design.md sections 7 and 9):
+an undo intent stays while its original does, and an intent whose history changed after it
+was read (and archived) is not deleted by this run.
 """
 
 from __future__ import annotations
