@@ -136,3 +136,20 @@ def test_a_prune_keeps_an_intent_whose_undo_writes_while_it_runs(
     assert report.pruned == 1 and k.store.get_intent(original.id) is None
     assert [e["kind"] for e in read_archive(archive)[-1]["events"]] == [
         "dispatched", "completed", "undo_requested"]
+
+
+def test_a_call_id_used_again_after_a_prune_is_not_taken_as_undone_by_the_old_undo(
+    k: Kernel, store_url: str, ledger: ProviderClient
+) -> None:
+    """The old call went, its younger undo intent is still there, and the call id is used
+    again (a new call, docs/retention.md): the old undo is not this call's undo."""
+    k.call(PAY, {"order": "o1"}, call_id="run/1")
+    assert k.undo("run/", operator="ann").complete and unpays(ledger, "o1") == 1
+    age(store_url, "run/1", 100)  # past its key window; its undo is young
+    assert prune(k.store, older_than=30 * DAY, key_ttls={PAY: 90 * DAY}).pruned == 1
+    assert k.store.get_by_call_id("undo/run/1") is not None
+    k.call(PAY, {"order": "o1"}, call_id="run/1")
+    report = k.undo("run/", operator="ann")
+    assert statuses(report) == [("run/1", "stopped")]
+    assert "made before the call itself" in str(report.steps[0].reason)
+    assert unpays(ledger, "o1") == 1
