@@ -554,6 +554,7 @@ class Kernel:
         if t is None:
             raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
         check_call_id(call_id)
+        _undo.check_not_reserved(call_id)
         effects = t.registration.effects
         data, _ = encode_args(args)
         recorded, kwargs = t.validate(data)

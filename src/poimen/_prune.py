@@ -5,7 +5,9 @@ What is never removed: an unfinished intent (DISPATCHED, AWAITING_APPROVAL), an 
 INDETERMINATE one, one with an undelivered notification, one younger than the window, and one
 younger than its tool's provider key window (`Idempotent(key_ttl=...)`, known when the
 application is given). The window is at least `MIN_AGE`: that long, a call id is promised to
-answer with its recorded outcome.
+answer with its recorded outcome. The store adds two rules (docs/design.md sections 7 and 9):
+an undo intent stays while its original does, and an intent whose history changed after it
+was read (and archived) is not deleted by this run.
 """
 
 from __future__ import annotations
@@ -77,12 +79,14 @@ def prune(
             report.scanned += len(found)
             go = [i for i in found if i.updated_at < now - max(older_than, ttls.get(i.tool_id, 0))]
             report.kept_for_key_window += len(found) - len(go)
-            if out is not None and go:
-                for h in store.histories(go):
+            # The store deletes an intent only if its history is still this one.
+            histories = store.histories(go)
+            if out is not None and histories:
+                for h in histories:
                     out.write(json.dumps(history_json(h), sort_keys=True) + "\n")
                 out.flush()
                 os.fsync(out.fileno())  # archived for good before anything is deleted
-            report.pruned += len(store.prune([i.id for i in go], before=before))
+            report.pruned += len(store.prune(histories, before=before))
             if progress is not None:
                 progress(report.scanned)
         while n := store.prune_denials(before=before, limit=batch):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
@@ -27,21 +28,24 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._keys import JSONValue, check_call_id, encode_args
+from poimen._keys import JSONValue, args_digest, canonical, check_call_id, encode_args
 from poimen._tools import check_tool_id
 from poimen.call_ids import is_undo, undo_of
 from poimen.errors import (
+    AlreadyUndoneError,
     ArgumentError,
     CallIdMismatchError,
     NondeterministicUndoError,
     PoimenError,
     RegistrationError,
+    ReservedCallIdError,
     UndoError,
     UnknownToolError,
 )
 
 if TYPE_CHECKING:
     from poimen._kernel import Kernel
+    from poimen._tools import Tool
     from poimen.store import Store
 
 S = IntentState
@@ -310,6 +314,23 @@ def undo(
     return UndoReport(scope, tuple(steps), dry_run)
 
 
+#: The undo call id `undo` itself is calling right now, in this context: the one call id
+#: under undo's prefix a call may use.
+_MAKING: ContextVar[str | None] = ContextVar("poimen_undo_making", default=None)
+
+
+def check_not_reserved(call_id: str) -> None:
+    """Refuse an application's call id under undo's prefix (``undo/``, ``undo#<n>/``): undo
+    finds its own calls by those ids and must never take another call for one."""
+    if is_undo(call_id) and _MAKING.get() != call_id:
+        raise ReservedCallIdError(
+            f"call id {call_id!r} starts with a prefix reserved for poimen's undo calls "
+            "(undo/, undo#<n>/): choose another call id; nothing was recorded",
+            field="call_id",
+            call_id=call_id,
+        )
+
+
 def _check_scope(scope: object) -> None:
     if not isinstance(scope, str) or not scope:
         raise UndoError(f"scope must be a non-empty call-id prefix, not {scope!r}", field="scope")
@@ -352,6 +373,10 @@ def _latest(store: Store, call_id: str) -> tuple[int, Intent | None]:
 
 
 def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
+    store = kernel.store
+    done = _undone_by(store, it)
+    if done is not None:  # undone for good, whatever retention removed since
+        return _already(it, done)
     if it.state in (S.FAILED, S.RESOLVED_NOT_LANDED) or it.effect == "readonly":
         return _step(it, "no_effect")
     if it.state == S.DISPATCHED:
@@ -363,21 +388,20 @@ def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
     r = kernel._undos.get(it.tool_id)
     if r is None:
         return _step(it, "no_undo", reason=f"tool {it.tool_id!r} declares no undo")
-    store = kernel.store
-    n, latest = _latest(store, it.call_id)
-    if latest is not None and latest.state in (S.COMPLETED, S.RESOLVED_LANDED):
-        if not dry_run:
-            _mark_undone(store, it, latest, who)
-        return _step(
-            it, "already_undone", undo_tool=latest.tool_id, undo_call_id=latest.call_id,
-            undo_intent_id=latest.id,
-        )
-    if latest is not None and latest.state == S.INDETERMINATE:
-        return _step(
-            it, "stopped", undo_tool=latest.tool_id, undo_call_id=latest.call_id,
-            undo_intent_id=latest.id, reason=_unknown(latest.id, latest.reason),
-        )
     undo_tool = kernel._tools[r.tool]
+    n, latest = _latest(store, it.call_id)
+    if latest is not None:
+        found = {"undo_tool": latest.tool_id, "undo_call_id": latest.call_id,
+                 "undo_intent_id": latest.id}
+        foreign = _not_its_undo(latest, it, r, undo_tool)
+        if foreign is not None:
+            return _step(it, "stopped", **found, reason=foreign)
+        if latest.state in (S.COMPLETED, S.RESOLVED_LANDED):
+            if not dry_run:
+                _mark_undone(store, it, latest, who)
+            return _step(it, "already_undone", **found)
+        if latest.state == S.INDETERMINATE:  # a second undo would reverse twice if it landed
+            return _step(it, "stopped", **found, reason=_unknown(latest.id, latest.reason))
     resume = latest is not None and latest.state in (S.DISPATCHED, S.AWAITING_APPROVAL)
     if not resume and it.state == S.INDETERMINATE and not isinstance(
         undo_tool.registration.effects, Idempotent
@@ -402,12 +426,18 @@ def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
     if not resume:
         detail = {"undo_call_id": uid, "undo_tool": r.tool, "operator": who.operator,
                   "reason": who.reason}
-        store.record_event(it.id, "undo_requested", actor=who.actor, detail=detail,
-                           now=store.now())
+        try:
+            store.record_event(it.id, "undo_requested", actor=who.actor, detail=detail,
+                               now=store.now())
+        except AlreadyUndoneError as exc:  # another run's undo landed since we looked
+            return _already(it, _undone_by(store, it) or {"undo_intent_id": exc.undo_intent_id})
+    making = _MAKING.set(uid)
     try:
         out = kernel.call(r.tool, args, call_id=uid)
     except (ArgumentError, CallIdMismatchError) as exc:
         return _step(it, "stopped", **named, reason=str(exc))
+    finally:
+        _MAKING.reset(making)
     named["undo_intent_id"] = out.intent_id
     match out:
         case Completed() | Resolved(landed=True):
@@ -427,6 +457,45 @@ def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
     return _step(it, "stopped", **named, reason=reason)
 
 
+def _not_its_undo(found: Intent, it: Intent, r: UndoRule, undo_tool: Tool) -> str | None:
+    """Why the intent under an undo call id of `it` is not `it`'s undo (the undo tool, with
+    the arguments derived from `it`, made after it), or None when it is."""
+    why = None
+    if found.tool_id != r.tool:
+        why = f"a call of {found.tool_id!r}, not of the undo tool {r.tool!r}"
+    elif found.created_at < it.created_at:
+        why = "made before the call itself"
+    else:
+        try:
+            recorded, _ = undo_tool.validate(r.derive(it))
+        except ArgumentError as exc:
+            why = f"its arguments cannot be derived again to compare: {exc}"
+        else:
+            if args_digest(canonical(recorded)) != found.args_hash:
+                why = "other arguments than the ones derived from this call"
+    if why is None:
+        return None
+    return (
+        f"call id {found.call_id!r} holds intent {found.id} ({why}): not this call's undo, "
+        "so undo neither takes it as the reversal nor makes another; an operator decides"
+    )
+
+
+def _undone_by(store: Store, it: Intent) -> dict[str, Any] | None:
+    """The detail of the original's first 'undone' event, or None."""
+    for e in store.events(it.id):
+        if e.kind == "undone":
+            return _detail(e.detail)
+    return None
+
+
+def _already(it: Intent, done: Mapping[str, Any]) -> UndoStep:
+    return _step(
+        it, "already_undone", undo_tool=done.get("undo_tool"),
+        undo_call_id=done.get("undo_call_id"), undo_intent_id=done.get("undo_intent_id"),
+    )
+
+
 def _unknown(intent_id: str, why: str | None) -> str:
     return (
         f"the undo's outcome is unknown ({why}): an operator resolves undo intent "
@@ -435,10 +504,7 @@ def _unknown(intent_id: str, why: str | None) -> str:
 
 
 def _mark_undone(store: Store, it: Intent, undo_intent: Intent, who: _Who) -> None:
-    """The 'undone' event on the original, once per undo intent."""
-    for e in store.events(it.id):
-        if e.kind == "undone" and _detail(e.detail).get("undo_intent_id") == undo_intent.id:
-            return
+    """The 'undone' event on the original; the store writes it once per undo intent."""
     detail = {
         "undo_intent_id": undo_intent.id,
         "undo_call_id": undo_intent.call_id,

@@ -176,3 +176,15 @@ class NondeterministicUndoError(RegistrationError):
 class UndoError(PoimenError):
     """`Kernel.undo` was refused before anything was undone (a bad scope, an undo tool that is
     not registered)."""
+
+
+class AlreadyUndoneError(PoimenError):
+    """The call was undone already (it has an 'undone' event): no new undo of it is asked
+    for. `intent_id` is the call's intent, `undo_intent_id` the undo that reversed it."""
+
+    undo_intent_id: str | None
+
+
+class ReservedCallIdError(ArgumentError):
+    """The call id starts with ``undo/`` or ``undo#<n>/``: those call ids are poimen's own,
+    for the undo calls `Kernel.undo` makes."""

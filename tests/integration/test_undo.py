@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from poimen import Completed, Intent, IntentState, Kernel, UndoReport
+from poimen._intents import Owner
+from poimen._keys import args_digest
 from poimen.call_ids import undo_of
-from poimen.errors import UndoError, UnknownToolError
+from poimen.errors import ReservedCallIdError, UndoError, UnknownToolError
+from poimen.store import NewDispatch
 from poimen.testing import ProviderClient, ProviderProcess, kill_at_pause
 from tests.integration.undo_app import (
     BOOK,
@@ -314,3 +319,96 @@ def test_an_indeterminate_call_whose_undo_needs_its_result_waits_for_the_operato
         k.resolve(intent_of(k, "p/1").id, landed=True, result={"id": 42}, operator="ann",
                   reason="the provider shows payment 42")
         assert k.undo("p/", operator="ann").complete and refunded == [42]
+
+
+def test_a_call_id_with_the_last_code_point_after_the_scope_is_undone(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """An MCP client chooses its ids (``mcp/<value>``); U+10FFFF right after the scope is a
+    call of the scope like any other, never skipped with the scope reported complete."""
+    with make_kernel(store_url, provider.url) as k:
+        k.call(CHARGE, {"order": "o1", "cents": 500}, call_id="mcp/\U0010ffff")
+        k.call(CHARGE, {"order": "o2", "cents": 500}, call_id="mcp/\U0010ffff\U0010ffff")
+        report = k.undo("mcp/", operator="ann")
+        assert statuses(report) == [("mcp/\U0010ffff\U0010ffff", "undone"),
+                                    ("mcp/\U0010ffff", "undone")]
+        assert report.complete and (refunds(ledger, "o1"), refunds(ledger, "o2")) == (1, 1)
+
+
+def _foreign(k: Kernel, call_id: str, tool: str, args: dict[str, Any]) -> None:
+    """A COMPLETED intent under `call_id` written straight into the log, as a log written
+    before call ids under undo's prefix were refused may hold one."""
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"))
+    now = k.store.now()
+    it, _ = k.store.record_dispatch(NewDispatch(
+        intent_id=f"in_{uuid.uuid4().hex}", call_id=call_id, tool_id=tool, effect="unsafe",
+        args=text, args_hash=args_digest(text), key=None, request_id=None,
+        owner=Owner("app", "host", 1, "1"), lease_expires_at=now + 30, timeout_s=1,
+        deadline_at=now + 2, now=now))
+    assert k.store.record_outcome(it.id, 1, S.COMPLETED, result="{}", error=None, now=now)
+
+
+@pytest.mark.parametrize(("tool", "args"), [
+    (NOTE, {"text": "mine"}),  # another tool
+    ("u.refund", {"order": "o1", "entry": 99}),  # the undo tool, other arguments
+])
+def test_an_application_call_under_undos_prefix_is_refused_and_never_taken_as_the_undo(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient, tool: str,
+    args: dict[str, Any],
+) -> None:
+    with make_kernel(store_url, provider.url) as k:
+        k.call(CHARGE, {"order": "o1", "cents": 500}, call_id="run-1/1")
+        for cid in ("undo/run-1/1", "undo#2/run-1/1", "undo#7/x"):
+            with pytest.raises(ReservedCallIdError, match="reserved"):
+                k.call(tool, args, call_id=cid)
+            assert k.store.get_by_call_id(cid) is None
+        assert charges(ledger, "o1") == 1 and refunds(ledger, "o1") == 0
+
+        _foreign(k, "undo/run-1/1", tool, args)
+        for dry_run in (True, False):
+            report = k.undo("run-1/", operator="ann", dry_run=dry_run)
+            assert statuses(report) == [("run-1/1", "stopped")], report.summary()
+            assert "not this call's undo" in str(report.steps[0].reason)
+        assert refunds(ledger, "o1") == 0 and not report.complete
+        assert all(e.kind not in ("undone", "undo_requested") for e in events_of(k, "run-1/1"))
+
+
+def test_an_undo_whose_outcome_is_unknown_stops_the_scope_and_is_never_run_past(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """Issue 29, rule 4: a previous undo of a call is Indeterminate: `undo` stops there and
+    names it, however often it runs; a second undo would reverse twice if the first landed."""
+    from poimen import Caps, Indeterminate, Unsafe
+
+    with Kernel(store_url, notifiers=[]) as k:
+        u = httpx.URL(provider.url)
+        caps = Caps(hosts=(f"{u.host}:{u.port}",))
+
+        @k.tool(id="t.send", effects=Unsafe(), caps=caps, timeout=10, undo="t.unsend")
+        def send(ctx: Any, to: str) -> Any:
+            return ctx.http.post(f"{provider.url}/plain", json={"send": to}).json()
+
+        @k.tool(id="t.unsend", effects=Unsafe(), caps=caps, timeout=10)
+        def unsend(ctx: Any, to: str) -> Any:
+            ctx.http.post(f"{provider.url}/plain", json={"unsend": to})
+            raise ConnectionResetError("the answer was lost")  # it landed; nobody knows
+
+        def unsent(to: str) -> int:
+            return sum(1 for e in ledger.entries(kind="plain") if e["body"].get("unsend") == to)
+
+        k.call("t.send", {"to": "bob"}, call_id="s/1")
+        k.call("t.send", {"to": "cy"}, call_id="s/2")
+        first = k.undo("s/", operator="ann")
+        assert statuses(first) == [("s/2", "stopped"), ("s/1", "not_reached")]
+        unknown = k.store.get_by_call_id("undo/s/2")
+        assert unknown is not None and unknown.state == S.INDETERMINATE
+        assert (unsent("cy"), unsent("bob")) == (1, 0)
+        for dry_run in (True, False, False):
+            again = k.undo("s/", operator="bob", dry_run=dry_run)
+            assert statuses(again) == [("s/2", "stopped"), ("s/1", "not_reached")]
+            stop = again.stopped_at
+            assert stop is not None and stop.undo_intent_id == unknown.id
+            assert "outcome is unknown" in str(stop.reason) and unknown.id in again.summary()
+        assert (unsent("cy"), unsent("bob")) == (1, 0)  # never reversed twice, never run past
+        assert k.store.get_by_call_id("undo#2/s/2") is None
+        assert isinstance(k.outcome("undo/s/2"), Indeterminate)

@@ -27,6 +27,7 @@ GUARD = "poimen/_guard.py"
 SQL = "poimen/store/_statements.py"
 STORE = "poimen/store/_sql.py"
 PG = "poimen/store/postgres.py"
+UNDO = "poimen/_undo.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
 T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not postgres")
@@ -183,6 +184,46 @@ MUTANTS: list[Mutant] = [
            "if mine and it and it.state == S.DISPATCHED and it.fence == fence + 1:",
            "if it and it.state == S.DISPATCHED and it.fence == fence + 1:",
            ("tests/integration/test_postgres_lost_commit.py", "-k", "rival")),
+    # Undo and retention.
+    Mutant("prefix-misses-last-code-point", "a prefix search finds every call id of the scope",
+           "poimen/store/sqlite.py", "        end = prefix_end(prefix)\n",
+           '        end = prefix + "\\U0010ffff"\n',
+           ("tests/contract/test_prefix_search.py", "-k", "sqlite")),
+    # Two runs of one undo meet in record_event: the check for an equal event is made under
+    # the intent's row lock (SQLite's one writer needs none, so the race is PostgreSQL's).
+    Mutant("event-check-unlocked", "an equal event is written once", STORE,
+           "if ex.execute(self._sql.intent_locked, (intent_id,)).fetchone() is None:",
+           "if ex.execute(self._sql.intent_by_id, (intent_id,)).fetchone() is None:",
+           ("tests/contract/test_record_event.py", "-k", "two_connections and postgres")),
+    Mutant("undone-takes-new-undo", "an original with an 'undone' event takes no new undo "
+           "(the store)", STORE, "        if undone:\n            raise AlreadyUndoneError(",
+           "        if False:\n            raise AlreadyUndoneError(",
+           ("tests/contract/test_record_event.py", "-k", "undone_call and sqlite")),
+    Mutant("undone-event-ignored", "an original with an 'undone' event is undone (undo)",
+           UNDO, "    if done is not None:  # undone for good", "    if False:  # undone for good",
+           ("tests/integration/test_undo_retention.py", "-k", "undone_event and sqlite")),
+    Mutant("reserved-call-id-open", "an application's call id never uses undo's prefix", UNDO,
+           "if is_undo(call_id) and _MAKING.get() != call_id:", "if False:",
+           ("tests/integration/test_undo.py", "-k", "prefix_is_refused and sqlite")),
+    Mutant("foreign-undo-taken", "undo takes as the reversal only its own undo", UNDO,
+           "        foreign = _not_its_undo(latest, it, r, undo_tool)\n",
+           "        foreign = None\n",
+           ("tests/integration/test_undo.py", "-k", "prefix_is_refused and sqlite")),
+    Mutant("older-undo-taken", "an undo made before the call is not its undo", UNDO,
+           "    elif found.created_at < it.created_at:", "    elif False:",
+           ("tests/integration/test_undo_retention.py", "-k", "used_again and sqlite")),
+    Mutant("undo-past-unknown", "undo stops at an undo whose outcome is unknown", UNDO,
+           "        if latest.state == S.INDETERMINATE:  # a second undo",
+           "        if False:  # a second undo",
+           ("tests/integration/test_undo.py", "-k", "never_run_past and sqlite")),
+    Mutant("prune-undo-before-original", "an undo intent is never pruned while its original "
+           "remains", "poimen/store/_retention.py",
+           "if not self._undo_of_one_staying(ex, str(c), going)]", "]",
+           ("tests/contract/test_prune_store.py", "-k", "undo_intent_stays and sqlite")),
+    Mutant("prune-changed-batch", "a batch is deleted only if unchanged since it was archived",
+           "poimen/store/_retention.py", "        if changed:\n            raise _Changed(",
+           "        if False:\n            raise _Changed(",
+           ("tests/contract/test_prune_store.py", "-k", "written_to and sqlite")),
     # The operator path.
     Mutant("redaction-skipped", "secrets are redacted wherever they are shown",
            "poimen/_present.py",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from poimen._intents import Attempt, Denial, Event, Intent, Notification
+from poimen.call_ids import is_undo, original_of
 from poimen.store._base import (
     ATTEMPT_COLUMNS,
     DENIAL_COLUMNS,
@@ -43,6 +44,54 @@ class History:
     events: list[Event]
     notifications: list[Notification]
     denials: list[Denial]
+
+
+#: The history tables of an intent, with the columns an archive line holds.
+_HISTORY = (
+    ("attempts", ATTEMPT_COLUMNS),
+    ("events", EVENT_COLUMNS),
+    ("outbox", NOTIFICATION_COLUMNS),
+    ("denials", DENIAL_COLUMNS),
+)
+
+
+class _Changed(Exception):
+    """A prune found these intents' history changed since it was read: nothing deleted."""
+
+    def __init__(self, ids: set[str]) -> None:
+        super().__init__(f"changed since read: {sorted(ids)}")
+        self.ids = ids
+
+
+def _assemble(
+    intents: Sequence[Intent],
+    inline: set[str],
+    attempt_rows: Sequence[Any],
+    event_rows: Sequence[Any],
+    note_rows: Sequence[Any],
+    denial_rows: Sequence[Any],
+) -> list[History]:
+    """Each intent's history from its rows (in any order), as every reader reads it."""
+    ids = [i.id for i in intents]
+    attempts: dict[str, list[Attempt]] = {i: [] for i in ids}
+    events: dict[str, list[Event]] = {i: [] for i in ids}
+    notes: dict[str, list[Notification]] = {i: [] for i in ids}
+    denials: dict[str, list[Denial]] = {i: [] for i in ids}
+    for a in sorted(map(attempt_from_row, attempt_rows), key=lambda a: a.number):
+        attempts[a.intent_id].append(a)
+    for e in sorted(map(event_from_row, event_rows), key=lambda e: e.id):
+        events[e.intent_id].append(e)
+    for n in sorted(map(notification_from_row, note_rows), key=lambda n: n.id):
+        notes[n.intent_id].append(n)
+    for d in sorted(map(denial_from_row, denial_rows), key=lambda d: d.id):
+        if d.intent_id is not None:
+            denials[d.intent_id].append(d)
+    for i in intents:
+        if i.id in inline:
+            attempts[i.id], events[i.id] = [inline_attempt(i)], inline_events(i)
+    return [
+        History(i, attempts[i.id], events[i.id], notes[i.id], denials[i.id]) for i in intents
+    ]
 
 
 class Retention:
@@ -81,25 +130,10 @@ class Retention:
             return []
         ids = [i.id for i in intents]
         cond = self._in("intent_id", len(ids))
-        attempts: dict[str, list[Attempt]] = {i: [] for i in ids}
-        events: dict[str, list[Event]] = {i: [] for i in ids}
-        notes: dict[str, list[Notification]] = {i: [] for i in ids}
-        denials: dict[str, list[Denial]] = {i: [] for i in ids}
-        for r in self._read(f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {cond} "
-                            "ORDER BY intent_id, number", ids):
-            a = attempt_from_row(r)
-            attempts[a.intent_id].append(a)
-        for r in self._read(f"SELECT {EVENT_COLUMNS} FROM events WHERE {cond} ORDER BY id", ids):
-            e = event_from_row(r)
-            events[e.intent_id].append(e)
-        for r in self._read(f"SELECT {NOTIFICATION_COLUMNS} FROM outbox WHERE {cond} "
-                            "ORDER BY id", ids):
-            n = notification_from_row(r)
-            notes[n.intent_id].append(n)
-        for r in self._read(f"SELECT {DENIAL_COLUMNS} FROM denials WHERE {cond} ORDER BY id", ids):
-            d = denial_from_row(r)
-            if d.intent_id is not None:
-                denials[d.intent_id].append(d)
+        rows = [
+            self._read(f"SELECT {cols} FROM {table} WHERE {cond}", ids)
+            for table, cols in _HISTORY
+        ]
         # Whose attempt 1 and events are in the intent row: as `attempts` and `events` read them.
         inline = {
             str(r[0])
@@ -108,46 +142,81 @@ class Retention:
                 ids,
             )
         }
-        for i in intents:
-            if i.id in inline:
-                attempts[i.id], events[i.id] = [inline_attempt(i)], inline_events(i)
-        return [
-            History(i, attempts[i.id], events[i.id], notes[i.id], denials[i.id]) for i in intents
-        ]
+        return _assemble(intents, inline, *rows)
 
-    def prune(self, intent_ids: Sequence[str], *, before: float) -> list[str]:
-        """Delete these intents and their history, in one transaction; only those still
-        settled and unchanged since `before` go. Returns the ids deleted."""
-        if not intent_ids:
+    def prune(self, histories: Sequence[History], *, before: float) -> list[str]:
+        """Delete these intents and their history, in one transaction. An intent goes only if
+        it is still settled and unchanged since `before`, its history is still the one given
+        (what the caller read, and archived), and it is not an undo intent whose original
+        remains (docs/design.md section 9). Returns the ids deleted."""
+        given = {h.intent.id: h for h in histories}
+        todo = list(given)
+        while todo:
+
+            def op(ex: Any, _retrying: bool, ids: list[str] = todo) -> list[str]:
+                return self._prune(ex, ids, given, before)
+
+            try:
+                return self._tx("prune", op)
+            except _Changed as exc:  # rolled back: the others go without them
+                todo = [i for i in todo if i not in exc.ids]
+        return []
+
+    def _prune(
+        self, ex: Any, ids: list[str], given: dict[str, History], before: float
+    ) -> list[str]:
+        p = self._sql.p
+        lock = " FOR UPDATE" if self.dialect == "postgres" else ""  # SQLite: one writer
+        found = ex.execute(
+            f"SELECT id, call_id FROM intents WHERE {self._in('id', len(ids))} "
+            f"AND state IN {_STATES} AND updated_at < {p} ORDER BY id{lock}",
+            (*ids, before),
+        ).fetchall()
+        going = {str(r[0]) for r in found}
+        kept = [str(i) for i, c in found if not self._undo_of_one_staying(ex, str(c), going)]
+        if not kept:
             return []
-        ids = list(intent_ids)
+        self._mark_pruning(ex, True)
+        cond = self._in("intent_id", len(kept))
+        ex.execute(
+            "DELETE FROM deliveries WHERE notification_id IN "
+            f"(SELECT id FROM outbox WHERE {cond})",
+            kept,
+        )
+        # What the deletes return is what the log held: it must be what was archived.
+        rows = [
+            ex.execute(f"DELETE FROM {table} WHERE {cond} RETURNING {cols}", kept).fetchall()
+            for table, cols in _HISTORY
+        ]
+        gone = ex.execute(
+            f"DELETE FROM intents WHERE {self._in('id', len(kept))} "
+            f"RETURNING {INTENT_COLUMNS}, inline_history",
+            kept,
+        ).fetchall()
+        self._mark_pruning(ex, False)
+        intents = [intent_from_row(r[:-1]) for r in gone]
+        inline = {i.id for i, r in zip(intents, gone, strict=True) if r[-1] == 1}
+        changed = {h.intent.id for h in _assemble(intents, inline, *rows)
+                   if h != given[h.intent.id]}
+        if changed:
+            raise _Changed(changed)
+        return kept
 
-        def op(ex: Any, _retrying: bool) -> list[str]:
-            p = self._sql.p
-            kept = [
-                str(r[0])
-                for r in ex.execute(
-                    f"SELECT id FROM intents WHERE {self._in('id', len(ids))} "
-                    f"AND state IN {_STATES} AND updated_at < {p}",
-                    (*ids, before),
-                ).fetchall()
-            ]
-            if not kept:
-                return []
-            self._mark_pruning(ex, True)
-            cond = self._in("intent_id", len(kept))
-            ex.execute(
-                "DELETE FROM deliveries WHERE notification_id IN "
-                f"(SELECT id FROM outbox WHERE {cond})",
-                kept,
+    def _undo_of_one_staying(self, ex: Any, call_id: str, going: set[str]) -> bool:
+        """Whether `call_id` is an undo's whose original stays in the log."""
+        if not is_undo(call_id):
+            return False
+        p = self._sql.p
+        original = original_of(call_id)
+        if original is not None:
+            sql, params = f"SELECT id FROM intents WHERE call_id = {p}", [original]
+        else:  # shortened to a hash: the original's undo events name it
+            sql = (
+                "SELECT intent_id FROM events WHERE kind IN ('undo_requested', 'undone') "
+                f"AND detail LIKE {p}"
             )
-            for table in ("outbox", "events", "denials", "attempts"):
-                ex.execute(f"DELETE FROM {table} WHERE {cond}", kept)
-            ex.execute(f"DELETE FROM intents WHERE {self._in('id', len(kept))}", kept)
-            self._mark_pruning(ex, False)
-            return kept
-
-        return self._tx("prune", op)
+            params = [f'%"undo_call_id": "{call_id}"%']
+        return any(str(r[0]) not in going for r in ex.execute(sql, params).fetchall())
 
     def prune_denials(self, *, before: float, limit: int) -> int:
         """Denials of no intent (a sandbox's refusals) older than `before`."""

@@ -8,6 +8,7 @@ one transaction a reader wants to see whole.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -23,6 +24,7 @@ from poimen._intents import (
     check_transition,
 )
 from poimen.errors import (
+    AlreadyUndoneError,
     IntentNotFoundError,
     NotAwaitingApprovalError,
     NotDispatchedError,
@@ -600,11 +602,19 @@ class SqlStore(Retention):
     ) -> bool:
         """Append an event that changes no state (who asked for an undo, which intent undid
         this one). An event equal to one already recorded (intent, kind, actor, detail) is not
-        written again, so a retried write never doubles it: False then."""
+        written again, so a retried write never doubles it: False then. Undo's events
+        (docs/design.md section 9): an `undone` naming an undo intent already named is not
+        written again (False); an `undo_requested` on an intent that has an `undone` event
+        raises AlreadyUndoneError. All decided under the intent's row lock."""
 
         def op(ex: Executor, _retrying: bool) -> bool:
-            if self._intent_or_none(ex, intent_id) is None:
+            # The lock first: two writers that both read "not there yet" would both write.
+            if ex.execute(self._sql.intent_locked, (intent_id,)).fetchone() is None:
                 raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+            if kind in ("undo_requested", "undone") and not self._undo_event_fits(
+                ex, intent_id, kind, detail
+            ):
+                return False
             params = event_params(intent_id, now, kind, None, None, actor, detail)
             if ex.execute(self._sql.same_event, (intent_id, kind, actor, params[-1])).fetchone():
                 return False
@@ -613,6 +623,26 @@ class SqlStore(Retention):
             return True
 
         return self._tx("record_event", op)
+
+    def _undo_event_fits(
+        self, ex: Executor, intent_id: str, kind: str, detail: dict[str, Any]
+    ) -> bool:
+        """Whether undo's event `kind` may be written: an undone call takes no new undo."""
+        undone = []
+        for (text,) in ex.execute(self._sql.undone_details, (intent_id,)).fetchall():
+            try:
+                undone.append(json.loads(text or "{}").get("undo_intent_id"))
+            except (ValueError, AttributeError):
+                undone.append(None)
+        if kind == "undone":
+            return detail.get("undo_intent_id") not in undone
+        if undone:
+            raise AlreadyUndoneError(
+                f"intent {intent_id!r} was undone already (by undo intent {undone[0]!r})",
+                intent_id=intent_id,
+                undo_intent_id=undone[0],
+            )
+        return True
 
     def search_call_id(self, prefix: str, *, limit: int) -> list[Intent]:
         """Intents whose call id starts with `prefix`, newest first."""

@@ -42,6 +42,7 @@ class Result(Protocol):
     @property
     def rowcount(self) -> int: ...
     def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
 
 
 class Executor(Protocol):
@@ -105,6 +106,8 @@ class Sql:
             f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ? AND inline_history = 1"
         )
         self.spill_intent = self.inline_intent + lock
+        self.intent_locked = self.intent_by_id + lock
+        self.undone_details = q("SELECT detail FROM events WHERE intent_id = ? AND kind = 'undone'")
         self.spilled = q("UPDATE intents SET inline_history = 0 WHERE id = ?")
         self.insert_spilled_attempt = q(
             "INSERT INTO attempts (intent_id, number, fence, owner_id, owner_host, "

@@ -573,10 +573,11 @@ class SqliteStore(SqlStore):
 
     def _prefix_match(self, prefix: str) -> tuple[str, tuple[Any, ...]]:
         # The range lets the call_id index find the rows; substr keeps the answer exact.
-        return (
-            "call_id >= ? AND call_id < ? AND substr(call_id, 1, ?) = ?",
-            (prefix, prefix + "\U0010ffff", len(prefix), prefix),
-        )
+        exact = "substr(call_id, 1, ?) = ?"
+        end = prefix_end(prefix)
+        if end is None:  # only U+10FFFF: nothing sorts after the prefix's call ids
+            return f"call_id >= ? AND {exact}", (prefix, len(prefix), prefix)
+        return f"call_id >= ? AND call_id < ? AND {exact}", (prefix, end, len(prefix), prefix)
 
     # Recovery.
 
@@ -716,6 +717,16 @@ def _dispatched(d: NewDispatch) -> Intent:
         created_at=float(d.now),
         updated_at=float(d.now),
     )
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least text above every text that starts with `prefix` (SQLite compares UTF-8
+    bytes, in code point order), or None when there is none (the prefix is all U+10FFFF)."""
+    head = prefix.rstrip("\U0010ffff")
+    if not head:
+        return None
+    n = ord(head[-1]) + 1
+    return head[:-1] + chr(0xE000 if n == 0xD800 else n)  # surrogates are not text
 
 
 def _stored(o: Owner) -> Owner:
