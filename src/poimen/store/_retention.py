@@ -27,6 +27,7 @@ from poimen.store._base import (
     notification_from_row,
 )
 from poimen.store._inline import inline_attempt, inline_events
+from poimen.store._statements import Reader
 
 T = TypeVar("T")
 
@@ -107,6 +108,9 @@ class Retention:
     def _tx(self, what: str, fn: Callable[[Any, bool], T]) -> T:
         raise NotImplementedError
 
+    def _snapshot(self, fn: Callable[[Reader], T]) -> T:
+        raise NotImplementedError
+
     def _in(self, column: str, n: int) -> str:
         p = self._sql.p
         return f"{column} IN ({', '.join([p] * n)})"
@@ -125,24 +129,27 @@ class Retention:
         return [intent_from_row(r) for r in rows]
 
     def histories(self, intents: Sequence[Intent]) -> list[History]:
-        """The whole history of each intent (for an archive), in the order given."""
+        """The whole history of each intent (for an archive), in the order given, read in one
+        snapshot: a spill between two of its reads would otherwise hide a history."""
         if not intents:
             return []
         ids = [i.id for i in intents]
         cond = self._in("intent_id", len(ids))
-        rows = [
-            self._read(f"SELECT {cols} FROM {table} WHERE {cond}", ids)
-            for table, cols in _HISTORY
-        ]
-        # Whose attempt 1 and events are in the intent row: as `attempts` and `events` read them.
-        inline = {
-            str(r[0])
-            for r in self._read(
-                f"SELECT id FROM intents WHERE {self._in('id', len(ids))} AND inline_history = 1",
+
+        def read(q: Reader) -> list[History]:
+            rows = [q(f"SELECT {cols} FROM {table} WHERE {cond}", ids) for table, cols in _HISTORY]
+            # Whose attempt 1 and events are in the intent row, as `attempts` and `events` read
+            # them; the rows themselves are read again here, as of this snapshot.
+            found = q(
+                f"SELECT {INTENT_COLUMNS}, inline_history FROM intents "
+                f"WHERE {self._in('id', len(ids))}",
                 ids,
             )
-        }
-        return _assemble(intents, inline, *rows)
+            current = {r[0]: intent_from_row(r[:-1]) for r in found}
+            inline = {str(r[0]) for r in found if r[-1] == 1}
+            return _assemble([current.get(i.id, i) for i in intents], inline, *rows)
+
+        return self._snapshot(read)
 
     def prune(self, histories: Sequence[History], *, before: float) -> list[str]:
         """Delete these intents and their history, in one transaction. An intent goes only if
