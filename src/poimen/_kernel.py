@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from poimen import _guard, _observe, _protocol, _runners, _sandbox, _undo
-from poimen._approval import ApprovalRule, approval_rule
+from poimen._approval import ApprovalRule, approval_due, approval_rule
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
 from poimen._intents import Denial, Intent, Outcome
@@ -416,6 +416,9 @@ class Kernel:
         if intent is None:
             raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
         e = self._engine
+        if approval_due(intent, read_at):  # no decision came within its window
+            e.store.expire_approvals(read_at, 1, intent.id)
+            intent = e.store.get_intent(intent.id) or intent
         t = e.tools.get(intent.tool_id)
         if t is not None and e.claimable(intent, read_at) == "claimable":
             out = run_sync(e, orphan_steps(e, t, intent, CallState()))

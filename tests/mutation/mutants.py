@@ -140,10 +140,31 @@ MUTANTS: list[Mutant] = [
     # SQLite reads under its one writer; PostgreSQL's reads take no lock, so the race there.
     Mutant("approve-two-winners", "an approval has exactly one winner", SQL,
            "\"reason = 'approved', updated_at = ? \"\n"
-           "            \"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'\"",
+           "            \"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"",
            "\"reason = 'approved', updated_at = ? \"\n"
-           "            \"WHERE id = ? AND fence >= ?\"",
+           "            \"WHERE id = ? AND fence >= ? \"",
            ("tests/integration/test_approval.py", "-k", "sqlite or held_row")),
+    # The window is in the compare-and-set itself, so no caller can approve past it.
+    Mutant("approve-after-window", "an approval counts only within its window", SQL,
+           "\"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"\n"
+           "            \"AND (next_check_at IS NULL OR next_check_at > ?)\"\n"
+           "        )\n        self.reject",
+           "\"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"\n"
+           "            \"AND (next_check_at IS NULL OR next_check_at > ? OR 1 = 1)\"\n"
+           "        )\n        self.reject",
+           ("tests/integration/test_approval.py", "-k", "window and sqlite")),
+    Mutant("approval-repeat-mismatch", "a call id awaiting approval names that call only",
+           PROTOCOL,
+           "approval.expires_at))\n    if not created:\n"
+           "        return (yield from existing_steps(e, t, intent, d, c))",
+           "approval.expires_at))\n    if not created:\n        return answer(intent)",
+           ("tests/integration/test_approval.py", "-k", "names_that_call and sqlite")),
+    Mutant("wait-ignores-window", "a waiting caller expires a call past its approval window",
+           KERNEL, "        if approval_due(intent, read_at):", "        if False:",
+           ("tests/integration/test_approval.py", "-k", "window and sqlite")),
+    Mutant("repeat-ignores-window", "a repeated call expires a call past its approval window",
+           PROTOCOL, "        if approval_due(intent, read_at):", "        if False:",
+           ("tests/integration/test_approval.py", "-k", "window and sqlite")),
     Mutant("append-only-sqlite", "events are append-only", "poimen/store/sql/sqlite/0006_retention.sql",
            "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\n"
            "WHEN NOT EXISTS (SELECT 1 FROM poimen_pruning)",
