@@ -280,6 +280,14 @@ class Kernel:
             raise RegistrationError(
                 f"tool {registration.id!r} is already registered", tool_id=registration.id
             )
+        if registration.id in self._names:  # an id and a name must never name two tools
+            other = self._names[registration.id]
+            raise RegistrationError(
+                f"tool id {registration.id!r} is the model-facing name of tool {other!r}; "
+                f"give {registration.id!r} another id",
+                tool_id=registration.id,
+                other=other,
+            )
         if isinstance(fn, ToolHandle):  # one function registered under another id as well
             fn = fn.__wrapped__
         tool = build_tool(registration, fn)
@@ -291,6 +299,7 @@ class Kernel:
             raise RegistrationError(
                 f"tool {registration.id!r}: description must be text", tool_id=registration.id
             )
+        name = safe_name(registration.id, set(self._names))
         self._engine.tools[registration.id] = tool
         if rule is not None:
             self._approvals[registration.id] = rule
@@ -298,7 +307,6 @@ class Kernel:
             self._engine.retries[registration.id] = retry
         if undo_rule is not None:
             self._undos[registration.id] = undo_rule
-        name = safe_name(registration.id, set(self._names))
         self._names[name] = registration.id
         self._specs[registration.id] = spec_of(tool, name, description)
         return tool
@@ -361,12 +369,13 @@ class Kernel:
         return list(self._specs.values())
 
     def tool_id(self, name: str) -> str:
-        """The tool id a spec's name stands for (a name a model sent; an id works too)."""
+        """The tool id a spec's name stands for (a name a model sent; an id works too, and
+        is looked up first)."""
         if isinstance(name, str):
-            if name in self._names:
-                return self._names[name]
             if name in self._engine.tools:
                 return name
+            if name in self._names:
+                return self._names[name]
         raise UnknownToolError(f"no tool is registered as {name!r}", tool_id=name)
 
     # Outcomes of calls made earlier, for a caller that resumes.

@@ -91,6 +91,15 @@ MUTANTS: list[Mutant] = [
            "            key = effects.key.derive(t.id, recorded)\n",
            "            key = effects.key.derive(t.id, dict(args))\n",
            ("tests/integration/test_public_api.py", "-k", "recorded_arguments and sqlite")),
+    # Tool ids and model-facing names never name two different tools.
+    Mutant("id-is-a-name", "a tool id is never another tool's model-facing name", KERNEL,
+           "        if registration.id in self._names:", "        if False:",
+           ("tests/unit/test_registration.py", "-k", "model_facing")),
+    Mutant("name-is-an-id", "a model-facing name is never another tool's id or name",
+           "poimen/_spec.py", "        if name not in taken:\n            return name\n",
+           "        return name\n",
+           ("tests/unit/test_registration.py", "tests/integrations/test_mcp.py", "-k",
+            "model_facing or filter_by_id")),
     # Identity and background duties.
     Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
            "        e.owner = current_owner(", "        e.owner = e.owner or current_owner(",
