@@ -31,6 +31,7 @@ from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
+from poimen._operator import abandon as operator_abandon
 from poimen._operator import decide_approval as operator_decide_approval
 from poimen._operator import resolve as operator_resolve
 from poimen._protocol import Engine, call_steps, orphan_steps
@@ -623,6 +624,20 @@ class Kernel:
             operator=operator,
             reason=reason,
         )
+
+    def abandon(self, intent_id: str, *, operator: str, reason: str) -> Intent:
+        """An operator gives up on a DISPATCHED intent whose worker will not come back: it
+        becomes INDETERMINATE (`abandoned_by_operator`), notified to this kernel's notifiers,
+        for an operator to resolve."""
+        done = operator_abandon(
+            self._engine.store,
+            intent_id,
+            operator=operator,
+            reason=reason,
+            notifiers=notifier_names(self.notifiers),
+        )
+        self._notify_soon()
+        return done
 
     def approve(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator approves a call awaiting approval: it is dispatched once, by its class

@@ -264,9 +264,15 @@ class ObservedStore:
         reason: str,
         now: float,
         context: Mapping[str, str] | None = None,
+        notifiers: tuple[str, ...] = (),
     ) -> Intent:
         it = self._inner.abandon(
-            intent_id, operator=operator, reason=reason, now=now, context=context
+            intent_id,
+            operator=operator,
+            reason=reason,
+            now=now,
+            context=context,
+            notifiers=notifiers,
         )
         self._obs.emit(
             ev.AbandonedEvent(

@@ -174,6 +174,11 @@ MUTANTS: list[Mutant] = [
     Mutant("repeat-ignores-window", "a repeated call expires a call past its approval window",
            PROTOCOL, "        if approval_due(intent, read_at):", "        if False:",
            ("tests/integration/test_approval.py", "-k", "window and sqlite")),
+    Mutant("abandon-not-notified", "an abandoned intent is notified like any Indeterminate one",
+           STORE, "                    self._insert_note(ex, intent_id, note, now)\n"
+           "                    done = self._intent_or_none(ex, intent_id)",
+           "                    done = self._intent_or_none(ex, intent_id)",
+           ("tests/integration/test_webhook.py", "-k", "abandoned and sqlite")),
     Mutant("append-only-sqlite", "events are append-only", "poimen/store/sql/sqlite/0006_retention.sql",
            "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\n"
            "WHEN NOT EXISTS (SELECT 1 FROM poimen_pruning)",

@@ -40,6 +40,7 @@ from poimen.store._base import (
     delivery_from_row,
     denial_from_row,
     event_from_row,
+    indeterminate_notification,
     intent_from_row,
     notification_from_row,
 )
@@ -51,6 +52,7 @@ from poimen.store._inline import (
 )
 from poimen.store._retention import Retention
 from poimen.store._statements import (
+    ABANDONED,
     OUTCOMES,
     Executor,
     Outcome,
@@ -417,9 +419,12 @@ class SqlStore(Retention):
         reason: str,
         now: float,
         context: Mapping[str, str] | None = None,
+        notifiers: tuple[str, ...] = (),
     ) -> Intent:
         """DISPATCHED -> INDETERMINATE by an operator, bumping the fence; one winner.
-        `context` (how the operator is known) goes into the event beside the name."""
+        `context` (how the operator is known) goes into the event beside the name. As for
+        any INDETERMINATE intent, a notification goes to the outbox in the same transaction,
+        for `notifiers` (none named: any kernel's)."""
         check_transition(S.DISPATCHED, S.INDETERMINATE)
 
         def op(ex: Executor, retrying: bool) -> Intent:
@@ -448,6 +453,8 @@ class SqlStore(Retention):
                             "owner": None if it.owner is None else it.owner.worker_id,
                         },
                     )
+                    note = indeterminate_notification(it, ABANDONED, notifiers)
+                    self._insert_note(ex, intent_id, note, now)
                     done = self._intent_or_none(ex, intent_id)
                     assert done is not None
                     return done
