@@ -100,6 +100,9 @@ MUTANTS: list[Mutant] = [
            "        return name\n",
            ("tests/unit/test_registration.py", "tests/integrations/test_mcp.py", "-k",
             "model_facing or filter_by_id")),
+    Mutant("hold-taken-twice", "a kernel never holds one intent twice", "poimen/_steps.py",
+           "            if intent_id in self._ids:\n                return False\n", "",
+           ("tests/integration/test_in_process_races.py", "-k", "run_it_once and sqlite")),
     # Identity and background duties.
     Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
            "        e.owner = current_owner(", "        e.owner = e.owner or current_owner(",
