@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from poimen._intents import Intent, IntentState
 from poimen.errors import ArgumentError, RegistrationError
 
 
@@ -57,4 +58,14 @@ def approval_rule(
         f"tool {tool_id!r}: requires_approval must be True, False or a predicate on the "
         f"arguments, not {requires!r}",
         tool_id=tool_id,
+    )
+
+
+def approval_due(intent: Intent, now: float) -> bool:
+    """Whether a call awaiting approval is past its window at `now` (it must expire, and no
+    decision may dispatch it any more)."""
+    return (
+        intent.state == IntentState.AWAITING_APPROVAL
+        and intent.next_check_at is not None
+        and intent.next_check_at <= now
     )

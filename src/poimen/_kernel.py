@@ -24,13 +24,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from poimen import _guard, _observe, _protocol, _runners, _sandbox, _undo
-from poimen._approval import ApprovalRule, approval_rule
+from poimen._approval import ApprovalRule, approval_due, approval_rule
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
 from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
+from poimen._operator import abandon as operator_abandon
 from poimen._operator import decide_approval as operator_decide_approval
 from poimen._operator import resolve as operator_resolve
 from poimen._protocol import Engine, call_steps, orphan_steps
@@ -280,6 +281,14 @@ class Kernel:
             raise RegistrationError(
                 f"tool {registration.id!r} is already registered", tool_id=registration.id
             )
+        if registration.id in self._names:  # an id and a name must never name two tools
+            other = self._names[registration.id]
+            raise RegistrationError(
+                f"tool id {registration.id!r} is the model-facing name of tool {other!r}; "
+                f"give {registration.id!r} another id",
+                tool_id=registration.id,
+                other=other,
+            )
         if isinstance(fn, ToolHandle):  # one function registered under another id as well
             fn = fn.__wrapped__
         tool = build_tool(registration, fn)
@@ -291,6 +300,7 @@ class Kernel:
             raise RegistrationError(
                 f"tool {registration.id!r}: description must be text", tool_id=registration.id
             )
+        name = safe_name(registration.id, set(self._names))
         self._engine.tools[registration.id] = tool
         if rule is not None:
             self._approvals[registration.id] = rule
@@ -298,7 +308,6 @@ class Kernel:
             self._engine.retries[registration.id] = retry
         if undo_rule is not None:
             self._undos[registration.id] = undo_rule
-        name = safe_name(registration.id, set(self._names))
         self._names[name] = registration.id
         self._specs[registration.id] = spec_of(tool, name, description)
         return tool
@@ -361,12 +370,13 @@ class Kernel:
         return list(self._specs.values())
 
     def tool_id(self, name: str) -> str:
-        """The tool id a spec's name stands for (a name a model sent; an id works too)."""
+        """The tool id a spec's name stands for (a name a model sent; an id works too, and
+        is looked up first)."""
         if isinstance(name, str):
-            if name in self._names:
-                return self._names[name]
             if name in self._engine.tools:
                 return name
+            if name in self._names:
+                return self._names[name]
         raise UnknownToolError(f"no tool is registered as {name!r}", tool_id=name)
 
     # Outcomes of calls made earlier, for a caller that resumes.
@@ -416,6 +426,9 @@ class Kernel:
         if intent is None:
             raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
         e = self._engine
+        if approval_due(intent, read_at):  # no decision came within its window
+            e.store.expire_approvals(read_at, 1, intent.id)
+            intent = e.store.get_intent(intent.id) or intent
         t = e.tools.get(intent.tool_id)
         if t is not None and e.claimable(intent, read_at) == "claimable":
             out = run_sync(e, orphan_steps(e, t, intent, CallState()))
@@ -612,6 +625,20 @@ class Kernel:
             operator=operator,
             reason=reason,
         )
+
+    def abandon(self, intent_id: str, *, operator: str, reason: str) -> Intent:
+        """An operator gives up on a DISPATCHED intent whose worker will not come back: it
+        becomes INDETERMINATE (`abandoned_by_operator`), notified to this kernel's notifiers,
+        for an operator to resolve."""
+        done = operator_abandon(
+            self._engine.store,
+            intent_id,
+            operator=operator,
+            reason=reason,
+            notifiers=notifier_names(self.notifiers),
+        )
+        self._notify_soon()
+        return done
 
     def approve(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator approves a call awaiting approval: it is dispatched once, by its class

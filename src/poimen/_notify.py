@@ -21,7 +21,13 @@ import httpx
 from poimen._intents import Intent, IntentState, Notification
 from poimen._operator import redact_url, redact_urls
 from poimen.errors import PoimenError
-from poimen.store._base import ANY_NOTIFIER, NewDispatch, NewNotification, Store
+from poimen.store._base import (
+    ANY_NOTIFIER,
+    NewDispatch,
+    NewNotification,
+    Store,
+    indeterminate_notification,
+)
 
 log = logging.getLogger("poimen.notify")
 
@@ -87,20 +93,7 @@ def notifier_names(notifiers: Sequence[Notifier]) -> tuple[str, ...]:
 def indeterminate_note(
     intent: Intent, reason: str, notifiers: Sequence[Notifier] = ()
 ) -> NewNotification:
-    payload = {
-        "intent_id": intent.id,
-        "call_id": intent.call_id,
-        "tool_id": intent.tool_id,
-        "effect": intent.effect,
-        "reason": reason,
-        "created_at": intent.created_at,
-    }
-    return NewNotification(
-        delivery_id=f"{intent.id}:indeterminate",
-        kind="indeterminate",
-        payload=json.dumps(payload, sort_keys=True),
-        notifiers=notifier_names(notifiers),
-    )
+    return indeterminate_notification(intent, reason, notifier_names(notifiers))
 
 
 def approval_note(

@@ -13,6 +13,7 @@ from poimen._intents import (
     IntentState,
     Owner,
 )
+from poimen.errors import ApprovalExpiredError
 from poimen.store._base import NewDispatch, NewNotification
 
 if TYPE_CHECKING:
@@ -263,9 +264,15 @@ class ObservedStore:
         reason: str,
         now: float,
         context: Mapping[str, str] | None = None,
+        notifiers: tuple[str, ...] = (),
     ) -> Intent:
         it = self._inner.abandon(
-            intent_id, operator=operator, reason=reason, now=now, context=context
+            intent_id,
+            operator=operator,
+            reason=reason,
+            now=now,
+            context=context,
+            notifiers=notifiers,
         )
         self._obs.emit(
             ev.AbandonedEvent(
@@ -295,9 +302,19 @@ class ObservedStore:
         now: float,
         context: Mapping[str, str] | None = None,
     ) -> Intent:
-        it = self._inner.decide_approval(
-            intent_id, approve=approve, operator=operator, reason=reason, now=now, context=context
-        )
+        try:
+            it = self._inner.decide_approval(
+                intent_id,
+                approve=approve,
+                operator=operator,
+                reason=reason,
+                now=now,
+                context=context,
+            )
+        except ApprovalExpiredError as exc:
+            if getattr(exc, "expired_here", False):  # this decision came late and expired it
+                self._obs.emit(ev.ApprovalExpiredEvent(**self._about(intent_id)))
+            raise
         self._obs.emit(
             ev.ApprovalDecidedEvent(
                 **self._decided(it), approved=approve, operator=operator, reason=reason
@@ -305,8 +322,10 @@ class ObservedStore:
         )
         return it
 
-    def expire_approvals(self, now: float, limit: int = 500) -> list[str]:
-        ids = self._inner.expire_approvals(now, limit)
+    def expire_approvals(
+        self, now: float, limit: int = 500, intent_id: str | None = None
+    ) -> list[str]:
+        ids = self._inner.expire_approvals(now, limit, intent_id)
         for intent_id in ids:
             self._obs.emit(ev.ApprovalExpiredEvent(**self._about(intent_id)))
         return ids

@@ -394,16 +394,31 @@ def resolve(
     )
 
 
-def abandon(store: Store, intent_id: str, *, operator: str | Identity, reason: str) -> Intent:
+def abandon(
+    store: Store,
+    intent_id: str,
+    *,
+    operator: str | Identity,
+    reason: str,
+    notifiers: tuple[str, ...] = (),
+) -> Intent:
     """Give up on a DISPATCHED intent whose worker will not come back: it becomes
-    INDETERMINATE (`ABANDONED`) for an operator to resolve as usual.
+    INDETERMINATE (`ABANDONED`) for an operator to resolve as usual, notified like any
+    Indeterminate intent (for `notifiers` by name; none named: any kernel's).
 
     The fence moves on, so an outcome the old worker reports after all is kept only as late
     evidence. Audited like `resolve`; any other state is refused (`NotDispatchedError`),
     and of two operators abandoning at once exactly one wins.
     """
     name, reason, context = _who_and_why("abandon", operator, reason)
-    return store.abandon(intent_id, operator=name, reason=reason, now=store.now(), context=context)
+    return store.abandon(
+        intent_id,
+        operator=name,
+        reason=reason,
+        now=store.now(),
+        context=context,
+        notifiers=notifiers,
+    )
 
 
 def decide_approval(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from poimen import _crashpoints
+from poimen._approval import approval_due
 from poimen._capability import Issuer
 from poimen._decide import (
     Answer,
@@ -242,6 +243,9 @@ def existing_steps(
     end = time.monotonic() + e.wait_bound
     read_at = d.now  # the clock before the row was read (the dispatch commit read it)
     while True:
+        if approval_due(intent, read_at):  # repeated after its window: it expires now
+            yield Block(e.store.expire_approvals, (read_at, 1, intent.id))
+            intent = (yield Block(e.store.get_intent, (intent.id,))) or intent
         if intent.state != S.DISPATCHED:
             return answer(intent)
         if e.claimable(intent, read_at) == "claimable":

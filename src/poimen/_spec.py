@@ -55,7 +55,12 @@ def safe_name(tool_id: str, taken: set[str]) -> str:
     base = _UNSAFE_CHARS.sub("_", tool_id)[:55] or "tool"
     if base not in taken:
         return base
-    return f"{base}_{hashlib.sha256(tool_id.encode()).hexdigest()[:8]}"
+    digest = hashlib.sha256(tool_id.encode()).hexdigest()
+    for n in range(8, len(digest) + 1):  # a longer digest until no tool has the name
+        name = f"{base}_{digest[:n]}"
+        if name not in taken:
+            return name
+    raise AssertionError(f"no free name for {tool_id!r}")
 
 
 def spec_of(t: Tool, name: str, description: str | None) -> ToolSpec:

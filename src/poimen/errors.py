@@ -139,6 +139,11 @@ class NotAwaitingApprovalError(PoimenError):
     """Only a call awaiting approval can be approved or rejected."""
 
 
+class ApprovalExpiredError(NotAwaitingApprovalError):
+    """The call's approval window (`approval_ttl`) ended before this decision: it failed
+    (`approval_expired`) and nothing was sent."""
+
+
 class ToolCallFailedError(PoimenError):
     """A tool call failed and had no effect (or an operator decided it did not land).
 

@@ -13,10 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from poimen import (
     CallbackNotifier,
+    Caps,
     Completed,
     Failed,
     Indeterminate,
@@ -24,8 +26,16 @@ from poimen import (
     Kernel,
     Notification,
     Pending,
+    ToolContext,
+    Unsafe,
 )
-from poimen.errors import ArgumentError, NotAwaitingApprovalError, RegistrationError
+from poimen.errors import (
+    ApprovalExpiredError,
+    ArgumentError,
+    CallIdMismatchError,
+    NotAwaitingApprovalError,
+    RegistrationError,
+)
 from poimen.store import open_store
 from poimen.testing import ProviderClient, ProviderProcess, kill_at_pause
 from tests.integration.approval_app import CHARGE, EMAIL, make_kernel
@@ -300,3 +310,200 @@ def test_an_approved_call_nobody_resumes_is_run_once_by_any_kernels_recovery(
     with make_kernel(store_url, provider.url) as k:
         assert isinstance(k.outcome("c1"), Completed)
         assert not isinstance(k.outcome("c1"), Indeterminate)
+
+
+# The approval window (`approval_ttl`): a decision, a waiting caller and a repeated call all
+# apply it, whether or not a recovery pass has run since it ended.
+
+WINDOW = 0.3
+LATE = "ap.late"
+
+
+def windowed_kernel(store_url: str, provider: str) -> Kernel:
+    k = Kernel(store_url, notifiers=[])
+    client = httpx.Client(base_url=provider, timeout=5)
+    k.on_close(client.close)
+
+    @k.tool(id=LATE, effects=Unsafe(), caps=Caps(), timeout=5, requires_approval=True,
+            approval_ttl=WINDOW)
+    def late(ctx: ToolContext, to: str) -> Any:
+        return client.post("/plain", json={"to": to, "call_id": ctx.call_id}).json()
+
+    return k
+
+
+def past_window(k: Kernel, call_id: str) -> None:
+    """Until the log's own clock is past the call's approval window."""
+    ends = intent_of(k, call_id).next_check_at
+    assert ends is not None
+    give_up = time.monotonic() + 60
+    while k.store.now() <= ends:
+        assert time.monotonic() < give_up, "the log's clock never passed the window"
+        time.sleep(0.02)
+
+
+def expired(k: Kernel, call_id: str) -> None:
+    it = intent_of(k, call_id)
+    assert (it.state, it.reason) == (S.FAILED, "approval_expired"), it
+    assert [e.kind for e in k.store.events(it.id)][-1] == "approval_expired"
+
+
+def test_an_approval_after_its_window_is_refused_and_sends_nothing(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    with windowed_kernel(store_url, provider.url) as k:
+        out = k.call(LATE, {"to": "bob"}, call_id="c1")
+        assert isinstance(out, Pending)
+        past_window(k, "c1")
+        refused: Exception | None = None
+        try:  # no recovery pass has expired it: the decision itself must see the window
+            k.approve(out.intent_id, operator="ann", reason="late")
+        except NotAwaitingApprovalError as exc:
+            refused = exc
+        done = k.wait_sync("c1", timeout=30)
+        k.recover()
+        assert sent(ledger, "c1") == 0
+        assert isinstance(done, Failed) and done.error == "no operator approved it in time"
+        assert isinstance(refused, ApprovalExpiredError) and refused.state == "FAILED"
+        expired(k, "c1")
+        assert "approved" not in [e.kind for e in k.store.events(out.intent_id)]
+
+
+def test_poimen_approve_after_the_window_is_refused_and_sends_nothing(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    from tests.integration.operator_app import poimen
+
+    with windowed_kernel(store_url, provider.url) as k:
+        out = k.call(LATE, {"to": "bob"}, call_id="c1")
+        past_window(k, "c1")
+    r = poimen("approve", "c1", "--operator", "ann", "--reason", "late", db=store_url)
+    assert r.returncode == 1 and "approval window" in r.stderr, r.stderr
+    with windowed_kernel(store_url, provider.url) as k:
+        assert isinstance(k.wait_sync("c1", timeout=30), Failed)
+        k.recover()
+        expired(k, "c1")
+        assert k.store.get_intent(out.intent_id).fence == 2  # type: ignore[union-attr]
+    assert sent(ledger, "c1") == 0
+
+
+def test_the_store_refuses_an_approval_after_the_window_whoever_calls_it(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    with windowed_kernel(store_url, provider.url) as k:
+        out = k.call(LATE, {"to": "bob"}, call_id="c1")
+        ends = intent_of(k, "c1").next_check_at
+        assert ends is not None
+        # Straight to the store, with a clock just past the window: no caller checks it.
+        with pytest.raises(ApprovalExpiredError):
+            k.store.decide_approval(out.intent_id, approve=True, operator="ann", reason="r",
+                                    now=ends + 0.001)
+        expired(k, "c1")
+        with pytest.raises(ApprovalExpiredError):  # and a reject says why, too
+            k.store.decide_approval(out.intent_id, approve=False, operator="ann", reason="r",
+                                    now=ends + 0.002)
+        # Just inside the window, the same store approves.
+        inside = k.call(LATE, {"to": "bob"}, call_id="c2")
+        ends = intent_of(k, "c2").next_check_at
+        assert ends is not None
+        done = k.store.decide_approval(inside.intent_id, approve=True, operator="ann",
+                                       reason="r", now=ends - 0.001)
+        assert done.state == S.DISPATCHED
+        assert isinstance(k.wait_sync("c2", timeout=30), Completed)
+    assert sent(ledger, "c1") == 0 and sent(ledger, "c2") == 1
+
+
+def test_a_waiting_caller_and_a_repeated_call_see_the_window_end(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    with windowed_kernel(store_url, provider.url) as k:
+        for call_id in ("waited", "repeated"):
+            assert isinstance(k.call(LATE, {"to": call_id}, call_id=call_id), Pending)
+        past_window(k, "repeated")
+        # No recovery pass, no upkeep: the caller itself finds the window over.
+        waited = k.wait_sync("waited", timeout=10)
+        assert isinstance(waited, Failed) and waited.error == "no operator approved it in time"
+        again = k.call(LATE, {"to": "repeated"}, call_id="repeated")
+        assert isinstance(again, Failed) and again.error == "no operator approved it in time"
+        for call_id in ("waited", "repeated"):
+            expired(k, call_id)
+            with pytest.raises(ApprovalExpiredError):
+                k.approve(intent_of(k, call_id).id, operator="ann", reason="too late")
+        assert k.recover().expired == 0
+    assert sent(ledger, "waited") == 0 and sent(ledger, "repeated") == 0
+
+
+def test_an_approval_and_the_expiry_racing_have_one_winner(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    with windowed_kernel(store_url, provider.url) as k:
+        results: dict[str, str] = {}
+        for n in range(5):
+            call_id = f"race-{n}"
+            iid = k.call(LATE, {"to": call_id}, call_id=call_id).intent_id
+            ends = intent_of(k, call_id).next_check_at
+            assert ends is not None
+            gate = threading.Barrier(2)
+
+            def approve(iid: str = iid, ends: float = ends, gate: Any = gate) -> None:
+                gate.wait()
+                try:  # decided just inside the window, committed who knows when
+                    k.store.decide_approval(iid, approve=True, operator="ann", reason="r",
+                                            now=ends - 0.001)
+                    results[iid] = "approved"
+                except NotAwaitingApprovalError:
+                    pass
+
+            def expire(ends: float = ends, gate: Any = gate) -> None:
+                gate.wait()
+                k.store.expire_approvals(ends + 0.001)
+
+            threads = [threading.Thread(target=approve), threading.Thread(target=expire)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            it = intent_of(k, call_id)
+            kinds = [e.kind for e in k.store.events(iid)]
+            if results.get(iid) == "approved":
+                assert it.state == S.DISPATCHED and "approval_expired" not in kinds
+                assert isinstance(k.wait_sync(call_id, timeout=30), Completed)
+                assert sent(ledger, call_id) == 1
+            else:
+                assert (it.state, it.reason) == (S.FAILED, "approval_expired")
+                assert "approved" not in kinds
+                assert isinstance(k.wait_sync(call_id, timeout=30), Failed)
+                assert sent(ledger, call_id) == 0
+            assert it.fence == 2
+
+
+def test_a_call_id_awaiting_approval_names_that_call_only(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    k = make_kernel(store_url, provider.url)
+    try:
+        first = k.call(EMAIL, {"to": "bob"}, call_id="c1")
+        big = k.call(CHARGE, {"order": "o1", "cents": 5000}, call_id="c2")
+        assert isinstance(first, Pending) and isinstance(big, Pending)
+        # Other arguments (which would wait too), another tool, arguments that would not wait:
+        # never "awaiting approval" for arguments nobody is asked about.
+        for tool, args, call_id in (
+            (EMAIL, {"to": "eve"}, "c1"),
+            (CHARGE, {"order": "o1", "cents": 5000}, "c1"),
+            (CHARGE, {"order": "o1", "cents": 9000}, "c2"),
+            (CHARGE, {"order": "o1", "cents": 5}, "c2"),
+        ):
+            with pytest.raises(CallIdMismatchError):
+                k.call(tool, args, call_id=call_id)
+        for out in (first, big):
+            it = k.store.get_intent(out.intent_id)
+            assert it is not None and (it.state, it.fence) == (S.AWAITING_APPROVAL, 1)
+        # Approved, each runs once, with the arguments the operator was asked about.
+        k.approve(first.intent_id, operator="ann", reason="ok")
+        k.approve(big.intent_id, operator="ann", reason="ok")
+        assert isinstance(k.wait_sync("c1", timeout=30), Completed)
+        assert isinstance(k.wait_sync("c2", timeout=30), Completed)
+    finally:
+        k.close()
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["bob"]
+    assert [e["body"]["cents"] for e in ledger.entries(kind="keyed")] == [5000]

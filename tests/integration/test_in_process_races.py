@@ -212,3 +212,72 @@ def _expire_lease(k: Kernel, intent_id: str) -> None:
     assert isinstance(k.store, SqliteStore)
     with sqlite3.connect(k.store.path) as conn:
         conn.execute("UPDATE intents SET lease_expires_at = 0 WHERE id = ?", (intent_id,))
+
+
+def test_two_threads_taking_over_one_intent_run_it_once(kernel: Kernel) -> None:
+    """Two threads of one kernel find the same orphan claimable at once. Only one may hold
+    it: otherwise the loser (whose seize fails) releases the winner's hold while the tool
+    still runs, and the kernel's next pass takes the running call again."""
+    import dataclasses
+    import queue
+
+    from poimen import Pending
+    from poimen._intents import Owner
+    from poimen._steps import Holds
+
+    runs: list[str] = []  # the application's own record of its effects
+    started, release = threading.Event(), threading.Event()
+
+    @kernel.tool(id="slow", effects=Idempotent(key=KeyDerivation.fields("order")), caps=Caps(),
+                 timeout=300)
+    def slow(ctx: ToolContext, order: str) -> str:
+        runs.append(order)
+        if len(runs) == 1:
+            started.set()
+            assert release.wait(300)
+        return "charged"
+
+    # A call whose owner, on another host, stopped renewing its lease.
+    _, d, _ = kernel._prepare("slow", {"order": "o1"}, "c1")
+    gone = Owner("w-gone", "another-host", 4242, "1")
+    kernel.store.record_dispatch(
+        dataclasses.replace(d, owner=gone, lease_expires_at=d.now - 1)
+    )
+    both_judged = threading.Barrier(2, timeout=120)
+
+    class RacingHolds(Holds):
+        """Both threads judged the intent claimable before either takes its hold."""
+
+        __slots__ = ("racers",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.racers = 2
+
+        def take(self, intent_id: str) -> bool:
+            with self._lock:
+                racing, self.racers = self.racers > 0, self.racers - 1
+            if racing:
+                both_judged.wait()
+            return super().take(intent_id)
+
+    kernel._engine.holds = RacingHolds()
+    answers: queue.Queue[Any] = queue.Queue()
+    threads = [
+        threading.Thread(target=lambda: answers.put(kernel.wait_sync("c1", timeout=0)))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        assert started.wait(120), "neither thread ran the tool"
+        assert isinstance(answers.get(timeout=120), Pending)  # the one that did not run it
+        _recover_now(kernel)  # the kernel's next pass, while the tool still runs
+    finally:
+        release.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert runs == ["o1"]
+    assert isinstance(answers.get(timeout=120), Completed)
+    # The gone owner's attempt and the takeover's: no third.
+    assert kernel.store.get_by_call_id("c1").attempts == 2  # type: ignore[union-attr]

@@ -29,7 +29,7 @@ from poimen import (
     Unsafe,
     call_ids,
 )
-from poimen.errors import CapabilityDeniedError, PoimenError, UnknownToolError
+from poimen.errors import CapabilityDeniedError, PoimenError, RegistrationError, UnknownToolError
 from poimen.testing import ProviderClient, ProviderProcess
 from tests.integration.test_lifecycle import intent_of, orphan
 
@@ -44,19 +44,28 @@ def test_specs_give_every_tool_a_name_a_model_provider_accepts(store_url: str) -
             """Charge an order."""
             return order
 
-        @k.tool(id="billing_charge", effects=Unsafe(), caps=Caps(), timeout=5,
-                description="Another tool whose id is the first one's alias.")
         def other(ctx: ToolContext) -> None:
             return None
 
-        first, second = k.specs()
+        # An id that is another tool's name would name two tools: refused.
+        with pytest.raises(RegistrationError, match=r"'billing_charge'.*'billing\.charge'"):
+            k.tool(id="billing_charge", effects=Unsafe(), caps=Caps(), timeout=5)(other)
+        # The other way round, the later tool's name steps aside.
+        k.tool(id="billing_refund", effects=Unsafe(), caps=Caps(), timeout=5,
+               description="Another tool whose id is the next one's alias.")(other)
+        k.tool(id="billing.refund", effects=Unsafe(), caps=Caps(), timeout=5)(other)
+
+        first, second, third = k.specs()
         assert (first.id, first.name, first.description, first.effect) == (
             "billing.charge", "billing_charge", "Charge an order.", "idempotent")
-        assert second.name != "billing_charge" and second.name.startswith("billing_charge")
-        assert second.description == "Another tool whose id is the first one's alias."
+        assert second.name == "billing_refund"
+        assert third.name != "billing_refund" and third.name.startswith("billing_refund")
+        assert second.description == "Another tool whose id is the next one's alias."
         assert first.parameters["required"] == ["order"]
         assert set(first.parameters["properties"]) == {"order", "cents"}
         assert k.tool_id("billing_charge") == "billing.charge"
+        assert k.tool_id("billing_refund") == "billing_refund"
+        assert k.tool_id(third.name) == "billing.refund"
         assert k.spec("billing.charge") == first == charge.spec
         with pytest.raises(UnknownToolError):
             k.tool_id("nope")

@@ -22,6 +22,7 @@ import pytest
 
 from poimen import IntentState, Kernel, LogNotifier, WebhookNotifier
 from poimen.errors import PoimenError
+from poimen.store import open_store
 from poimen.testing import (
     EMAIL,
     ProviderClient,
@@ -29,7 +30,7 @@ from poimen.testing import (
     kill_at_pause,
     register_test_tools,
 )
-from tests.contract.test_store_contract import raw
+from tests.contract.test_store_contract import dispatch, raw
 from tests.integration.operator_app import POIMEN, ROOT, crash, register_ops
 
 SECRET = "whsec-test-4f1d"
@@ -436,3 +437,36 @@ def test_a_kernel_without_notifiers_leaves_its_notes_to_any_that_has_some(
         [note] = k.store.notifications(intent.id)
     assert note.delivered_at is not None
     assert receiver.accepted() == {f"{intent.id}:indeterminate": 1}
+
+
+def test_an_abandoned_call_is_notified_like_any_indeterminate_one(
+    store_url: str, receiver: Receiver
+) -> None:
+    from tests.integration.operator_app import poimen
+
+    store = open_store(store_url)
+    try:
+        by_cli = dispatch(store, "run-1/stuck", effect="unsafe")
+        by_kernel = dispatch(store, "run-2/stuck", effect="unsafe")
+    finally:
+        store.close()
+    # The command line has no notifiers: its note is for any kernel's.
+    r = poimen("abandon", by_cli, "--operator", "ana", "--reason", "host h1 is gone", db=store_url)
+    assert r.returncode == 0, r.stderr
+    hook = WebhookNotifier(receiver.url, secret=SECRET)
+    with Kernel(store_url, notifiers=[hook]) as k:
+        assert k.deliver_notifications() == 1
+        k.abandon(by_kernel, operator="bo", reason="host h2 is gone")
+        give_up = time.monotonic() + 60  # the kernel's delivery duty sends it, soon
+        while len(receiver.accepted()) < 2:
+            assert time.monotonic() < give_up, receiver.requests
+            k.deliver_notifications()
+            time.sleep(0.05)
+        for iid in (by_cli, by_kernel):
+            [note] = k.store.notifications(iid)
+            assert note.kind == "indeterminate" and note.delivered_at is not None
+    assert receiver.accepted() == {f"{by_cli}:indeterminate": 1, f"{by_kernel}:indeterminate": 1}
+    for d in receiver.requests:
+        assert d.signature_ok and d.body["kind"] == "indeterminate"
+        assert d.body["intent"]["reason"] == "abandoned_by_operator"
+        assert d.body["intent"]["id"] in (by_cli, by_kernel)

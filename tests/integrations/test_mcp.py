@@ -256,6 +256,42 @@ def test_bad_input_is_refused_before_anything_is_recorded(kernel: Kernel) -> Non
     run(mcp_server(kernel, tools=["test.email"]), not_served)
 
 
+def test_a_tools_filter_by_id_serves_and_runs_that_tool_only(
+    kernel: Kernel, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """An id and a model-facing name never name two tools: the filter by the read-only tool's
+    id serves it, and a call through it never reaches the Unsafe refund."""
+    import hashlib
+
+    import httpx
+
+    # The id the refund's name would take once "billing_refund" is taken.
+    lookup_id = f"billing_refund_{hashlib.sha256(b'billing.refund').hexdigest()[:8]}"
+    looked: list[str] = []
+
+    def look(ctx: ToolContext, order_id: str) -> str:
+        looked.append(order_id)
+        return "refundable"
+
+    kernel.tool(id=lookup_id, effects=ReadOnly(), caps=Caps(), timeout=5)(look)
+    kernel.tool(id="billing_refund", effects=ReadOnly(), caps=Caps(), timeout=5)(look)
+
+    @kernel.tool(id="billing.refund", effects=Unsafe(), caps=Caps(), timeout=5)
+    def refund(ctx: ToolContext, order_id: str) -> Any:
+        with httpx.Client(base_url=provider.url, timeout=5) as client:
+            return client.post("/plain", json={"to": order_id}).json()
+
+    async def list_and_call(c: Client) -> Any:
+        [tool] = (await c.list_tools()).tools
+        return tool.name, await c.call_tool(tool.name, {"order_id": "o-9"},
+                                            meta={CALL_ID_META: "f-1"})
+
+    name, result = run(mcp_server(kernel, tools=[lookup_id]), list_and_call)
+    assert name == lookup_id and not result.is_error
+    assert plain_to(ledger, "o-9") == 0 and looked == ["o-9"]
+    assert kernel.store.get_by_call_id("mcp/f-1").tool_id == lookup_id  # type: ignore[union-attr]
+
+
 # Importing a remote server's tools.
 
 

@@ -93,6 +93,18 @@ MUTANTS: list[Mutant] = [
            "            key = effects.key.derive(t.id, recorded)\n",
            "            key = effects.key.derive(t.id, dict(args))\n",
            ("tests/integration/test_public_api.py", "-k", "recorded_arguments and sqlite")),
+    # Tool ids and model-facing names never name two different tools.
+    Mutant("id-is-a-name", "a tool id is never another tool's model-facing name", KERNEL,
+           "        if registration.id in self._names:", "        if False:",
+           ("tests/unit/test_registration.py", "-k", "model_facing")),
+    Mutant("name-is-an-id", "a model-facing name is never another tool's id or name",
+           "poimen/_spec.py", "        if name not in taken:\n            return name\n",
+           "        return name\n",
+           ("tests/unit/test_registration.py", "tests/integrations/test_mcp.py", "-k",
+            "model_facing or filter_by_id")),
+    Mutant("hold-taken-twice", "a kernel never holds one intent twice", "poimen/_steps.py",
+           "            if intent_id in self._ids:\n                return False\n", "",
+           ("tests/integration/test_in_process_races.py", "-k", "run_it_once and sqlite")),
     # Identity and background duties.
     Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
            "        e.owner = current_owner(", "        e.owner = e.owner or current_owner(",
@@ -142,10 +154,36 @@ MUTANTS: list[Mutant] = [
     # SQLite reads under its one writer; PostgreSQL's reads take no lock, so the race there.
     Mutant("approve-two-winners", "an approval has exactly one winner", SQL,
            "\"reason = 'approved', updated_at = ? \"\n"
-           "            \"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'\"",
+           "            \"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"",
            "\"reason = 'approved', updated_at = ? \"\n"
-           "            \"WHERE id = ? AND fence >= ?\"",
+           "            \"WHERE id = ? AND fence >= ? \"",
            ("tests/integration/test_approval.py", "-k", "sqlite or held_row")),
+    # The window is in the compare-and-set itself, so no caller can approve past it.
+    Mutant("approve-after-window", "an approval counts only within its window", SQL,
+           "\"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"\n"
+           "            \"AND (next_check_at IS NULL OR next_check_at > ?)\"\n"
+           "        )\n        self.reject",
+           "\"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"\n"
+           "            \"AND (next_check_at IS NULL OR next_check_at > ? OR 1 = 1)\"\n"
+           "        )\n        self.reject",
+           ("tests/integration/test_approval.py", "-k", "window and sqlite")),
+    Mutant("approval-repeat-mismatch", "a call id awaiting approval names that call only",
+           PROTOCOL,
+           "approval.expires_at))\n    if not created:\n"
+           "        return (yield from existing_steps(e, t, intent, d, c))",
+           "approval.expires_at))\n    if not created:\n        return answer(intent)",
+           ("tests/integration/test_approval.py", "-k", "names_that_call and sqlite")),
+    Mutant("wait-ignores-window", "a waiting caller expires a call past its approval window",
+           KERNEL, "        if approval_due(intent, read_at):", "        if False:",
+           ("tests/integration/test_approval.py", "-k", "window and sqlite")),
+    Mutant("repeat-ignores-window", "a repeated call expires a call past its approval window",
+           PROTOCOL, "        if approval_due(intent, read_at):", "        if False:",
+           ("tests/integration/test_approval.py", "-k", "window and sqlite")),
+    Mutant("abandon-not-notified", "an abandoned intent is notified like any Indeterminate one",
+           STORE, "                    self._insert_note(ex, intent_id, note, now)\n"
+           "                    done = self._intent_or_none(ex, intent_id)",
+           "                    done = self._intent_or_none(ex, intent_id)",
+           ("tests/integration/test_webhook.py", "-k", "abandoned and sqlite")),
     Mutant("append-only-sqlite", "events are append-only", "poimen/store/sql/sqlite/0006_retention.sql",
            "CREATE TRIGGER events_append_only_d BEFORE DELETE ON events\n"
            "WHEN NOT EXISTS (SELECT 1 FROM poimen_pruning)",
@@ -235,6 +273,11 @@ MUTANTS: list[Mutant] = [
            "    detail = json.loads(e.detail) if e.detail else None\n",
            ("tests/unit/test_operator.py", "tests/integration/test_cli.py", "-k",
             "redact or secret")),
+    Mutant("operator-name-blank", "an operator's decision needs a real name",
+           "poimen/_operator.py",
+           "    if not isinstance(operator, str) or not operator.strip():\n",
+           "    if not isinstance(operator, str):\n",
+           ("tests/integration/test_operator_names.py",)),
     Mutant("webhook-future-timestamp", "a webhook signature from the future is refused",
            "poimen/_notify.py",
            "if abs((time.time() if now is None else now) - int(timestamp)) > tolerance:",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import random
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from poimen import (
     KeyDerivation,
     NotLanded,
     Queryable,
+    ReadOnly,
     ToolContext,
     ToolRegistration,
     Unsafe,
@@ -61,6 +63,29 @@ def test_the_same_id_twice_is_refused(kernel: Kernel) -> None:
     kernel.tool(id="t", effects=Unsafe(), caps=Caps(), timeout=1)(noop)
     with pytest.raises(RegistrationError, match="already registered"):
         kernel.tool(id="t", effects=Unsafe(), caps=Caps(), timeout=1)(noop)
+
+
+def test_an_id_that_is_another_tools_model_facing_name_is_refused(kernel: Kernel) -> None:
+    kernel.tool(id="billing.refund", effects=Unsafe(), caps=Caps(), timeout=1)(noop)
+    assert kernel.spec("billing.refund").name == "billing_refund"
+    with pytest.raises(RegistrationError, match=r"'billing_refund'.*'billing\.refund'"):
+        kernel.tool(id="billing_refund", effects=ReadOnly(), caps=Caps(), timeout=1)(noop)
+    assert set(kernel.registered()) == {"billing.refund"}
+    assert kernel.tool_id("billing_refund") == "billing.refund"  # its name, one tool
+
+
+def test_a_model_facing_name_never_takes_another_tools_id(kernel: Kernel) -> None:
+    # The id the name of "billing.refund" would get once "billing_refund" is taken.
+    taken = f"billing_refund_{hashlib.sha256(b'billing.refund').hexdigest()[:8]}"
+    for tool_id in (taken, "billing_refund", "billing.refund"):
+        kernel.tool(id=tool_id, effects=ReadOnly(), caps=Caps(), timeout=1)(noop)
+    names = {s.name: s.id for s in kernel.specs()}
+    assert len(names) == 3  # three tools, three names
+    for tool_id in kernel.registered():  # an id resolves to itself, a name to its own tool
+        assert kernel.tool_id(tool_id) == tool_id
+        assert kernel.tool_id(kernel.spec(tool_id).name) == tool_id
+        assert kernel.spec(tool_id).id == tool_id
+    assert names[taken] == taken and names["billing_refund"] == "billing_refund"
 
 
 @pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), True])

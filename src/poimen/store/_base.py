@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,27 @@ class NewNotification:
 
     def targets(self) -> tuple[str, ...]:
         return self.notifiers or (ANY_NOTIFIER,)
+
+
+def indeterminate_notification(
+    intent: Intent, reason: str, notifiers: tuple[str, ...] = ()
+) -> NewNotification:
+    """The note written with the transaction that makes `intent` INDETERMINATE (once per
+    intent: its delivery id is the intent's)."""
+    payload = {
+        "intent_id": intent.id,
+        "call_id": intent.call_id,
+        "tool_id": intent.tool_id,
+        "effect": intent.effect,
+        "reason": reason,
+        "created_at": intent.created_at,
+    }
+    return NewNotification(
+        delivery_id=f"{intent.id}:indeterminate",
+        kind="indeterminate",
+        payload=json.dumps(payload, sort_keys=True),
+        notifiers=notifiers,
+    )
 
 
 class Store(Protocol):
@@ -150,6 +172,7 @@ class Store(Protocol):
         reason: str,
         now: float,
         context: Mapping[str, str] | None = None,
+        notifiers: tuple[str, ...] = (),
     ) -> Intent: ...
     def record_awaiting(
         self, d: NewDispatch, note: NewNotification, expires_at: float | None
@@ -164,7 +187,9 @@ class Store(Protocol):
         now: float,
         context: Mapping[str, str] | None = None,
     ) -> Intent: ...
-    def expire_approvals(self, now: float, limit: int = 500) -> list[str]: ...
+    def expire_approvals(
+        self, now: float, limit: int = 500, intent_id: str | None = None
+    ) -> list[str]: ...
 
     # Retention (`poimen prune`).
     def prune_candidates(self, *, after_id: str, before: float, limit: int) -> list[Intent]: ...

@@ -25,6 +25,7 @@ from poimen._intents import (
 )
 from poimen.errors import (
     AlreadyUndoneError,
+    ApprovalExpiredError,
     IntentNotFoundError,
     NotAwaitingApprovalError,
     NotDispatchedError,
@@ -41,6 +42,7 @@ from poimen.store._base import (
     delivery_from_row,
     denial_from_row,
     event_from_row,
+    indeterminate_notification,
     intent_from_row,
     notification_from_row,
 )
@@ -52,6 +54,7 @@ from poimen.store._inline import (
 )
 from poimen.store._retention import Retention
 from poimen.store._statements import (
+    ABANDONED,
     OUTCOMES,
     Executor,
     Outcome,
@@ -420,9 +423,12 @@ class SqlStore(Retention):
         reason: str,
         now: float,
         context: Mapping[str, str] | None = None,
+        notifiers: tuple[str, ...] = (),
     ) -> Intent:
         """DISPATCHED -> INDETERMINATE by an operator, bumping the fence; one winner.
-        `context` (how the operator is known) goes into the event beside the name."""
+        `context` (how the operator is known) goes into the event beside the name. As for
+        any INDETERMINATE intent, a notification goes to the outbox in the same transaction,
+        for `notifiers` (none named: any kernel's)."""
         check_transition(S.DISPATCHED, S.INDETERMINATE)
 
         def op(ex: Executor, retrying: bool) -> Intent:
@@ -451,6 +457,8 @@ class SqlStore(Retention):
                             "owner": None if it.owner is None else it.owner.worker_id,
                         },
                     )
+                    note = indeterminate_notification(it, ABANDONED, notifiers)
+                    self._insert_note(ex, intent_id, note, now)
                     done = self._intent_or_none(ex, intent_id)
                     assert done is not None
                     return done
@@ -523,23 +531,28 @@ class SqlStore(Retention):
     ) -> Intent:
         """AWAITING_APPROVAL -> DISPATCHED (approved: any kernel with the tool then runs it
         once) or FAILED (rejected: nothing was sent); audited; of two deciding at once
-        exactly one wins."""
+        exactly one wins. Only within the approval window: a decision at or after its end
+        expires the call instead, in the same transaction, and is refused
+        (`ApprovalExpiredError`)."""
         target = S.DISPATCHED if approve else S.FAILED
         check_transition(S.AWAITING_APPROVAL, target)
+        late = {"refused": "approve" if approve else "reject", "operator": operator}
 
-        def op(ex: Executor, retrying: bool) -> Intent:
+        def op(ex: Executor, retrying: bool) -> tuple[Intent, bool]:
             it = self._intent_or_none(ex, intent_id)
             if it is None:
                 raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
+            if it.state == S.FAILED and it.reason == "approval_expired":
+                return it, retrying and it.updated_at == now
             if retrying and it.state == target and it.updated_at == now:
-                return it  # our own earlier try, whose answer the lost connection swallowed
+                return it, False  # our own earlier try, whose answer the lost connection swallowed
             if it.state == S.AWAITING_APPROVAL:
                 fence = it.fence
                 if approve:
-                    cur = ex.execute(self._sql.approve, (now, intent_id, fence))
+                    cur = ex.execute(self._sql.approve, (now, intent_id, fence, now))
                 else:
                     error = f"rejected by {operator}: {reason}"
-                    cur = ex.execute(self._sql.refuse, (error, "rejected", now, intent_id, fence))
+                    cur = ex.execute(self._sql.reject, (error, now, intent_id, fence, now))
                 if cur.rowcount == 1:
                     self._event(
                         ex,
@@ -558,8 +571,14 @@ class SqlStore(Retention):
                     )
                     done = self._intent_or_none(ex, intent_id)
                     assert done is not None
-                    return done
-                it = self._intent_or_none(ex, intent_id) or it  # another operator won
+                    return done, False
+                if self._expire(ex, it, now, late):  # its window is over
+                    done = self._intent_or_none(ex, intent_id)
+                    assert done is not None
+                    return done, True
+                it = self._intent_or_none(ex, intent_id) or it  # another decision won
+                if it.state == S.FAILED and it.reason == "approval_expired":
+                    return it, False
             raise NotAwaitingApprovalError(
                 f"intent {intent_id!r} is {it.state}; only a call awaiting approval can be "
                 "approved or rejected",
@@ -567,35 +586,55 @@ class SqlStore(Retention):
                 state=it.state.value,
             )
 
-        return self._tx("decide_approval", op)
+        it, expired_here = self._tx("decide_approval", op)
+        if it.state == S.DISPATCHED or it.reason != "approval_expired":
+            return it
+        raise ApprovalExpiredError(
+            f"intent {intent_id!r}: its approval window ended before this decision; it failed "
+            "(approval_expired) and nothing was sent",
+            intent_id=intent_id,
+            state=it.state.value,
+            expired_here=expired_here,
+        )
 
-    def expire_approvals(self, now: float, limit: int = 500) -> list[str]:
-        """Calls whose approval window passed: FAILED, nothing was sent."""
+    def expire_approvals(
+        self, now: float, limit: int = 500, intent_id: str | None = None
+    ) -> list[str]:
+        """Calls whose approval window passed (all, up to `limit`, or the one `intent_id`):
+        FAILED, nothing was sent. Returns those this call expired."""
         done: list[str] = []
-        for row in self._read(self._sql.expired_approvals, (now, limit)):
+        if intent_id is None:
+            rows = self._read(self._sql.expired_approvals, (now, limit))
+        else:
+            rows = self._read(self._sql.expired_approval, (now, intent_id))
+        for row in rows:
             it = intent_from_row(row)
 
             def op(ex: Executor, _retrying: bool, it: Intent = it) -> bool:
-                cur = ex.execute(
-                    self._sql.refuse,
-                    ("no operator approved it in time", "approval_expired", now, it.id, it.fence),
-                )
-                if cur.rowcount:
-                    self._event(
-                        ex,
-                        it.id,
-                        now,
-                        "approval_expired",
-                        S.AWAITING_APPROVAL,
-                        S.FAILED,
-                        "kernel",
-                        {"fence": it.fence + 1},
-                    )
-                return cur.rowcount == 1
+                return self._expire(ex, it, now)
 
             if self._tx("expire_approval", op):
                 done.append(it.id)
         return done
+
+    def _expire(
+        self, ex: Executor, it: Intent, now: float, late: Mapping[str, str] | None = None
+    ) -> bool:
+        """FAILED (approval_expired) if its window ended by `now`, on the fence read."""
+        cur = ex.execute(self._sql.expire, (now, it.id, it.fence, now))
+        if cur.rowcount != 1:
+            return False
+        self._event(
+            ex,
+            it.id,
+            now,
+            "approval_expired",
+            S.AWAITING_APPROVAL,
+            S.FAILED,
+            "kernel",
+            {"fence": it.fence + 1, **({"late_decision": dict(late)} if late else {})},
+        )
+        return True
 
     def record_event(
         self, intent_id: str, kind: str, *, actor: str, detail: dict[str, Any], now: float

@@ -31,6 +31,7 @@ T = TypeVar("T")
 S = IntentState
 #: The reason of an intent an operator moved from DISPATCHED to INDETERMINATE.
 ABANDONED = "abandoned_by_operator"
+APPROVAL_EXPIRED_ERROR = "no operator approved it in time"
 OUTCOMES = {S.COMPLETED: "completed", S.FAILED: "failed"}
 #: The lease a takeover leaves (`SqlStore.seize`): run out since the epoch, by every clock.
 SEIZED = 0.0
@@ -197,19 +198,32 @@ class Sql:
             "(?,?,?,?,?,?,?,?,'AWAITING_APPROVAL',1,?,NULL,?,0,0,?,?) "
             "ON CONFLICT (call_id) DO NOTHING"
         )
+        # An operator's decision holds only within the window (next_check_at, when set);
+        # the expiry only after it: of the two racing, the fence lets one win.
         self.approve = q(
             "UPDATE intents SET state = 'DISPATCHED', fence = fence + 1, next_check_at = NULL, "
             "reason = 'approved', updated_at = ? "
-            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'"
+            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' "
+            "AND (next_check_at IS NULL OR next_check_at > ?)"
         )
-        self.refuse = q(
+        self.reject = q(
             "UPDATE intents SET state = 'FAILED', fence = fence + 1, next_check_at = NULL, "
-            "error = ?, reason = ?, updated_at = ? "
-            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL'"
+            "error = ?, reason = 'rejected', updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' "
+            "AND (next_check_at IS NULL OR next_check_at > ?)"
+        )
+        self.expire = q(
+            "UPDATE intents SET state = 'FAILED', fence = fence + 1, next_check_at = NULL, "
+            f"error = '{APPROVAL_EXPIRED_ERROR}', reason = 'approval_expired', updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' AND next_check_at <= ?"
         )
         self.expired_approvals = q(
             f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = 'AWAITING_APPROVAL' "
             "AND next_check_at <= ? ORDER BY id LIMIT ?"
+        )
+        self.expired_approval = q(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE state = 'AWAITING_APPROVAL' "
+            "AND next_check_at <= ? AND id = ?"
         )
         self.insert_event = q(
             "INSERT INTO events (intent_id, at, kind, from_state, to_state, actor, detail) "
