@@ -20,6 +20,7 @@ The blocks of docs/**/*.md and README.md, by their fence's language:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -329,8 +330,14 @@ def command_problem(words: list[str]) -> str | None:
 
     name, args = words[0], words[1:]
     if name == "poimen":
+        parsers = [_parser()]
+        for parser in parsers:  # the docs spell options out: no abbreviations
+            parser.allow_abbrev = False
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    parsers.extend(action.choices.values())
         try:
-            _parser().parse_args(args)
+            parsers[0].parse_args(args)
         except SystemExit as exc:
             return f"poimen {shlex.join(args)}: the CLI refuses it (exit {exc.code})"
         return None
@@ -367,6 +374,7 @@ def test_the_shell_reader_splits_a_cron_line() -> None:
                     "$ X=1 poimen show a \\\n    --json\nout put\n$ echo $?\n", None)
     assert commands(session) == [["poimen", "show", "a", "--json"], ["echo", "$?"]]
     assert command_problem(["poimen", "status", "--no-such-option"]) is not None
+    assert command_problem(["poimen", "status", "--fail-if-indet"]) is not None  # abbreviated
     assert command_problem(["pip", "install", "poimen[no-such-extra]"]) is not None
 
 
