@@ -45,8 +45,8 @@ def serve(db_url: str) -> None:
             """Look an order up."""
             return {"order_id": order_id, "status": "paid", "total_cents": 4200}
 
-        kernel.launch()  # settles whatever a crashed run left unfinished
-        run_stdio(mcp_server(kernel, scope="shop"))
+        kernel.launch()                                  # tools registered as usual
+        run_stdio(mcp_server(kernel, scope="shop"))      # or mcp_server(...).streamable_http_app()
 
 
 async def demo(db_url: str) -> None:

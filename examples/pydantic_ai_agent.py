@@ -62,10 +62,13 @@ def fake_llm(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 
 async def run_agent(db: str, provider_url: str) -> str:
     kernel = make_kernel(db, provider_url)
+    model, conversation_id, prompt = FunctionModel(fake_llm), CONVERSATION, "Tell Bob it shipped."
+    history: list[ModelMessage] = []  # the conversation's messages so far (a new one here)
     try:
-        await kernel.alaunch()  # the restart scan: settles what a killed run left unfinished
-        agent = Agent(FunctionModel(fake_llm), toolsets=[PoimenToolset(kernel, scope=CONVERSATION)])
-        return (await agent.run("Tell Bob his order shipped.")).output
+        await kernel.alaunch()  # after registering the tools: settles what a killed run left unfinished
+        agent = Agent(model, toolsets=[PoimenToolset(kernel, scope=conversation_id)])
+        result = await agent.run(prompt, message_history=history)
+        return result.output
     finally:
         kernel.close()
 

@@ -13,11 +13,14 @@ services.
    runs: the ledger does not move. The changed call diverges and is answered "not in the
    recording" (`on_divergence="record"`), so the run goes on.
 3. The intent diff (what `poimen diff` prints) shows exactly that step, with its effect class.
+4. The changed agent shadows the live one instead: the charge gets the live run's outcome, the
+   other email is recorded as "would have called" and not sent.
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,10 +37,10 @@ from poimen.testing import ProviderClient, ProviderProcess
 
 CONVERSATION = "conversation-42"  # the scope: one conversation's calls
 ORDER = {"order_id": "o-17", "amount_cents": 4200}
+PROMPT = "Charge order o-17 and tell the customer."
 
 
-def make_kernel(db: str, provider_url: str, **mode: Any) -> Kernel:
-    kernel = Kernel(f"sqlite:///{db}", notifiers=[], **mode)
+def register_tools(kernel: Kernel, provider_url: str) -> Kernel:
     host = provider_url.removeprefix("http://")
 
     @kernel.tool(id="charge", effects=Idempotent(key=KeyDerivation.fields("order_id")),
@@ -72,34 +75,53 @@ def scripted_llm(email_to: str) -> FunctionModel:
     return FunctionModel(llm)
 
 
-async def run_agent(kernel: Kernel, email_to: str) -> str:
-    agent = Agent(scripted_llm(email_to), toolsets=[PoimenToolset(kernel, scope=CONVERSATION)])
-    return (await agent.run("Charge order o-17 and tell the customer.")).output
-
-
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ProviderProcess(Path(tmp) / "ledger.db") as world:
+        os.chdir(tmp)
         ledger = ProviderClient(world.url)
-        yesterday, today = str(Path(tmp) / "yesterday.db"), str(Path(tmp) / "replay.db")
 
-        print("1. Yesterday's agent runs for real.")
-        with make_kernel(yesterday, world.url) as kernel:
-            print(f"   the model was told: {asyncio.run(run_agent(kernel, 'bob@example.com'))}")
+        print("1. Yesterday's agent runs for real; a copy of its log is the recording.")
+        with register_tools(Kernel("sqlite:///live.db", notifiers=[]), world.url) as kernel:
+            agent = Agent(scripted_llm("bob@example.com"),
+                          toolsets=[PoimenToolset(kernel, scope=CONVERSATION)])
+            print(f"   the model was told: {agent.run_sync(PROMPT).output}")
+        shutil.copy("live.db", "yesterday.db")
         print(f"   effects in the world: {len(ledger.entries())}")
 
         print("2. Today's changed agent is replayed against yesterday's log.")
-        with make_kernel(today, world.url, mode="replay", recording=f"sqlite:///{yesterday}",
-                         scope=f"{CONVERSATION}/", on_divergence="record") as kernel:
-            print(f"   the model was told: {asyncio.run(run_agent(kernel, 'eve@example.com'))}")
+        new_model = scripted_llm("eve@example.com")  # a new prompt made it email the wrong address
+        kernel = Kernel(
+            "sqlite:///replay-2024-06-01.db",        # the replay's own log: a new one per run
+            mode="replay",
+            recording="sqlite:///yesterday.db",      # or postgresql://reader@db/prod
+            scope="conversation-42/",                # the run (call-id prefix) to replay; None: all
+            on_divergence="record",                  # default "raise"
+        )
+        # register the same tools as the live agent, then run the changed agent on conversation-42
+        register_tools(kernel, world.url)
+        agent = Agent(new_model, toolsets=[PoimenToolset(kernel, scope="conversation-42")])
+        with kernel:
+            print(f"   the model was told: {agent.run_sync(PROMPT).output}")
         print(f"   effects in the world: {len(ledger.entries())}")
 
         print("3. The intent diff:")
-        print(f"   $ poimen diff --recording sqlite:///{yesterday} --run sqlite:///{today} "
-              f"--scope {CONVERSATION}/")
-        d = diff(f"sqlite:///{yesterday}", f"sqlite:///{today}", scope=f"{CONVERSATION}/")
+        print("   $ poimen diff --recording sqlite:///yesterday.db "
+              "--run sqlite:///replay-2024-06-01.db --scope conversation-42/")
+        d = diff("sqlite:///yesterday.db", "sqlite:///replay-2024-06-01.db",
+                 scope=f"{CONVERSATION}/")
         for line in d.text().splitlines():
             print(f"   {line}")
+
+        print("4. Or the changed agent shadows the live one: the charge gets the live outcome,")
+        print("   the other email is recorded as 'would have called'.")
+        kernel = Kernel("sqlite:///shadow.db", mode="shadow", live="sqlite:///live.db")  # or postgresql://reader@db/prod
+        register_tools(kernel, world.url)
+        agent = Agent(new_model, toolsets=[PoimenToolset(kernel, scope="conversation-42")])
+        with kernel:
+            print(f"   the model was told: {agent.run_sync(PROMPT).output}")
+        print(f"   effects in the world: {len(ledger.entries())}")
         ledger.close()
+        os.chdir(Path(tmp).parent)
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ class HttpHandle:
             if write and scope is not None:
                 scope.writes -= 1
             if left == 0 and (scope is None or scope.writes == 0):
-                raise NotSent(f"not sent: {type(exc).__name__}: {exc}") from exc
+                raise NotSent(f"{type(exc).__name__}: {exc}") from exc
             raise
 
     def _check(self, method: str, u: httpx.URL, supplied: str | None) -> str | None:

@@ -66,14 +66,58 @@ Mode = Literal["live", "shadow", "replay"]
 class Kernel:
     """Registers tools, journals every call before and after dispatch, and recovers by class.
 
-    `store` is a Store or a URL (``sqlite:///path``, ``postgresql://...``). Call `launch()`
-    once the tools are registered: it runs the restart scan and starts background upkeep.
-    `worker_id` names this kernel in the log; two live kernels of one process may not share
-    one, and a forked child takes a new one. `mode="replay"` (with `recording=`, `scope=`,
-    `on_divergence=`) and `mode="shadow"` (with `live=`) answer calls without effects
-    (docs/sandbox.md). `observers` see every event (poimen.events), e.g.
-    `poimen.otel.OpenTelemetry()`; `log_events` logs each transition on the ``poimen`` loggers
-    (default: when one of them would write INFO at construction or launch).
+    Call `launch()` once the tools are registered: it runs the restart scan and starts the
+    background duties (lease renewal, recovery, delivery of notifications). Every duration is
+    in seconds; a setting out of range is refused here with a `PoimenError` naming it.
+
+    Args:
+        store: The intent log: a `Store`, or its URL, ``sqlite:///path`` (a file on a local
+            disk) or ``postgresql://...`` (needs ``poimen[postgres]``). Opened, and migrated
+            if older, here.
+        worker_id: This kernel's name in the log, recorded as the owner of its calls. Default:
+            a new random ``w-...`` per kernel. Two live kernels of one process may not share
+            one (`DuplicateWorkerError`); a forked child takes a new one.
+        host: This machine's name in the log. An unfinished call whose owner ran on this host
+            is taken over as soon as its process is gone; from another host, only once its
+            lease has run out. Default: the hostname, boot id and pid namespace; give hosts
+            that may share a hostname distinct names (docs/postgres.md).
+        mode: ``"live"`` runs tools; ``"replay"`` answers every call from `recording` and runs
+            none; ``"shadow"`` runs only ReadOnly tools and answers the others from `live`, or
+            as "would have called" (docs/sandbox.md).
+        lease_ttl: How long a dispatched call's lease lasts (at least its tool's timeout). The
+            kernel renews the leases of the calls it runs; another kernel may take over a call
+            only after its lease ran out (or its owner is seen gone on this host).
+        notifiers: Where operators hear of Indeterminate calls and approvals to decide, each
+            notification written in the same transaction and delivered at least once. Default:
+            one `LogNotifier`; ``[]``: none.
+        max_attempts: Attempts per call, the first included, for a tool registered without
+            its own `Retry(attempts=...)`. Once they are spent, an Idempotent or Queryable call
+            becomes Indeterminate (``retries_exhausted``) and a ReadOnly one Failed.
+        lookup_limit: How many "unknown" answers a Queryable call's lookup may give before the
+            call becomes Indeterminate (``lookup_unknown_limit``).
+        lookup_backoff: The wait before asking again after the first "unknown" answer; it
+            doubles with each further one.
+        max_backoff: The longest wait between two lookups.
+        deadline_margin: Added to a Queryable call's timeout to make its deadline: a "not
+            landed" answer is trusted only after it, when nothing sent can still land.
+        wait_bound: How long a call waits for another live owner of the same call id (or, in
+            shadow mode, for the live run's call) to settle before it answers `Pending`.
+        recover_interval: How often the background recovery pass runs after `launch()`, and
+            the delivery of due notifications.
+        renotify_after: Remind the notifiers of an Indeterminate call that is still open this
+            long after its latest notification; None (default): no reminders.
+        recording: In replay mode, the recorded log (a URL or a `Store`), opened read-only.
+        live: In shadow mode, the live run's log (a URL or a `Store`), opened read-only;
+            without it, every call but a read is "would have called".
+        scope: In replay or shadow mode, the call-id prefix of the run to compare with; None:
+            the whole log.
+        on_divergence: In replay mode, what a call that is not in the recording (or has other
+            arguments) does: ``"raise"`` `DivergenceError`, or ``"record"`` it and answer
+            `Pending("not_in_recording")`.
+        observers: Objects that see every event (`poimen.events.Observer`), e.g.
+            `poimen.otel.OpenTelemetry()`.
+        log_events: Log each transition on the ``poimen`` loggers: True, False, or None
+            (default) to follow the logging configuration (docs/observability.md).
     """
 
     def __init__(

@@ -729,6 +729,26 @@ def test_a_refused_connection_fails_an_unsafe_call_after_spaced_retries(store_ur
         assert seen == [] and k.store.notifications() == []
 
 
+def test_a_call_never_sent_records_why_once(store_url: str) -> None:
+    from poimen import NotSent, Retry
+
+    port = closed_port()
+    raised: list[str] = []
+    with Kernel(store_url, notifiers=[]) as k:
+        @k.tool(id="send", effects=Unsafe(), caps=Caps(), timeout=1, retry=Retry(attempts=1))
+        def send(ctx: ToolContext) -> Any:
+            try:
+                return ctx.http.post(f"http://127.0.0.1:{port}/send", json={}).json()
+            except NotSent as exc:
+                raised.append(str(exc))
+                raise
+
+        out = k.call("send", {}, call_id="c1")
+        assert isinstance(out, Failed) and out.error == intent_of(k, "c1").error
+        assert out.error.startswith("not sent: ConnectError: ") and out.error.count("not sent") == 1
+        assert raised == [out.error.removeprefix("not sent: ")]  # NotSent says it by its class
+
+
 def test_a_refused_connection_after_a_write_went_out_stays_unknown(
     store_url: str, provider: ProviderProcess, ledger: ProviderClient
 ) -> None:

@@ -93,6 +93,21 @@ class PostgresStore(SqlStore):
     ``options=-csearch_path%3Dmyschema`` select a schema. Thread-safe. `readonly=True` never
     migrates, and its sessions are read-only (``default_transaction_read_only``): every
     write raises `ReadOnlyStoreError`.
+
+    Args:
+        url: The database, as above.
+        migrate: Bring the schema to this poimen's version on opening (under an advisory
+            lock, so processes may start at once); False only checks the version.
+        min_size: Connections the pool opens at start.
+        max_size: The most connections of this process; budget the server's
+            ``max_connections`` for all processes.
+        connect_timeout: Seconds to wait for a connection, at start and for each one.
+        retry_for: Seconds a transaction is retried while the database is unreachable, before
+            `StoreUnavailableError`.
+        clock_refresh: Seconds between measurements of the server's clock, which leases are
+            compared against (docs/postgres.md).
+        application_name: The name the server shows for these sessions, unless `url` sets one.
+        readonly: Read only, as above.
     """
 
     dialect = "postgres"

@@ -261,6 +261,17 @@ class SqliteStore(SqlStore):
     no writer, and every write raises `ReadOnlyStoreError`; the file is never changed.
     A log on a network or FUSE filesystem is refused (`NetworkFilesystemError`) unless
     `allow_network_fs` or ``POIMEN_ALLOW_NETWORK_FS=1`` (docs/platforms.md).
+
+    Args:
+        path: The log's file (``sqlite:///path`` names it in a URL); made if missing.
+        synchronous: SQLite's ``synchronous`` setting: ``FULL`` (default) makes every commit
+            durable on disk before a call goes on; ``NORMAL`` or ``OFF`` may lose the latest
+            commits when the machine (not only the process) stops.
+        migrate: Bring the schema to this poimen's version on opening; False only checks the
+            version and changes nothing.
+        readonly: Open for reading only, as above.
+        readers: The most connections that read at once.
+        allow_network_fs: Open a log on a network or FUSE filesystem anyway.
     """
 
     dialect = "sqlite"
