@@ -104,7 +104,8 @@ class Report:
         how = ("with poimen: each call stopped at poimen's own crash points" if poimen else
                "without poimen: each write stopped at the witness")
         lines = [f"poimen crashtest: {' '.join(self.command)}",
-                 f"{how}; {self.calls} calls, {len(self.cases)} cases, {self.seconds:.1f}s", ""]
+                 f"{how}; {_n(self.calls, 'call')}, {_n(len(self.cases), 'case')}, "
+                 f"{self.seconds:.1f}s", ""]
         lines += ["  ".join(f"{cell:{w}}" for cell, w in zip(r, widths, strict=True) if w)
                   .rstrip() for r in rows]
         lines += ["", "killed  before: " + KILLED["before"], "        after:  " + KILLED["after"]]
@@ -162,6 +163,10 @@ class Report:
                              for d in c.doubles]))
         ET.indent(root)
         return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode")
+
+
+def _n(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _why(c: Case) -> str:

@@ -112,7 +112,7 @@ def signature(method: str, target: str, body: Any) -> str:
     return _canonical({"method": method, "target": target, "body": body})
 
 
-def label(sig: str, width: int = 64) -> str:
+def label(sig: str, width: int = 76) -> str:
     """A write's content as one short line: ``POST /charges {"amount":1200}``."""
     d = json.loads(sig)
     body = "" if d["body"] is None else " " + _canonical(d["body"])
