@@ -70,7 +70,7 @@ _CONTEXT_TYPES = ("RunContext", "ToolContext", "Context", "RunContextWrapper")
 _REGISTRARS = {
     "Tool": None, "FunctionToolset": "pydantic-ai", "function_tool": "openai-agents",
     "from_function": "langchain", "ToolNode": "langgraph", "create_react_agent": "langgraph",
-    "add_tool": "mcp", "add_function": "pydantic-ai", "tool": None,
+    "add_tool": "mcp", "add_function": "pydantic-ai", "tool": None, "Agent": None,
 }
 _FRAMEWORKS = (("pydantic_ai", "pydantic-ai"), ("agents", "openai-agents"),
                ("langgraph", "langgraph"), ("langchain", "langchain"), ("crewai", "crewai"),
@@ -249,6 +249,9 @@ class _Module:
         for fn in bodies:
             writes += self._writes(fn, via=None, depth=0)
             under = under or self._calls_kernel(fn)
+        if any(w.what.startswith(("SQL ", "database ")) and not w.what.startswith(
+                "database commit") for w in writes):  # the statement says what it writes
+            writes = [w for w in writes if not w.what.startswith("database commit")]
         params = tuple(p for fn in bodies[:1] for p in _params(fn))
         if params:
             writes = [_with_fields(w, params) for w in writes]
@@ -299,9 +302,10 @@ class _Module:
                 "smtp" in q.lower() or "mail" in owner_text.lower())):
             return f"sends email ({q})", "error", _suggest.unsafe(
                 "an email sent again is a second email: no mail server deduplicates it")
-        http = self._http(c, q, last, owner, owner_text)
-        if http is not None:
-            return http
+        found = self._http(c, q, last, owner, owner_text) or self._database(
+            c, q, last, owner, owner_text)
+        if found is not None:
+            return found
         if last in _CLOUD_STATE or last in _CLOUD_SEND or (
                 last.startswith(_CLOUD_PREFIXES) and owner.startswith(_CLOUD_CLIENTS)):
             known = owner.startswith(_CLOUD_CLIENTS) or last in _CLOUD_STATE or last in _CLOUD_SEND
@@ -328,7 +332,7 @@ class _Module:
             return f"{owner_text}.{last}", level, _suggest.unsafe(
                 "creating again creates a second one, unless the service takes an idempotency "
                 "key: then Idempotent")
-        return self._database(c, q, last, owner, owner_text)
+        return None
 
     def _http(self, c: ast.Call, q: str, last: str, owner: str, owner_text: str
               ) -> tuple[str, str, Suggestion] | None:

@@ -76,9 +76,10 @@ class ScanReport:
         under = sum(1 for t in self.tools if t.under_poimen)
         reads = sum(1 for t in self.tools if not t.under_poimen and not t.writes)
         lines.append(
-            f"{len(self.tools)} tools in {self.files} files: {len(self.findings)} write to the "
-            f"outside without poimen ({errors} errors, {len(self.findings) - errors} warnings), "
-            f"{under} under poimen, {reads} read-only")
+            f"{_n(len(self.tools), 'tool')} in {_n(self.files, 'file')}: {len(self.findings)} "
+            f"write to the outside without poimen ({_n(errors, 'error')}, "
+            f"{_n(len(self.findings) - errors, 'warning')}), {under} under poimen, "
+            f"{reads} read-only")
         lines += [f"skipped {p}: {w}" for p, w in self.skipped]
         return "\n".join(lines)
 
@@ -122,6 +123,10 @@ class ScanReport:
                 "results": results,
             }],
         }
+
+
+def _n(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _location(path: str, line: int, column: int) -> dict[str, Any]:
