@@ -5,12 +5,15 @@ through the report) is the judge: the report must name exactly the doubles the l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -57,20 +60,22 @@ def label(body: str) -> str:
     return shown(body)
 
 
-@pytest.fixture(scope="module", params=sorted(AGENTS))
-def naive(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
-    tmp = tmp_path_factory.mktemp(f"naive-{request.param}")
-    r = run_crashtest(tmp / "keep", AGENTS[request.param][0], "--json", "-j", "2",
+def crashtest_agent(request: Any, factory: pytest.TempPathFactory, poimen: bool
+                    ) -> tuple[Any, ...]:
+    tmp = factory.mktemp(f"{'poimen' if poimen else 'naive'}-{request.param}")
+    r = run_crashtest(tmp / "keep", AGENTS[request.param][poimen], "--json", "-j", "2",
                       "--junit", str(tmp / "junit.xml"))
     return request.param, r, tmp
+
+
+@pytest.fixture(scope="module", params=sorted(AGENTS))
+def naive(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
+    return crashtest_agent(request, tmp_path_factory, poimen=False)
 
 
 @pytest.fixture(scope="module", params=sorted(AGENTS))
 def with_poimen(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
-    tmp = tmp_path_factory.mktemp(f"poimen-{request.param}")
-    r = run_crashtest(tmp / "keep", AGENTS[request.param][1], "--json", "-j", "2",
-                      "--junit", str(tmp / "junit.xml"))
-    return request.param, r, tmp
+    return crashtest_agent(request, tmp_path_factory, poimen=True)
 
 
 def test_without_poimen_it_reports_the_doubles_the_witness_ledger_holds(
@@ -234,3 +239,30 @@ def test_the_progress_bar_shows_on_a_terminal(tmp_path: Path) -> None:
             os.close(follower)
     assert proc.returncode == 1
     assert b"crashtest [" in shown and b"2/2 100%" in shown
+
+
+def test_interrupted_it_stops_the_runs_it_started(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = dict(os.environ, TINY_SHARED=str(shared))
+    proc = subprocess.Popen([PY, "-m", "poimen.cli", "crashtest", "--timeout", "3000",
+                             "--", *tiny("hang")], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 120
+        while not list(shared.iterdir()):  # a case's run is up, in a session of its own
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+            time.sleep(0.05)
+        [pid] = [int(p.name) for p in shared.iterdir()]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+        end = time.monotonic() + 60
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pid}").exists()
+    finally:  # a failure here leaves nothing running
+        proc.kill()
+        proc.communicate()
+        for p in shared.iterdir():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(p.name), signal.SIGKILL)

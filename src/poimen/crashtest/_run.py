@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -121,19 +122,23 @@ def _crashtest(options: Options, base: Path, progress: Callable[[int, int], None
                       for p in POINTS]
     report = Report(list(options.command), "poimen" if poimen else "witness",
                     calls=len(calls) // len(POINTS))
-    done = 0
     if progress is not None:
         progress(0, len(calls))
-    with concurrent.futures.ThreadPoolExecutor(options.jobs) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(options.jobs)
+    try:
         futures = [pool.submit(_case, options, base / f"case-{n}-{c.point}", n, c, clean)
                    for n, c in enumerate(calls, 1)]
         for f in concurrent.futures.as_completed(futures):
             case, refused = f.result()
             report.cases.append(case)
             report.tls_refused += refused
-            done += 1
             if progress is not None:
-                progress(done, len(calls))
+                progress(len(report.cases), len(calls))
+    except BaseException:  # Ctrl-C: the runs are in sessions of their own, so stop them here
+        pool.shutdown(wait=False, cancel_futures=True)
+        _kill_all(stop=True)
+        raise
+    pool.shutdown()
     report.cases.sort(key=lambda c: c.number)
     return report
 
@@ -152,15 +157,27 @@ def _env(options: Options, witness: Witness, state: Path, case: str) -> dict[str
     return env
 
 
+_live: set[subprocess.Popen[bytes]] = set()
+_live_lock = threading.Lock()
+_stopping = threading.Event()  # interrupted: no new run starts
+
+
 def _spawn(options: Options, env: Mapping[str, str], out: Path) -> subprocess.Popen[bytes]:
     with open(f"{out}.out", "wb") as stdout, open(f"{out}.err", "wb") as stderr:
         try:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 list(options.command), env=dict(env), cwd=options.cwd, stdin=subprocess.DEVNULL,
                 stdout=stdout, stderr=stderr, start_new_session=True,  # its own process group
             )
         except OSError as exc:
             raise CrashTestError(f"cannot run {options.command[0]!r}: {exc}") from exc
+    with _live_lock:
+        _live.add(proc)
+        stopping = _stopping.is_set()
+    if stopping:
+        _kill_group(proc)
+        raise CrashTestError("interrupted")
+    return proc
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -168,6 +185,17 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    with _live_lock:
+        _live.discard(proc)
+
+
+def _kill_all(*, stop: bool) -> None:
+    with _live_lock:
+        if stop:
+            _stopping.set()
+        procs = list(_live)
+    for proc in procs:
+        _kill_group(proc)
 
 
 def _wait(proc: subprocess.Popen[bytes], reached: Callable[[], bool], bound: float) -> str:

@@ -228,6 +228,11 @@ class Witness:
         entry, content = found
         return 200, {"landed": True, "entry_id": entry, "body": content.get("body")}
 
+    def _refuse_tls(self, target: str) -> None:
+        with self._lock:
+            self.tls_refused += 1
+        self._read("CONNECT", target)
+
     def _read(self, method: str, target: str) -> None:
         assert self._ledger is not None
         self._ledger.receive("read", f"{method} {target}", "null", None)
@@ -256,8 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
         return server.witness
 
     def do_CONNECT(self) -> None:
-        self._witness.tls_refused += 1
-        self._witness._read("CONNECT", self.path)
+        self._witness._refuse_tls(self.path)
         self._send(502, {"error": "poimen crashtest: the witness cannot see inside HTTPS; point "
                          "the tool at $POIMEN_CRASHTEST_URL or at a plain http:// URL"})
         self.close_connection = True

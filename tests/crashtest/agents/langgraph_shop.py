@@ -5,8 +5,8 @@ the graph's SQLite checkpointer (in $POIMEN_CRASHTEST_DIR) lets a restart resume
     python -m tests.crashtest.agents.langgraph_shop naive|poimen
 
 naive: LangChain `@tool` functions posting to $POIMEN_CRASHTEST_URL (the charge with a new
-Idempotency-Key per attempt). poimen: the same tools registered with a Kernel on POIMEN_DB
-(the charge Idempotent, the receipt Unsafe) and given to the graph by `poimen_tools`.
+Idempotency-Key per attempt). poimen: the tools of examples/shop_agent_poimen.py (a Kernel on
+POIMEN_DB; the charge Idempotent, the receipt Unsafe), given to the graph by `poimen_tools`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from langchain_core.messages import BaseMessage
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext, Unsafe
 from poimen.integrations.langgraph import poimen_tools
+from tests.crashtest.agents.plain_shop import example_kernel
 from tests.integrations.fake_chat import build_graph
 
 URL = os.environ["POIMEN_CRASHTEST_URL"]
@@ -62,29 +62,6 @@ def send_receipt(to: str, order_id: str) -> Any:
     return post("/v1/messages", {"to": to, "order_id": order_id})
 
 
-def kernel() -> Kernel:
-    k = Kernel(os.environ["POIMEN_DB"], notifiers=[])
-    caps = Caps(hosts=(URL.removeprefix("http://"),))
-
-    @k.tool(id="charge", caps=caps, timeout=10,
-            effects=Idempotent(key=KeyDerivation.fields("order_id", "amount_cents")))
-    def charge(ctx: ToolContext, order_id: str, amount_cents: int) -> Any:
-        """Charge the order's card."""
-        r = ctx.http.post(f"{URL}/v1/charges", json={"order_id": order_id,
-                                                     "amount_cents": amount_cents})
-        r.raise_for_status()
-        return r.json()
-
-    @k.tool(id="send_receipt", effects=Unsafe(), caps=caps, timeout=10)
-    def send_receipt(ctx: ToolContext, to: str, order_id: str) -> Any:
-        """Email the receipt."""
-        r = ctx.http.post(f"{URL}/v1/messages", json={"to": to, "order_id": order_id})
-        r.raise_for_status()
-        return r.json()
-
-    return k
-
-
 def run(tools: list[BaseTool]) -> None:
     conn = sqlite3.connect(Path(os.environ["POIMEN_CRASHTEST_DIR"]) / "checkpoints.db",
                            check_same_thread=False)
@@ -103,7 +80,7 @@ def main(mode: str) -> None:
     if mode == "naive":
         run([charge, send_receipt])
         return
-    with kernel() as k:
+    with example_kernel() as k:
         k.launch()  # the restart's recovery: settles what a killed run left unfinished
         run(list(poimen_tools(k)))
 

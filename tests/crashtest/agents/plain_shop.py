@@ -7,11 +7,13 @@ naive: an at-least-once runner, as agents are written without poimen: it journal
 (in $POIMEN_CRASHTEST_DIR) and on restart runs every step not journalled done again. Its tools
 are plain HTTP clients to the real providers' addresses (reached through HTTP_PROXY); the
 charge sends a new Idempotency-Key on every attempt, the usual mistake.
-poimen: the same plan through a Kernel on POIMEN_DB, the charge Idempotent, the email Unsafe.
+poimen: the same plan through the Kernel of examples/shop_agent_poimen.py (on POIMEN_DB; the charge
+Idempotent, the receipt Unsafe).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -21,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext, Unsafe
+from poimen import Kernel
 
 PLAN: list[tuple[str, dict[str, Any]]] = [
     ("charge", {"order_id": "o-42", "amount_cents": 1200}),
@@ -53,25 +55,19 @@ def naive() -> None:
                 f.write(json.dumps({"step": step, "event": "done"}) + "\n")
 
 
+def example_kernel() -> Kernel:
+    """The tools of examples/shop_agent_poimen.py: the same calls, the same classes."""
+    path = Path(__file__).resolve().parents[3] / "examples" / "shop_agent_poimen.py"
+    spec = importlib.util.spec_from_file_location("shop_agent_poimen", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel: Kernel = module.make_kernel()
+    return kernel
+
+
 def with_poimen() -> None:
-    url = os.environ["POIMEN_CRASHTEST_URL"]
-    caps = Caps(hosts=(url.removeprefix("http://"),))
-    kernel = Kernel(os.environ["POIMEN_DB"], notifiers=[])
-
-    @kernel.tool(id="charge", effects=Idempotent(key=KeyDerivation.fields("order_id", "amount_cents")),
-                 caps=caps, timeout=10)
-    def charge(ctx: ToolContext, order_id: str, amount_cents: int) -> Any:
-        r = ctx.http.post(f"{url}/v1/charges", json={"order_id": order_id,
-                                                      "amount_cents": amount_cents})
-        r.raise_for_status()
-        return r.json()
-
-    @kernel.tool(id="send_receipt", effects=Unsafe(), caps=caps, timeout=10)
-    def send_receipt(ctx: ToolContext, to: str, order_id: str) -> Any:
-        r = ctx.http.post(f"{url}/v1/messages", json={"to": to, "order_id": order_id})
-        r.raise_for_status()
-        return r.json()
-
+    kernel = example_kernel()
     with kernel:
         kernel.launch()  # the restart's recovery: settles what a killed run left unfinished
         for step, (tool, args) in enumerate(PLAN):

@@ -7,7 +7,7 @@ new Idempotency-Key per attempt; random: a POST whose body changes every run; fa
 no write; restart-fails: its restart exits 3; https: an HTTPS request (refused by the witness),
 then a POST; overlap: each killed run waits (bounded) until another case's run is running too,
 and notes whether it saw one; unfinished: a poimen call whose restart neither recovers nor
-calls again.
+calls again; hang: each case's run waits before its write until it is killed.
 """
 
 from __future__ import annotations
@@ -78,6 +78,11 @@ def main(behaviour: str) -> int:
     elif behaviour == "https":
         with contextlib.suppress(httpx.HTTPError):  # the witness refuses it
             httpx.get("https://api.example.test/v1/status", timeout=30)
+        post({"n": 1})
+    elif behaviour == "hang":  # a case's runs stop before their write, until killed
+        if os.environ["POIMEN_CRASHTEST_CASE"] != "clean":
+            (Path(os.environ["TINY_SHARED"]) / str(os.getpid())).touch()
+            time.sleep(3600)
         post({"n": 1})
     elif behaviour == "overlap":
         overlap()
