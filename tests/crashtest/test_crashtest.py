@@ -1,7 +1,11 @@
 """`poimen crashtest` against real agents (plain Python, PydanticAI with FunctionModel, LangGraph
 with a scripted chat model), each without poimen and with it: real child processes, SIGKILLed
 process groups, restarts. The witness's ledger (read here from the kept files with sqlite3, not
-through the report) is the judge: the report must name exactly the doubles the ledger holds."""
+through the report) is the judge: the report must name exactly the doubles the ledger holds.
+
+junit-10.xsd beside this file is the Jenkins xunit plugin's JUnit schema (MIT, its header kept),
+taken from pytest 9.2.0's source distribution on PyPI (testing/example_scripts/junit-10.xsd):
+no installable package ships it."""
 
 from __future__ import annotations
 
