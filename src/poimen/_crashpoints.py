@@ -7,6 +7,10 @@ before its effect), ``after_effect`` (the tool returned, its outcome not yet com
 ``before_notify`` (an INDETERMINATE state and its outbox row committed, not yet delivered),
 ``undo_landed`` (`Kernel.undo`: an undo's outcome committed, its "undone" event not yet
 recorded), ``between_undos`` (an undo and its event recorded, the next undo not started).
+
+``POIMEN_CRASH_CALL=call id`` narrows both to the points the kernel hits for that call
+(``before_dispatch_commit``, ``after_dispatch_commit``, ``after_effect``): `poimen crashtest`
+stops one call of a run that makes many, whatever order they run in.
 """
 
 from __future__ import annotations
@@ -28,11 +32,14 @@ POINTS = (
 
 _CRASH = frozenset(p for p in os.environ.get("POIMEN_CRASH_AT", "").split(",") if p)
 _PAUSE = frozenset(p for p in os.environ.get("POIMEN_PAUSE_AT", "").split(",") if p)
+_CALL = os.environ.get("POIMEN_CRASH_CALL") or None
 ACTIVE = bool(_CRASH or _PAUSE)
 
 
-def hit(point: str) -> None:
+def hit(point: str, call_id: str | None = None) -> None:
     if not ACTIVE:
+        return
+    if _CALL is not None and call_id != _CALL:
         return
     if point in _CRASH:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -187,14 +187,14 @@ def call_steps(
         return (yield from _await_approval(e, t, d, c, approval))
     e.holds.take(d.intent_id)  # a fresh id: always ours
     try:
-        _crashpoints.hit("before_dispatch_commit")
+        _crashpoints.hit("before_dispatch_commit", d.call_id)
         store = e.store
         intent, created = yield Block(
             store.record_dispatch, (d,), getattr(store, "arecord_dispatch", None)
         )
         if not created:
             return (yield from existing_steps(e, t, intent, d, c))
-        _crashpoints.hit("after_dispatch_commit")
+        _crashpoints.hit("after_dispatch_commit", d.call_id)
         if c.cancelled:  # cancelled during the dispatch commit: the tool never ran
             return (
                 yield from _write_outcome(
@@ -304,7 +304,7 @@ def run_steps(
             return Pending(intent.id, "cancelled")
         c.runs += 1
         run: Run = yield Invoke(t, intent, kwargs)
-        _crashpoints.hit("after_effect")
+        _crashpoints.hit("after_effect", intent.call_id)
         if run.kind == "not_sent":
             in_place += 1
             wait = retry.delay(in_place)

@@ -328,7 +328,7 @@ def _hold(run: Callable[[str, str, dict[str, Any]], object], calls: Sequence[Hel
     held: list[str] = []
     errors: list[str] = []
 
-    def on_point(point: str) -> None:
+    def on_point(point: str, call_id: str | None = None) -> None:
         if getattr(local, "point", None) != point:
             return
         with cond:
@@ -378,7 +378,7 @@ def _hold_naive(journal_path: str, provider_url: str, calls: Sequence[HeldCall],
 def _stop_at(point: str, marker: str) -> None:
     """At `point`, write `marker` and SIGSTOP this process; the parent SIGCONTs it."""
 
-    def on_point(p: str) -> None:
+    def on_point(p: str, call_id: str | None = None) -> None:
         if p == point:
             from poimen import _guard
 

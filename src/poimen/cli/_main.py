@@ -538,6 +538,54 @@ def cmd_diff(ns: argparse.Namespace) -> int:
     return NOT_FOUND if d.differences else OK
 
 
+def cmd_crashtest(ns: argparse.Namespace) -> int:
+    """Kill the agent at every call's crash points; exit 1 on a double effect
+    (docs/crash-testing.md)."""
+    from poimen.crashtest import Answers, AnswersError, CrashTestError, Options, crashtest
+
+    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    try:
+        answers = Answers.load(ns.answers) if ns.answers else None
+        show = ns.progress if ns.progress is not None else sys.stderr.isatty()
+        bar: list[render.ProgressBar] = []
+
+        def progress(done: int, total: int) -> None:
+            if not bar:
+                bar.append(render.ProgressBar(total, label="crashtest"))
+            bar[0].update(done)
+
+        report = crashtest(
+            Options(tuple(command), jobs=ns.jobs, timeout=ns.timeout, mode=ns.mode,
+                    answers=answers, keep=Path(ns.keep) if ns.keep else None),
+            progress=progress if show else None,
+        )
+        if bar:
+            bar[0].finish(len(report.cases))
+    except (CrashTestError, AnswersError) as exc:
+        raise CliError(str(exc), code=USAGE) from exc
+    if ns.junit:
+        Path(ns.junit).write_text(report.junit(), encoding="utf-8")
+    _emit(ns, report.to_json(), report.table)
+    return OK if report.ok() else NOT_FOUND
+
+
+def cmd_scan(ns: argparse.Namespace) -> int:
+    """Tools that write to the outside without an effect class; exit 1 at --fail-on."""
+    from poimen.scan import ScanError, scan
+
+    try:
+        report = scan(ns.paths, exclude=ns.exclude)
+    except ScanError as exc:
+        raise CliError(str(exc), code=USAGE) from exc
+    if ns.sarif == "-":
+        print(op.safe_json(report.sarif(), indent=2))
+    else:
+        if ns.sarif:
+            Path(ns.sarif).write_text(op.safe_json(report.sarif(), indent=2), encoding="utf-8")
+        _emit(ns, report.to_json(), report.text)
+    return NOT_FOUND if report.fails(ns.fail_on) else OK
+
+
 _STORE_COMMANDS: dict[str, Callable[[argparse.Namespace, Store], int]] = {
     "status": cmd_status,
     "intents": cmd_intents,
@@ -596,6 +644,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_verify(ns)
         if ns.cmd == "doctor":
             return cmd_doctor(ns)
+        if ns.cmd == "crashtest":
+            return cmd_crashtest(ns)
+        if ns.cmd == "scan":
+            return cmd_scan(ns)
         return cmd_console(ns)
     except CliError as exc:
         return _fail(ns, exc.code, exc, "")

@@ -21,6 +21,49 @@ def _diff_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--all", action="store_true", help="list the calls that are the same too")
 
 
+def _agent_parsers(sub: Any) -> None:
+    """`crashtest` and `scan`: checks of an agent's own code, not of a log."""
+    json_opt = argparse.ArgumentParser(add_help=False)
+    json_opt.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    s = sub.add_parser(
+        "crashtest",
+        parents=[json_opt],
+        help="run an agent, kill it at every tool call before and after its effect, restart it, "
+        "and report what took effect twice (exit 1 if anything did)",
+        usage="poimen crashtest [options] -- COMMAND [ARG ...]",
+    )
+    s.add_argument("-j", "--jobs", type=int, default=1, help="cases run at once (default 1)")
+    s.add_argument("--junit", metavar="FILE", help="write JUnit XML: one test case per call "
+                   "and crash point")
+    s.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds one run of the command may take (default 120)")
+    s.add_argument("--mode", choices=("auto", "poimen", "witness"), default="auto",
+                   help="where the kill points come from: poimen's crash points, or the witness "
+                   "(default: poimen when the clean run left calls in POIMEN_DB)")
+    s.add_argument("--answers", metavar="FILE", help="JSON rules for the witness's answers "
+                   "(default: 200 {\"ok\": true, \"id\": ...})")
+    s.add_argument("--keep", metavar="DIR", help="keep every run's output, ledger and state in "
+                   "DIR (a new or empty directory)")
+    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="the agent's command, after --")
+
+    s = sub.add_parser(
+        "scan",
+        parents=[json_opt],
+        help="find agent tools that write to the outside without a poimen effect class",
+    )
+    s.add_argument("paths", nargs="+", metavar="PATH", help="a Python file or a directory")
+    s.add_argument("--sarif", metavar="FILE", help="write SARIF 2.1.0 for code scanning "
+                   "(- for standard output)")
+    s.add_argument("--fail-on", choices=("error", "warning", "never"), default="error",
+                   help="exit 1 when a finding of this level or worse is found (default error)")
+    s.add_argument("--exclude", action="append", metavar="GLOB", default=[],
+                   help="skip files or directories matching GLOB (repeatable)")
+
+
 # The parser.
 
 _OPERATOR_HELP = (
@@ -225,6 +268,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     _diff_parser(sub, common)
+    _agent_parsers(sub)
 
     s = sub.add_parser("operators", help="the console's operators file: add, remove, list")
     ops = s.add_subparsers(dest="action", required=True, metavar="ACTION")

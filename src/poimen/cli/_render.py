@@ -228,8 +228,11 @@ def undo_text(report: UndoReport) -> str:
 class ProgressBar:
     """``recover [#####-----] 120/300  40%`` redrawn in place, at most ten times a second."""
 
-    def __init__(self, total: int, *, stream: TextIO | None = None, width: int = 30) -> None:
+    def __init__(
+        self, total: int, *, stream: TextIO | None = None, width: int = 30, label: str = "recover"
+    ) -> None:
         self.total = total
+        self.label = label
         self.stream = stream or sys.stderr
         self.width = width
         self._last = 0.0
@@ -246,7 +249,7 @@ class ProgressBar:
         total = max(self.total, done, 1)
         filled = self.width * done // total
         bar = "#" * filled + "-" * (self.width - filled)
-        self.stream.write(f"\rrecover [{bar}] {done}/{total} {100 * done // total:3d}%")
+        self.stream.write(f"\r{self.label} [{bar}] {done}/{total} {100 * done // total:3d}%")
         self.stream.flush()
         self._shown = done
 
