@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 from poimen import _metrics
 from poimen import events as ev
 from poimen._intents import IntentState
-from poimen.errors import PoimenError
+from poimen.errors import MissingExtraError
 
 try:
     from opentelemetry import context as otel_context
@@ -42,10 +42,8 @@ try:
     from opentelemetry import trace as otel_trace
     from opentelemetry.metrics import CallbackOptions, Observation
     from opentelemetry.trace import Status, StatusCode
-except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise PoimenError(
-        "poimen.otel needs the OpenTelemetry API: pip install 'poimen[otel]'"
-    ) from exc
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.otel", "otel", exc) from exc
 
 if TYPE_CHECKING:
     from poimen._kernel import Kernel

@@ -29,14 +29,19 @@ import secrets
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, cast
 
-import anyio
-import jsonschema  # type: ignore[import-untyped]
-from mcp import Client, ClientSession, MCPError, types
-from mcp.server import Server
-from mcp.server.context import ServerRequestContext
-from mcp.server.stdio import stdio_server
-from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
-from pydantic_core import core_schema
+from poimen.errors import MissingExtraError
+
+try:
+    import anyio
+    import jsonschema  # type: ignore[import-untyped]
+    from mcp import Client, ClientSession, MCPError, types
+    from mcp.server import Server
+    from mcp.server.context import ServerRequestContext
+    from mcp.server.stdio import stdio_server
+    from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+    from pydantic_core import core_schema
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.integrations.mcp", "mcp", exc) from exc
 
 from poimen import (
     Caps,
