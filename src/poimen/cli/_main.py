@@ -1,7 +1,8 @@
 """``poimen``: the operator CLI over the intent log.
 
-Exit codes: 0 ok · 1 nothing found, or refused (e.g. resolving an intent that is not
-INDETERMINATE), or ``diff`` found differences · 2 usage (bad or missing options, an --app that cannot be loaded, a console
+Exit codes: 0 ok (an empty listing too) · 1 no such intent, or refused (e.g. resolving an
+intent that is not INDETERMINATE), or ``diff`` found differences, or a ``--fail-if-`` flag
+held · 2 usage (bad or missing options, an --app that cannot be loaded, a console
 address that cannot be listened on) · 3 the store cannot be opened, read or written ·
 4 anything unforeseen (a bug here or in the loaded app) · 5 `status --fail-if-indeterminate`
 found INDETERMINATE intents · 6 `verify` found a problem. Every failure is one line on stderr
@@ -200,7 +201,7 @@ def cmd_intents(ns: argparse.Namespace, store: Store) -> int:
         [op.intent_summary(i) for i in rows],
         lambda: render.intents_text(rows) if rows else "no intents match",
     )
-    return OK if rows else NOT_FOUND
+    return NOT_FOUND if ns.fail_if_empty and not rows else OK
 
 
 def cmd_show(ns: argparse.Namespace, store: Store) -> int:
@@ -282,7 +283,7 @@ def cmd_audit(ns: argparse.Namespace, store: Store) -> int:
         [op.denial_json(d) for d in rows],
         lambda: render.denials_text(rows) if rows else "no denials match",
     )
-    return OK if rows else NOT_FOUND
+    return NOT_FOUND if ns.fail_if_found and rows else OK
 
 
 def cmd_prune(ns: argparse.Namespace, store: Store) -> int:
@@ -440,7 +441,6 @@ def cmd_operators(ns: argparse.Namespace) -> int:
     else:
         names = _identity.operator_names(ns.file)
         _emit(ns, names, lambda: "\n".join(names) if names else f"no operators in {ns.file}")
-        return OK if names else NOT_FOUND
     return OK
 
 
