@@ -31,6 +31,7 @@ from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
+from poimen._observe import logging_wanted
 from poimen._operator import decide_approval as operator_decide_approval
 from poimen._operator import resolve as operator_resolve
 from poimen._protocol import Engine, call_steps, orphan_steps
@@ -178,8 +179,9 @@ class Kernel:
         self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
-        self._log_events = log_events
         _observe.setup(self, observers, log_events)
+        # Logging configured later is looked for at each call and pass (_observe.relog).
+        self._log_watch = _observe.watching(self, log_events)
         LIVE.add(self)
         # Shadow and replay answer calls without effects: poimen._sandbox, docs/sandbox.md.
         self._sandbox: _sandbox.Sandbox | None = None
@@ -428,7 +430,6 @@ class Kernel:
     def launch(self, *, background: bool = True) -> RecoveryReport:
         """Run the restart scan and recovery pass; with `background`, keep recovery and
         notification delivery going every `recover_interval` seconds."""
-        _observe.relog(self, self._log_events)
         report = self.recover()
         self._upkeep.start(background=background)
         return report
@@ -515,6 +516,8 @@ class Kernel:
                 "use `await kernel.acall(...)`; nothing was recorded",
                 tool_id=t.id,
             )
+        if self._log_watch and logging_wanted():
+            self._start_logging()
         self._upkeep.held()
         e = self._engine
         steps = call_steps(e, t, d, kwargs, CallState(), approval)
@@ -535,6 +538,8 @@ class Kernel:
         if self._sandbox is not None:
             return await self._sandbox.acall(tool, args, call_id)
         t, d, kwargs = self._prepare(tool, args, call_id)
+        if self._log_watch and logging_wanted():
+            self._start_logging()
         self._upkeep.held()
         e = self._engine
         c = CallState()
@@ -590,10 +595,16 @@ class Kernel:
     def _context(self, t: Tool, intent: Intent) -> ToolContext:
         return _runners.context(self._engine, t, intent)
 
+    def _start_logging(self) -> None:
+        self._log_watch = False
+        _observe.relog(self)
+
     # Recovery and the operator path.
 
     def recover(self, *, progress: Callable[[int], object] | None = None) -> RecoveryReport:
         """One recovery pass now; then deliver due notifications."""
+        if self._log_watch and logging_wanted():
+            self._start_logging()
         e = self._engine if self._sandbox is None else self._sandbox.recovery_engine()
         report = recover_pass(e, progress=progress)
         self.deliver_notifications()

@@ -504,9 +504,16 @@ def _logger(kind: str) -> logging.Logger:
     return logging.getLogger(_LOGGERS.get(kind, "poimen.call"))
 
 
+_WATCHED = tuple(logging.getLogger(n) for n in sorted(LOGGER_NAMES))
+
+
 def logging_wanted() -> bool:
-    """Whether any logger poimen's events go to would write an INFO record."""
-    return any(logging.getLogger(n).isEnabledFor(logging.INFO) for n in LOGGER_NAMES)
+    """Whether any logger poimen's events go to would write an INFO record (the loggers'
+    own cached answers: a few dictionary lookups)."""
+    for logger in _WATCHED:  # noqa: SIM110 - a loop: no generator on the call path
+        if logger.isEnabledFor(logging.INFO):
+            return True
+    return False
 
 
 def _fields(event: ev.KernelEvent) -> dict[str, Any]:
@@ -625,8 +632,15 @@ def add(kernel: Kernel, observer: ev.Observer) -> None:
     observer.bind(kernel)
 
 
-def relog(kernel: Kernel, log_events: bool | None) -> None:
-    """At launch: logging may have been configured since the kernel was made."""
+def watching(kernel: Kernel, log_events: bool | None) -> bool:
+    """Whether the kernel must still look for logging configured later: only by default
+    (`log_events` None) and while its logging is not installed."""
     obs = kernel._engine.observer
-    if log_events is None and logging_wanted() and (obs is None or not obs.has(LogObserver)):
+    return log_events is None and (obs is None or not obs.has(LogObserver))
+
+
+def relog(kernel: Kernel) -> None:
+    """Logging was configured since the kernel was made (`logging_wanted` turned true, seen
+    at a call, a recovery pass or launch): from now on each record decides by its level."""
+    if watching(kernel, None):
         add(kernel, LogObserver())
