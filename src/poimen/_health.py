@@ -14,7 +14,13 @@ from typing import Any
 from poimen._decide import claimability
 from poimen._intents import Intent
 from poimen._liveness import current_owner, default_host, owner_alive
-from poimen._operator import REDACTED, intent_summary, is_secret_name, redact_urls
+from poimen._operator import (
+    REDACTED,
+    intent_summary,
+    is_secret_name,
+    redact_store_url,
+    redact_urls,
+)
 from poimen.errors import StoreError
 from poimen.store._base import Store, latest_version, migrations
 from poimen.store._fs import filesystem_of, is_network
@@ -240,7 +246,9 @@ def environment() -> dict[str, Any]:
         v = psycopg.pq.version()
         info["libpq"] = f"{v // 10000}.{v % 10000}"
     info["settings"] = {
-        k: REDACTED if is_secret_name(k) else redact_urls(v)
+        # POIMEN_DB may be any text: mistyped, foreign or a libpq string, password included.
+        k: REDACTED if is_secret_name(k) else redact_store_url(v) if k == "POIMEN_DB"
+        else redact_urls(v)
         for k, v in sorted(os.environ.items())
         if k.startswith("POIMEN_")
     }
