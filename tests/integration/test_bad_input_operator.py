@@ -4,12 +4,16 @@ with a typed error or shown redacted, and nothing recorded changes (issue 24's l
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import httpx
 import pytest
 
 from poimen import Kernel
 from poimen.errors import StoreError
 from tests.integration.operator_app import poimen
+from tests.integration.test_console import TOKEN, serve_console
+from tests.integration.test_observability import add_tools
 
 PASSWORD = "Sw0rdf1sh-secret"
 FOREIGN = [
@@ -34,3 +38,37 @@ def test_a_foreign_or_mistyped_store_url_is_never_printed_with_its_password(url:
         Kernel(url)
     assert PASSWORD not in str(e.value) and PASSWORD not in repr(e.value.data)
     assert "unsupported store URL" in str(e.value)
+
+
+def _with_secrets(url: str) -> str:
+    return url + ("&" if "?" in url else "?") + f"password={PASSWORD}&sslpassword={PASSWORD}"
+
+
+def test_diff_and_its_console_page_never_show_a_logs_password(
+    store_url: str, tmp_path: Path
+) -> None:
+    recording = _with_secrets(store_url)
+    run = f"sqlite:///{tmp_path / 'run.db'}"
+    for url, n in ((recording, 1), (run, 2)):
+        with Kernel(url, notifiers=[], worker_id=f"d{n}") as k:
+            add_tools(k)
+            k.call("t.ok", {"n": n}, call_id="conv-1/ok")
+    text = poimen("diff", "--recording", recording, "--run", run)
+    assert text.returncode == 1, text.stderr  # they differ
+    as_json = poimen("diff", "--recording", recording, "--run", run, "--json")
+    assert as_json.returncode == 1, as_json.stderr
+    for out in (text.stdout, as_json.stdout):
+        assert PASSWORD not in out and "[redacted]" in out, out
+    assert json.loads(as_json.stdout)["recording"].endswith(
+        "password=[redacted]&sslpassword=[redacted]"
+    )
+    # The console's Diff page, to whoever may look at it.
+    with serve_console(run, "--recording", recording) as base, httpx.Client(
+        base_url=base, timeout=30
+    ) as c:
+        assert c.get(f"/diff?token={TOKEN}").status_code == 303
+        page = c.get("/diff")
+        assert page.status_code == 200 and "[redacted]" in page.text
+        assert PASSWORD not in page.text
+        bearer = httpx.get(f"{base}/diff", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert bearer.status_code == 200 and PASSWORD not in bearer.text
