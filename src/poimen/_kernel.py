@@ -293,6 +293,9 @@ class Kernel:
             raise RegistrationError(
                 f"tool {registration.id!r}: description must be text", tool_id=registration.id
             )
+        # Everything that can refuse runs before anything is kept: all or nothing.
+        name = safe_name(registration.id, set(self._names))
+        spec = spec_of(tool, name, description)
         self._engine.tools[registration.id] = tool
         if rule is not None:
             self._approvals[registration.id] = rule
@@ -300,9 +303,8 @@ class Kernel:
             self._engine.retries[registration.id] = retry
         if undo_rule is not None:
             self._undos[registration.id] = undo_rule
-        name = safe_name(registration.id, set(self._names))
         self._names[name] = registration.id
-        self._specs[registration.id] = spec_of(tool, name, description)
+        self._specs[registration.id] = spec
         return tool
 
     def describe(self, tool_id: str, *, check: str) -> None:

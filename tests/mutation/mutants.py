@@ -190,6 +190,12 @@ MUTANTS: list[Mutant] = [
            "poimen/store/__init__.py",
            "shown = redact_store_url(url) if isinstance(url, str) else type(url).__name__",
            "shown = url", ("tests/integration/test_bad_input_operator.py", "-k", "foreign")),
+    Mutant("half-registered", "a registration is all or nothing", KERNEL,
+           "        spec = spec_of(tool, name, description)\n"
+           "        self._engine.tools[registration.id] = tool\n",
+           "        self._engine.tools[registration.id] = tool\n"
+           "        spec = spec_of(tool, name, description)\n",
+           ("tests/integrations/test_mcp_bad_input.py", "-k", "local_tool")),
     Mutant("csrf-skipped", "a console change needs the session's CSRF token",
            "poimen/console/_session.py", "        return _same(form_value, v.session.csrf)",
            "        return True", ("tests/integration/test_console.py",)),
