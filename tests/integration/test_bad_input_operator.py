@@ -4,6 +4,8 @@ with a typed error or shown redacted, and nothing recorded changes (issue 24's l
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -11,7 +13,7 @@ import pytest
 
 from poimen import Kernel
 from poimen.errors import StoreError
-from tests.integration.operator_app import poimen
+from tests.integration.operator_app import POIMEN, ROOT, poimen
 from tests.integration.test_console import TOKEN, serve_console
 from tests.integration.test_observability import add_tools
 
@@ -72,3 +74,55 @@ def test_diff_and_its_console_page_never_show_a_logs_password(
         assert PASSWORD not in page.text
         bearer = httpx.get(f"{base}/diff", headers={"Authorization": f"Bearer {TOKEN}"})
         assert bearer.status_code == 200 and PASSWORD not in bearer.text
+
+
+def _raw(*args: bytes | str, db: str) -> subprocess.CompletedProcess[bytes]:
+    """The installed command with arguments as raw bytes, as a shell passes them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
+    env["POIMEN_DB"] = db
+    return subprocess.run([str(POIMEN), *args], cwd=ROOT, env=env, capture_output=True,
+                          timeout=120)
+
+
+def test_arguments_that_are_not_utf8_are_usage_errors(store_url: str) -> None:
+    with Kernel(store_url, notifiers=[]) as k:
+        add_tools(k)
+        boom = k.call("t.boom", {"n": 1}, call_id="u-1")
+    bad = b"run-\xff\xfe"
+    for args in (
+        ("show", bad),
+        ("intents", "--tool", bad),
+        ("intents", "--call-id", bad),
+        ("resolve", bad, "--landed", "--operator", "ana", "--reason", "x"),
+        ("resolve", boom.intent_id, "--landed", "--operator", b"an\xe9", "--reason", "x"),
+    ):
+        r = _raw(*args, db=store_url)
+        err = r.stderr.decode()
+        assert r.returncode == 2, (args, r.returncode, err)
+        assert "not valid UTF-8" in err and ("\\xff" in err or "\\xe9" in err), err
+        assert err.count("\n") == 1
+    with Kernel(store_url, notifiers=[]) as k:  # nothing changed
+        intent = k.store.get_intent(boom.intent_id)
+        assert intent is not None and intent.state == "INDETERMINATE"
+
+
+def test_a_console_port_beyond_65535_is_refused(store_url: str) -> None:
+    Kernel(store_url).close()
+    for port in ("70000", "-1", "http"):
+        r = poimen("console", "--port", port, "--token", TOKEN, db=store_url)
+        assert r.returncode == 2 and "port" in r.stderr, (port, r.stderr)
+        assert "listening" not in r.stdout
+
+
+def test_a_junk_tls_certificate_is_refused_before_listening(
+    store_url: str, tmp_path: Path
+) -> None:
+    Kernel(store_url).close()
+    junk = tmp_path / "cert.pem"
+    junk.write_text("not a certificate\n")
+    for cert, key in ((junk, junk), (tmp_path / "missing.pem", junk)):
+        r = poimen("console", "--port", "0", "--token", TOKEN, "--tls-cert", str(cert),
+                   "--tls-key", str(key), db=store_url)
+        assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+        assert "--tls-cert" in r.stderr and "listening" not in r.stdout
+        assert r.stderr.count("\n") == 1, r.stderr

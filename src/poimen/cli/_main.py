@@ -462,6 +462,8 @@ def cmd_console(ns: argparse.Namespace) -> int:
         )
     if bool(ns.tls_cert) != bool(ns.tls_key):
         raise CliError("--tls-cert and --tls-key go together", code=USAGE)
+    if ns.tls_cert:
+        _check_tls(ns.tls_cert, ns.tls_key)
     checks: dict[str, str] = {}
     url = ns.db or os.environ.get("POIMEN_DB")
     kernel: Kernel | None = None
@@ -518,6 +520,21 @@ def cmd_console(ns: argparse.Namespace) -> int:
     return OK
 
 
+def _check_tls(cert: str, key: str) -> None:
+    """Load the certificate and its key now, so that a bad pair is refused before the
+    console says it listens."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise CliError(
+            f"console: --tls-cert {cert!r} and --tls-key {key!r} cannot be used: "
+            f"{getattr(exc, 'strerror', None) or exc}",
+            code=USAGE,
+        ) from None
+
+
 def cmd_diff(ns: argparse.Namespace) -> int:
     """Two runs' calls side by side: exit 0 when they made the same calls, 1 when not."""
     from poimen.sandbox import diff
@@ -572,9 +589,21 @@ def _fail(ns: argparse.Namespace | None, code: int, exc: BaseException, prefix: 
     return code
 
 
+def _check_utf8(argv: Sequence[str]) -> None:
+    """Arguments that are not valid UTF-8 reach Python as lone surrogates, which no store
+    can take: refused as usage, before anything is opened."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+            raise CliError(f'argument "{shown[:200]}" is not valid UTF-8', code=USAGE) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ns: argparse.Namespace | None = None
     try:
+        _check_utf8(sys.argv[1:] if argv is None else argv)
         ns = _parser().parse_args(argv)
         if ns.cmd in _STORE_COMMANDS:
             store = _open(_db_url(ns), readonly=ns.cmd in _READING)

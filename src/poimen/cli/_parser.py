@@ -20,6 +20,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: any free one); the socket would take 70000 as 4464."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not from 0 to 65535")
+    return port
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("poimen")
@@ -211,7 +222,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("console", parents=[common], help="serve the web console")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8470, help="port (0 picks a free one)")
+    s.add_argument("--port", type=_port, default=8470, help="port (0 picks a free one)")
     s.add_argument(
         "--token", help="access token (or POIMEN_CONSOLE_TOKEN; default: generated and printed)"
     )
