@@ -32,6 +32,7 @@ from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
 from poimen._observe import logging_wanted
+from poimen._operator import Identity
 from poimen._operator import decide_approval as operator_decide_approval
 from poimen._operator import resolve as operator_resolve
 from poimen._protocol import Engine, call_steps, orphan_steps
@@ -642,7 +643,7 @@ class Kernel:
         self,
         scope: str,
         *,
-        operator: str | None = None,
+        operator: str | Identity | None = None,
         reason: str | None = None,
         dry_run: bool = False,
     ) -> UndoReport:
@@ -651,15 +652,15 @@ class Kernel:
         ``undo/<call id>``. Run again after a crash, it resumes and undoes nothing twice.
         Calls without an undo are listed; an Indeterminate call waits for an operator unless
         its undo is Idempotent; an undo that fails, or whose outcome is unknown, stops the
-        sequence there. `operator` (who asks) and `reason` go into the audit; `dry_run` only
-        reports what would be done (docs/undo.md)."""
+        sequence there. `operator` (who asks; an `Identity` also records how they were known) and
+        `reason` go into the audit; `dry_run` only reports what would be done (docs/undo.md)."""
         return _undo.undo(self, scope, operator=operator, reason=reason, dry_run=dry_run)
 
     async def aundo(
         self,
         scope: str,
         *,
-        operator: str | None = None,
+        operator: str | Identity | None = None,
         reason: str | None = None,
         dry_run: bool = False,
     ) -> UndoReport:

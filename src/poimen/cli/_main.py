@@ -377,11 +377,10 @@ def cmd_undo(ns: argparse.Namespace) -> int:
     """Reverse a scope's landed calls by the app's undo tools, newest first (docs/undo.md)."""
     if not ns.dry_run and not ns.operator:
         raise CliError("undo needs --operator (who asks), or --dry-run", code=USAGE)
+    who = None if not ns.operator else _decider(ns, "undo")
     kernel = _app_on_db(ns)
     try:
-        report = kernel.undo(
-            ns.scope, operator=ns.operator, reason=ns.reason, dry_run=ns.dry_run
-        )
+        report = kernel.undo(ns.scope, operator=who, reason=ns.reason, dry_run=ns.dry_run)
     finally:
         kernel.close()
     _emit(ns, report.to_json(), lambda: render.undo_text(report))

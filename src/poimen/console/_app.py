@@ -332,13 +332,12 @@ def create_app(
         viewer = c.viewer(request)
         assert viewer is not None  # guarded
         who, reason = _decided(form, errors, viewer.who) if form else (None, "")
-        operator = who.name if who is not None else ""
         run = request.method == "POST" and not errors
         report = None
         try:
             if scope:
                 report = await _io(
-                    options.undo, scope, operator=operator if run else None,
+                    options.undo, scope, operator=who if run else None,
                     reason=reason if run else None, dry_run=not run,
                 )
         except (UndoError, UnknownToolError, op.OperatorInputError) as exc:
