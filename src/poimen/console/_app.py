@@ -112,6 +112,29 @@ def _diff_page(c: Console, store: Store) -> Handler:
     return page
 
 
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
+def _login_refused(c: Console, request: Request) -> Response | None:
+    """A login another site started, or one more failed try than allowed: refused before
+    the token is looked at."""
+    if not c.same_origin(request):
+        return c.refuse(
+            request, 403, "Refused",
+            "This login did not come from the console's own page. Open the console's address "
+            "yourself (paste the link into the address bar) and log in there.",
+        )
+    if not c.logins.allowed(_client(request)):
+        r = c.refuse(
+            request, 429, "Too many failed logins",
+            "Too many wrong tokens from here: wait a minute, then try again.",
+        )
+        r.headers["Retry-After"] = "60"
+        return r
+    return None
+
+
 def create_app(
     store: Store, *, token: str | None = None, options: ConsoleOptions | None = None
 ) -> ASGIApp:
@@ -125,8 +148,12 @@ def create_app(
         async def run(request: Request) -> Response:
             given = request.query_params.get("token")
             if given is not None and request.method == "GET":
+                refused = _login_refused(c, request)
+                if refused is not None:
+                    return refused
                 who = await c.token_login(given)
                 if who is None:
+                    c.logins.failed(_client(request))
                     return c.login_page(request, 401, "wrong token")
                 rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
                 target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
@@ -362,9 +389,13 @@ def create_app(
     async def login(request: Request) -> Response:
         if request.method == "GET":
             return c.login_page(request, 200, None)
+        refused = _login_refused(c, request)
+        if refused is not None:
+            return refused
         form = await request.form()
         who = await c.token_login(form.get("token"))
         if who is None:
+            c.logins.failed(_client(request))
             return c.login_page(request, 401, "wrong token")
         return c.login_response(request, "/", who)
 
