@@ -126,3 +126,14 @@ def test_a_junk_tls_certificate_is_refused_before_listening(
         assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
         assert "--tls-cert" in r.stderr and "listening" not in r.stdout
         assert r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_malformed_multipart_body_gets_the_consoles_page_and_headers(store_url: str) -> None:
+    Kernel(store_url).close()
+    with serve_console(store_url) as base, httpx.Client(base_url=base, timeout=30) as c:
+        assert c.get(f"/?token={TOKEN}").status_code == 303
+        for path in ("/login", "/logout", "/intents/x/resolve"):
+            r = c.post(path, content=b"--x\r\n", headers={"Content-Type": "multipart/form-data"})
+            assert r.status_code == 400, (path, r.status_code, r.text[:200])
+            assert "default-src 'self'" in r.headers["Content-Security-Policy"], path
+            assert r.headers["X-Frame-Options"] == "DENY" and "Nothing was changed" in r.text

@@ -413,6 +413,18 @@ def create_app(
             return c.refuse(request, 405, "Not allowed", f"{request.method} is not allowed here.")
         return c.refuse(request, 404, "Not found", f"There is no page at {request.url.path}.")
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # Starlette's own refusals (a multipart body without a boundary, a form too large):
+        # the console's page and headers, never the framework's bare text.
+        code = exc.status_code if isinstance(exc, HTTPException) else 400
+        if code in (404, 405):
+            return await not_found(request, exc)
+        return c.refuse(
+            request, code, "Bad request",
+            "The request could not be read (its body or headers are malformed). "
+            "Nothing was changed.",
+        )
+
     async def server_error(request: Request, exc: Exception) -> Response:
         # Never a traceback on the page; the process log has it.
         return c.refuse(request, 500, "Something went wrong", "Nothing was changed by this page.")
@@ -461,7 +473,9 @@ def create_app(
                 www_redirect=False,
             )
         ],
-        exception_handlers={404: not_found, 405: not_found, Exception: server_error},
+        exception_handlers={
+            404: not_found, 405: not_found, HTTPException: http_error, Exception: server_error
+        },
     )
     # "/intents/" would be redirected to an absolute URL built from the request: a 404 instead.
     app.router.redirect_slashes = False
