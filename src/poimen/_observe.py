@@ -34,6 +34,7 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
+from poimen._present import redact_urls
 from poimen.errors import PoimenError
 from poimen.store._base import NewDispatch
 
@@ -516,12 +517,19 @@ def logging_wanted() -> bool:
     return False
 
 
+#: Fields that carry free text (an exception's, a provider's): URLs in them lose their
+#: credentials before a record is written, as everywhere poimen shows an error.
+_TEXT_FIELDS = frozenset({"error", "reason", "detail", "target"})
+
+
 def _fields(event: ev.KernelEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"event": event.kind}
     for f in fields(event):
         v = getattr(event, f.name)
         if f.name == "report" and v is not None:
             v = {k.name: _count(getattr(v, k.name)) for k in fields(v)}
+        elif f.name in _TEXT_FIELDS and isinstance(v, str):
+            v = redact_urls(v)
         out[f.name] = v
     return out
 
@@ -537,13 +545,13 @@ def _message(event: ev.KernelEvent, f: Mapping[str, Any]) -> str:
         return (
             f"recovery pass: {r.get('scanned', 0)} unfinished scanned"
             + (f"; {done}" if done else "")
-            + (f"; stopped: {event.error}" if event.error else "")
+            + (f"; stopped: {f['error']}" if event.error else "")
             + f" ({event.duration * 1000:.0f} ms)"
         )
     if isinstance(event, ev.DenialEvent):
         return (
             f"denied: tool {event.tool_id} (intent {event.intent_id}, attempt "
-            f"{event.attempt}): {event.action} {event.target}: {event.reason}"
+            f"{event.attempt}): {event.action} {f['target']}: {f['reason']}"
         )
     subject = (
         f"{f.get('tool_id')} call {f.get('call_id')} (intent {f.get('intent_id')}, "

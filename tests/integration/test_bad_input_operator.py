@@ -4,15 +4,20 @@ with a typed error or shown redacted, and nothing recorded changes (issue 24's l
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from poimen import Kernel
+from poimen import Caps, DefiniteFailure, Kernel, ToolContext, Unsafe
 from poimen.errors import StoreError
+from poimen.otel import OpenTelemetry
 from tests.integration.operator_app import POIMEN, ROOT, poimen
 from tests.integration.test_console import TOKEN, serve_console
 from tests.integration.test_observability import add_tools
@@ -137,3 +142,46 @@ def test_a_malformed_multipart_body_gets_the_consoles_page_and_headers(store_url
             assert r.status_code == 400, (path, r.status_code, r.text[:200])
             assert "default-src 'self'" in r.headers["Content-Security-Policy"], path
             assert r.headers["X-Frame-Options"] == "DENY" and "Nothing was changed" in r.text
+
+
+LEAKY = f"POST https://agent:{PASSWORD}@api.example/v1/send?token={PASSWORD}2 failed"
+
+
+def test_tool_error_texts_are_shown_without_the_credentials_of_their_urls(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    caplog.set_level(logging.DEBUG, logger="poimen")
+    with Kernel(store_url, notifiers=[], observers=[OpenTelemetry(tracer_provider=tp)]) as k:
+
+        @k.tool(id="t.leaky", effects=Unsafe(), caps=Caps(), timeout=5)
+        def leaky(ctx: ToolContext, refuse: bool) -> None:
+            if refuse:
+                raise DefiniteFailure(LEAKY)
+            raise ConnectionError(LEAKY)
+
+        failed = k.call("t.leaky", {"refuse": True}, call_id="leak-1")
+        unknown = k.call("t.leaky", {"refuse": False}, call_id="leak-2")
+    tp.shutdown()
+    seen: list[str] = []
+    for intent_id in (failed.intent_id, unknown.intent_id):
+        for args in (("show", intent_id), ("show", intent_id, "--json")):
+            r = poimen(*args, db=store_url)
+            assert r.returncode == 0, r.stderr
+            seen.append(r.stdout)
+        listed = poimen("intents", "--json", db=store_url)
+        seen.append(listed.stdout)
+    assert any("api.example" in s for s in seen)  # the error is shown, its secrets are not
+    with serve_console(store_url) as base, httpx.Client(base_url=base, timeout=30) as c:
+        assert c.get(f"/?token={TOKEN}").status_code == 303
+        for intent_id in (failed.intent_id, unknown.intent_id):
+            seen.append(c.get(f"/intents/{intent_id}").text)
+        seen.append(c.get("/intents").text)
+    for span in exporter.get_finished_spans():
+        seen.append(str(span.status.description))
+        seen += [str(e.attributes) for e in span.events]
+    seen += [r.getMessage() + str(getattr(r, "poimen", "")) for r in caplog.records]
+    leaks = [s for s in seen if PASSWORD in s]
+    assert not leaks, leaks[0][:2000]

@@ -196,6 +196,11 @@ MUTANTS: list[Mutant] = [
            "        self._engine.tools[registration.id] = tool\n"
            "        spec = spec_of(tool, name, description)\n",
            ("tests/integrations/test_mcp_bad_input.py", "-k", "local_tool")),
+    Mutant("error-text-unredacted", "error texts are shown without the credentials of URLs",
+           "poimen/_operator.py",
+           "    return None if text is None else redact_urls(text)\n",
+           "    return text\n",
+           ("tests/integration/test_bad_input_operator.py", "-k", "error_texts and sqlite")),
     Mutant("csrf-skipped", "a console change needs the session's CSRF token",
            "poimen/console/_session.py", "        return _same(form_value, v.session.csrf)",
            "        return True", ("tests/integration/test_console.py",)),
