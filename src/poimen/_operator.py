@@ -131,9 +131,11 @@ def status(store: Store, *, notification_cap: int = 1000) -> Status:
     now = store.now()
     by_state = {s.value: 0 for s in IntentState}
     by_tool: dict[str, dict[str, int]] = {}
-    for (tool, state), n in sorted(store.counts().items()):
+    # A damaged log may hold a tool id or state that is not text (poimen verify names it).
+    counts = {(_as_text(t), _as_text(st)): n for (t, st), n in store.counts().items()}
+    for (tool, state), n in sorted(counts.items()):
         by_state[state] = by_state.get(state, 0) + n
-        by_tool.setdefault(tool, {})[state] = n
+        by_tool.setdefault(tool, {})[state] = by_tool.get(tool, {}).get(state, 0) + n
     oldest = store.list_intents(state=S.INDETERMINATE, limit=1)
     # Due at the end of time: every undelivered row, capped so a huge backlog stays cheap.
     pending = len(store.due_notifications(float(2**62), notification_cap))
@@ -147,6 +149,10 @@ def status(store: Store, *, notification_cap: int = 1000) -> Status:
         oldest_indeterminate=oldest[0] if oldest else None,
         undelivered_notifications=pending,
     )
+
+
+def _as_text(value: object) -> str:
+    return value if isinstance(value, str) else repr(value)
 
 
 def list_intents(

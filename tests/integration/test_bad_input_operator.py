@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -185,3 +186,61 @@ def test_tool_error_texts_are_shown_without_the_credentials_of_their_urls(
     seen += [r.getMessage() + str(getattr(r, "poimen", "")) for r in caplog.records]
     leaks = [s for s in seen if PASSWORD in s]
     assert not leaks, leaks[0][:2000]
+
+
+def _crafted(tmp_path: Path, name: str, *sql: str) -> str:
+    """A real log with one settled and one Indeterminate call, then changed behind poimen's
+    back with `sql` (as a damaged or hostile file would be)."""
+    url = f"sqlite:///{tmp_path / name}"
+    with Kernel(url, notifiers=[]) as k:
+        add_tools(k)
+        k.call("t.ok", {"n": 1}, call_id="c/1")
+        k.call("t.boom", {"n": 2}, call_id="c/2")
+    conn = sqlite3.connect(tmp_path / name, isolation_level=None)
+    try:
+        for stmt in sql:
+            conn.execute(stmt)
+    finally:
+        conn.close()
+    return url
+
+
+def test_a_log_whose_intents_is_a_recursive_view_is_refused_not_read_for_ever(
+    tmp_path: Path,
+) -> None:
+    good = _crafted(tmp_path, "good.db")
+    hostile = _crafted(
+        tmp_path, "view.db",
+        "ALTER TABLE intents RENAME TO intents_real",
+        "CREATE VIEW intents AS SELECT i.* FROM intents_real i, (WITH RECURSIVE r(x) AS "
+        "(SELECT 1 UNION ALL SELECT x + 1 FROM r) SELECT x FROM r)",
+    )
+    for args in (("status",), ("intents",), ("intents", "--call-id", "c/"), ("show", "c/1"),
+                 ("diff", "--recording", hostile, "--run", good),
+                 ("diff", "--recording", good, "--run", hostile)):
+        r = poimen(*args, db=hostile)  # bounded by poimen()'s own timeout: never for ever
+        assert r.returncode == 3, (args, r.returncode, r.stderr)
+        assert "view" in r.stderr and "'intents'" in r.stderr, r.stderr
+    with pytest.raises(StoreError, match="view"):
+        Kernel(f"sqlite:///{tmp_path / 'replay.db'}", mode="replay", recording=hostile)
+
+
+def test_verify_finds_rows_that_break_the_schemas_checks_and_types(tmp_path: Path) -> None:
+    url = _crafted(
+        tmp_path, "bad.db",
+        "PRAGMA ignore_check_constraints = ON",
+        "UPDATE intents SET state = 'LOST' WHERE call_id = 'c/1'",
+        "UPDATE intents SET effect = 'magic', tool_id = X'00ff' WHERE call_id = 'c/2'",
+    )
+    r = poimen("verify", "--json", db=url)
+    assert r.returncode == 6, (r.returncode, r.stderr)
+    problems = [p["message"] for p in json.loads(r.stdout)["problems"]]
+    text = " | ".join(problems)
+    assert "LOST" in text or "state" in text, problems
+    assert "effect" in text and "tool_id" in text, problems
+    # The reading commands still answer, one line each, never exit 4.
+    for args in (("status",), ("status", "--json"), ("intents",), ("intents", "--json"),
+                 ("show", "c/2"), ("show", "c/2", "--json")):
+        out = poimen(*args, db=url)
+        assert out.returncode in (0, 3), (args, out.returncode, out.stderr)
+        assert "unexpected" not in out.stderr, (args, out.stderr)
