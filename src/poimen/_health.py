@@ -14,7 +14,13 @@ from typing import Any
 from poimen._decide import claimability
 from poimen._intents import Intent
 from poimen._liveness import current_owner, default_host, owner_alive
-from poimen._operator import REDACTED, intent_summary, is_secret_name, redact_urls
+from poimen._operator import (
+    REDACTED,
+    intent_summary,
+    is_secret_name,
+    redact_store_url,
+    redact_urls,
+)
 from poimen.errors import StoreError
 from poimen.store._base import Store, latest_version, migrations
 from poimen.store._fs import filesystem_of, is_network
@@ -87,8 +93,9 @@ class Verification:
         }
 
 
-def _read(store: Store, sql: str) -> list[Any]:
-    rows: list[Any] = store._read(sql)  # type: ignore[attr-defined]
+def _read(store: Store, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+    reader: Any = store._read  # type: ignore[attr-defined]
+    rows: list[Any] = reader(sql, params) if params else reader(sql)
     return rows
 
 
@@ -105,7 +112,8 @@ def verify(store: Store) -> Verification:
             "upgrades it (a kernel of this version does so when it opens the log)"
         )
     if dialect == "sqlite":
-        checks += ["integrity_check", "foreign_key_check", "schema objects"]
+        checks += ["integrity_check", "foreign_key_check", "schema objects", "row constraints",
+                   "row types"]
         problems += _sqlite_problems(store, found)
     else:
         checks += ["constraints", "triggers"]
@@ -147,12 +155,85 @@ def _sqlite_problems(store: Store, found: int) -> list[Problem]:
                 for stmt in _statements(sql):
                     reference.execute(stmt)
         want = set(reference.execute("SELECT type, name FROM sqlite_master").fetchall())
+        out += _row_problems(store, reference)
     finally:
         reference.close()
     have = {(str(t), str(n)) for t, n in _read(store, "SELECT type, name FROM sqlite_master")}
     for kind, name in sorted(want - have):
         if not name.startswith("sqlite_"):
             out.append(Problem("schema objects", f"the {kind} {name} is missing"))
+    return out
+
+
+#: What SQLite stores for a column of each declared type, besides NULL.
+_STORAGE = {"TEXT": ("text",), "INTEGER": ("integer",), "REAL": ("real", "integer")}
+#: Row problems reported per table before the rest is only counted.
+_MAX_ROW_PROBLEMS = 20
+
+
+def _row_problems(store: Store, reference: sqlite3.Connection) -> list[Problem]:
+    """Rows the schema would refuse: each is offered to `reference` (the schema as the
+    migrations make it, in memory), whose NOT NULL and CHECK constraints then judge it, and
+    each column's values must be of its declared type. SQLite's integrity_check does neither,
+    and a file written with its checks off (or by hand) passes it."""
+    out: list[Problem] = []
+    tables = [str(r[0]) for r in reference.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    )]
+    for table in tables:
+        try:
+            out += _table_problems(store, reference, table)
+        except StoreError as exc:  # damage bad enough that SQLite stops reading: said above
+            out.append(Problem("row constraints", f"{table} could not be read: {exc}"))
+    return out
+
+
+def _table_problems(store: Store, reference: sqlite3.Connection, table: str) -> list[Problem]:
+    out: list[Problem] = []
+    info = reference.execute(f'PRAGMA table_info("{table}")').fetchall()
+    declared = {str(r[1]): str(r[2]).upper() for r in info}
+    # Paged by the primary key (intents and attempts have no rowid), else by rowid.
+    pk = [f'"{r[1]}"' for r in sorted(info, key=lambda r: r[5]) if r[5]] or ["rowid"]
+    have = {str(r[1]) for r in _read(store, f'PRAGMA table_info("{table}")')}
+    cols = [c for c in declared if c in have]
+    if not cols:
+        return out
+    for col in cols:
+        kinds = _STORAGE.get(declared[col])
+        if kinds is None:
+            continue
+        allowed = ", ".join(f"'{k}'" for k in (*kinds, "null"))
+        n = int(_read(store, f'SELECT COUNT(*) FROM "{table}" '
+                             f'WHERE typeof("{col}") NOT IN ({allowed})')[0][0])
+        if n:
+            out.append(Problem("row types", f"{n} rows of {table} have a {col} that is "
+                                            f"not {declared[col]}"))
+    names = ", ".join(f'"{c}"' for c in cols)
+    insert = f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(cols))})'
+    keys, marks = ", ".join(pk), ", ".join("?" * len(pk))
+    bad = 0
+    last: tuple[Any, ...] | None = None
+    while True:
+        where = "" if last is None else f"WHERE ({keys}) > ({marks}) "
+        rows = _read(store, f'SELECT {keys}, {names} FROM "{table}" {where}'
+                            f"ORDER BY {keys} LIMIT {_PAGE}", last or ())
+        if not rows:
+            break
+        for row in rows:
+            last, values = tuple(row[: len(pk)]), tuple(row[len(pk) :])
+            reference.execute("SAVEPOINT row")
+            try:
+                reference.execute(insert, values)
+            except sqlite3.IntegrityError as exc:
+                bad += 1
+                if bad <= _MAX_ROW_PROBLEMS:
+                    key = ", ".join(map(str, last))
+                    out.append(Problem("row constraints", f"{table} row {key}: {exc}"))
+            finally:
+                reference.execute("ROLLBACK TO row")
+                reference.execute("RELEASE row")
+    if bad > _MAX_ROW_PROBLEMS:
+        out.append(Problem("row constraints", f"{table}: {bad} rows in all"))
     return out
 
 
@@ -240,7 +321,9 @@ def environment() -> dict[str, Any]:
         v = psycopg.pq.version()
         info["libpq"] = f"{v // 10000}.{v % 10000}"
     info["settings"] = {
-        k: REDACTED if is_secret_name(k) else redact_urls(v)
+        # POIMEN_DB may be any text: mistyped, foreign or a libpq string, password included.
+        k: REDACTED if is_secret_name(k) else redact_store_url(v) if k == "POIMEN_DB"
+        else redact_urls(v)
         for k, v in sorted(os.environ.items())
         if k.startswith("POIMEN_")
     }

@@ -31,6 +31,8 @@ from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
+from poimen._observe import logging_wanted
+from poimen._operator import Identity
 from poimen._operator import abandon as operator_abandon
 from poimen._operator import decide_approval as operator_decide_approval
 from poimen._operator import resolve as operator_resolve
@@ -223,8 +225,9 @@ class Kernel:
         self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
-        self._log_events = log_events
         _observe.setup(self, observers, log_events)
+        # Logging configured later is looked for at each call and pass (_observe.relog).
+        self._log_watch = _observe.watching(self, log_events)
         LIVE.add(self)
         # Shadow and replay answer calls without effects: poimen._sandbox, docs/sandbox.md.
         self._sandbox: _sandbox.Sandbox | None = None
@@ -344,7 +347,9 @@ class Kernel:
             raise RegistrationError(
                 f"tool {registration.id!r}: description must be text", tool_id=registration.id
             )
+        # Everything that can refuse runs before anything is kept: all or nothing.
         name = safe_name(registration.id, set(self._names))
+        spec = spec_of(tool, name, description)
         self._engine.tools[registration.id] = tool
         if rule is not None:
             self._approvals[registration.id] = rule
@@ -353,7 +358,7 @@ class Kernel:
         if undo_rule is not None:
             self._undos[registration.id] = undo_rule
         self._names[name] = registration.id
-        self._specs[registration.id] = spec_of(tool, name, description)
+        self._specs[registration.id] = spec
         return tool
 
     def describe(self, tool_id: str, *, check: str) -> None:
@@ -485,7 +490,6 @@ class Kernel:
     def launch(self, *, background: bool = True) -> RecoveryReport:
         """Run the restart scan and recovery pass; with `background`, keep recovery and
         notification delivery going every `recover_interval` seconds."""
-        _observe.relog(self, self._log_events)
         report = self.recover()
         self._upkeep.start(background=background)
         return report
@@ -572,6 +576,8 @@ class Kernel:
                 "use `await kernel.acall(...)`; nothing was recorded",
                 tool_id=t.id,
             )
+        if self._log_watch and logging_wanted():
+            self._start_logging()
         self._upkeep.held()
         e = self._engine
         steps = call_steps(e, t, d, kwargs, CallState(), approval)
@@ -592,6 +598,8 @@ class Kernel:
         if self._sandbox is not None:
             return await self._sandbox.acall(tool, args, call_id)
         t, d, kwargs = self._prepare(tool, args, call_id)
+        if self._log_watch and logging_wanted():
+            self._start_logging()
         self._upkeep.held()
         e = self._engine
         c = CallState()
@@ -648,10 +656,16 @@ class Kernel:
     def _context(self, t: Tool, intent: Intent) -> ToolContext:
         return _runners.context(self._engine, t, intent)
 
+    def _start_logging(self) -> None:
+        self._log_watch = False
+        _observe.relog(self)
+
     # Recovery and the operator path.
 
     def recover(self, *, progress: Callable[[int], object] | None = None) -> RecoveryReport:
         """One recovery pass now; then deliver due notifications."""
+        if self._log_watch and logging_wanted():
+            self._start_logging()
         e = self._engine if self._sandbox is None else self._sandbox.recovery_engine()
         report = recover_pass(e, progress=progress)
         self.deliver_notifications()
@@ -701,7 +715,7 @@ class Kernel:
         self,
         scope: str,
         *,
-        operator: str | None = None,
+        operator: str | Identity | None = None,
         reason: str | None = None,
         dry_run: bool = False,
     ) -> UndoReport:
@@ -710,15 +724,15 @@ class Kernel:
         ``undo/<call id>``. Run again after a crash, it resumes and undoes nothing twice.
         Calls without an undo are listed; an Indeterminate call waits for an operator unless
         its undo is Idempotent; an undo that fails, or whose outcome is unknown, stops the
-        sequence there. `operator` (who asks) and `reason` go into the audit; `dry_run` only
-        reports what would be done (docs/undo.md)."""
+        sequence there. `operator` (who asks; an `Identity` also records how they were known) and
+        `reason` go into the audit; `dry_run` only reports what would be done (docs/undo.md)."""
         return _undo.undo(self, scope, operator=operator, reason=reason, dry_run=dry_run)
 
     async def aundo(
         self,
         scope: str,
         *,
-        operator: str | None = None,
+        operator: str | Identity | None = None,
         reason: str | None = None,
         dry_run: bool = False,
     ) -> UndoReport:

@@ -8,12 +8,14 @@ and a kernel without a notifier a row was written for never marks that row deliv
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
 import logging
+import secrets
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -160,11 +162,16 @@ def deliver(
     return delivered
 
 
-# Webhooks.
+# Webhooks, signed as Standard Webhooks (https://www.standardwebhooks.com): receivers verify
+# them with that project's libraries, in any language.
 
-SIGNATURE_HEADER = "X-Poimen-Signature"
-TIMESTAMP_HEADER = "X-Poimen-Timestamp"
-DELIVERY_HEADER = "X-Poimen-Delivery"
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
+#: The delivery id travels as the message id: the same on every retry, the receiver's dedupe key.
+DELIVERY_HEADER = ID_HEADER
+#: A secret in the Standard Webhooks form: this prefix, then the key in base64.
+SECRET_PREFIX = "whsec_"
 
 
 class WebhookDeliveryError(PoimenError):
@@ -172,20 +179,38 @@ class WebhookDeliveryError(PoimenError):
 
 
 def _secret_bytes(secret: str | bytes) -> bytes:
-    raw = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    """The HMAC key: ``whsec_<base64>`` decoded (as Standard Webhooks libraries do), any
+    other text as its UTF-8 bytes, bytes as they are."""
+    if isinstance(secret, str) and secret.startswith(SECRET_PREFIX):
+        try:
+            raw = base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
+        except ValueError:
+            raise PoimenError(
+                f"a webhook secret starting {SECRET_PREFIX} must be base64 after it",
+                field="secret",
+            ) from None
+    else:
+        raw = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
     if not raw:
         raise PoimenError("a webhook needs a non-empty shared secret", field="secret")
     return raw
 
 
-def sign(secret: str | bytes, timestamp: str, body: bytes) -> str:
-    """``sha256=<hex>``: HMAC-SHA256 with the shared secret over ``timestamp + "." + body``."""
-    mac = hmac.new(_secret_bytes(secret), timestamp.encode("ascii") + b"." + body, "sha256")
-    return "sha256=" + mac.hexdigest()
+def new_secret() -> str:
+    """A fresh random secret in the Standard Webhooks form (``whsec_`` and 32 bytes)."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+
+
+def sign(secret: str | bytes, msg_id: str, timestamp: str, body: bytes) -> str:
+    """``v1,<base64>``: HMAC-SHA256 with the secret's key over ``id.timestamp.body``."""
+    signed = msg_id.encode("utf-8") + b"." + timestamp.encode("ascii") + b"." + body
+    mac = hmac.new(_secret_bytes(secret), signed, "sha256").digest()
+    return "v1," + base64.b64encode(mac).decode("ascii")
 
 
 def verify_signature(
     secret: str | bytes,
+    msg_id: str,
     timestamp: str,
     body: bytes,
     signature: str,
@@ -193,7 +218,8 @@ def verify_signature(
     tolerance: float = 300.0,
     now: float | None = None,
 ) -> bool:
-    """What a receiver checks: the signature matches and the timestamp is recent (no replay)."""
+    """What a receiver checks: one of the space-separated ``v1,`` signatures matches and the
+    timestamp is recent, in the past or the future (no replay)."""
     # Headers are attacker-controlled: anything but a few ASCII digits is simply "no" (a
     # long digit string would make int() itself refuse).
     if not (
@@ -203,20 +229,40 @@ def verify_signature(
         and len(timestamp) <= 15
     ):
         return False
-    if not isinstance(signature, str) or not isinstance(body, bytes):
+    if not (isinstance(msg_id, str) and isinstance(signature, str) and isinstance(body, bytes)):
         return False
     if abs((time.time() if now is None else now) - int(timestamp)) > tolerance:
         return False
-    expected = sign(secret, timestamp, body).encode()
-    return hmac.compare_digest(expected, signature.encode("utf-8", "replace"))
+    expected = sign(secret, msg_id, timestamp, body).encode()
+    given = [s.encode("utf-8", "replace") for s in signature.split(" ") if s.startswith("v1,")]
+    return any(hmac.compare_digest(expected, s) for s in given)
+
+
+def verify(
+    secret: str | bytes,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    tolerance: float = 300.0,
+    now: float | None = None,
+) -> bool:
+    """`verify_signature` over a request's headers (any case) and raw body."""
+    lower = {str(k).lower(): v for k, v in headers.items()}
+    parts = [lower.get(h) for h in (ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER)]
+    if not all(isinstance(p, str) for p in parts):
+        return False
+    msg_id, timestamp, signature = cast("list[str]", parts)
+    return verify_signature(
+        secret, msg_id, timestamp, body, signature, tolerance=tolerance, now=now
+    )
 
 
 class WebhookNotifier:
     """POSTs each notification as JSON to `url`, signed with the shared `secret`.
 
-    Headers: ``X-Poimen-Delivery`` (the delivery id; the same on every retry, so a
-    receiver dedupes on it), ``X-Poimen-Timestamp`` (unix seconds) and
-    ``X-Poimen-Signature`` (see `sign`). Anything but a 2xx answer raises, and the durable
+    Signed as Standard Webhooks: ``webhook-id`` (the delivery id; the same on every retry,
+    so a receiver dedupes on it), ``webhook-timestamp`` (unix seconds) and
+    ``webhook-signature`` (see `sign`). Anything but a 2xx answer raises, and the durable
     outbox retries with back-off: delivery is at least once.
     `console_url` (the console's base URL) adds a link to the intent's page.
 
@@ -276,9 +322,9 @@ class WebhookNotifier:
         ts = str(int(now))
         headers = {
             "Content-Type": "application/json",
-            DELIVERY_HEADER: notification.delivery_id,
+            ID_HEADER: notification.delivery_id,
             TIMESTAMP_HEADER: ts,
-            SIGNATURE_HEADER: sign(self._secret, ts, body),
+            SIGNATURE_HEADER: sign(self._secret, notification.delivery_id, ts, body),
         }
         try:
             r = self._client.post(self.url, content=body, headers=headers)

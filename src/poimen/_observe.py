@@ -34,6 +34,7 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
+from poimen._present import redact_urls
 from poimen.errors import PoimenError
 from poimen.store._base import NewDispatch
 
@@ -504,9 +505,21 @@ def _logger(kind: str) -> logging.Logger:
     return logging.getLogger(_LOGGERS.get(kind, "poimen.call"))
 
 
+_WATCHED = tuple(logging.getLogger(n) for n in sorted(LOGGER_NAMES))
+
+
 def logging_wanted() -> bool:
-    """Whether any logger poimen's events go to would write an INFO record."""
-    return any(logging.getLogger(n).isEnabledFor(logging.INFO) for n in LOGGER_NAMES)
+    """Whether any logger poimen's events go to would write an INFO record (the loggers'
+    own cached answers: a few dictionary lookups)."""
+    for logger in _WATCHED:  # noqa: SIM110 - a loop: no generator on the call path
+        if logger.isEnabledFor(logging.INFO):
+            return True
+    return False
+
+
+#: Fields that carry free text (an exception's, a provider's): URLs in them lose their
+#: credentials before a record is written, as everywhere poimen shows an error.
+_TEXT_FIELDS = frozenset({"error", "reason", "detail", "target"})
 
 
 def _fields(event: ev.KernelEvent) -> dict[str, Any]:
@@ -515,6 +528,8 @@ def _fields(event: ev.KernelEvent) -> dict[str, Any]:
         v = getattr(event, f.name)
         if f.name == "report" and v is not None:
             v = {k.name: _count(getattr(v, k.name)) for k in fields(v)}
+        elif f.name in _TEXT_FIELDS and isinstance(v, str):
+            v = redact_urls(v)
         out[f.name] = v
     return out
 
@@ -530,13 +545,13 @@ def _message(event: ev.KernelEvent, f: Mapping[str, Any]) -> str:
         return (
             f"recovery pass: {r.get('scanned', 0)} unfinished scanned"
             + (f"; {done}" if done else "")
-            + (f"; stopped: {event.error}" if event.error else "")
+            + (f"; stopped: {f['error']}" if event.error else "")
             + f" ({event.duration * 1000:.0f} ms)"
         )
     if isinstance(event, ev.DenialEvent):
         return (
             f"denied: tool {event.tool_id} (intent {event.intent_id}, attempt "
-            f"{event.attempt}): {event.action} {event.target}: {event.reason}"
+            f"{event.attempt}): {event.action} {f['target']}: {f['reason']}"
         )
     subject = (
         f"{f.get('tool_id')} call {f.get('call_id')} (intent {f.get('intent_id')}, "
@@ -625,8 +640,15 @@ def add(kernel: Kernel, observer: ev.Observer) -> None:
     observer.bind(kernel)
 
 
-def relog(kernel: Kernel, log_events: bool | None) -> None:
-    """At launch: logging may have been configured since the kernel was made."""
+def watching(kernel: Kernel, log_events: bool | None) -> bool:
+    """Whether the kernel must still look for logging configured later: only by default
+    (`log_events` None) and while its logging is not installed."""
     obs = kernel._engine.observer
-    if log_events is None and logging_wanted() and (obs is None or not obs.has(LogObserver)):
+    return log_events is None and (obs is None or not obs.has(LogObserver))
+
+
+def relog(kernel: Kernel) -> None:
+    """Logging was configured since the kernel was made (`logging_wanted` turned true, seen
+    at a call, a recovery pass or launch): from now on each record decides by its level."""
+    if watching(kernel, None):
         add(kernel, LogObserver())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from poimen._intents import (
@@ -131,9 +131,11 @@ def status(store: Store, *, notification_cap: int = 1000) -> Status:
     now = store.now()
     by_state = {s.value: 0 for s in IntentState}
     by_tool: dict[str, dict[str, int]] = {}
-    for (tool, state), n in sorted(store.counts().items()):
+    # A damaged log may hold a tool id or state that is not text (poimen verify names it).
+    counts = {(_as_text(t), _as_text(st)): n for (t, st), n in store.counts().items()}
+    for (tool, state), n in sorted(counts.items()):
         by_state[state] = by_state.get(state, 0) + n
-        by_tool.setdefault(tool, {})[state] = n
+        by_tool.setdefault(tool, {})[state] = by_tool.get(tool, {}).get(state, 0) + n
     oldest = store.list_intents(state=S.INDETERMINATE, limit=1)
     # Due at the end of time: every undelivered row, capped so a huge backlog stays cheap.
     pending = len(store.due_notifications(float(2**62), notification_cap))
@@ -149,6 +151,10 @@ def status(store: Store, *, notification_cap: int = 1000) -> Status:
     )
 
 
+def _as_text(value: object) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
 def list_intents(
     store: Store,
     *,
@@ -159,7 +165,8 @@ def list_intents(
 ) -> list[Intent]:
     """Intents oldest first, filtered; `limit` bounds the answer."""
     _check_limit(limit)
-    return store.list_intents(state=state, tool_id=tool_id, since=since, limit=limit)
+    found = store.list_intents(state=state, tool_id=tool_id, since=since, limit=limit)
+    return [shown_intent(i) for i in found]
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +259,7 @@ class IntentDetail:
 def search(store: Store, prefix: str, *, limit: int = 100) -> list[Intent]:
     """Intents whose call id starts with `prefix` (an exact call id included), newest first."""
     _check_limit(limit)
-    return store.search_call_id(prefix, limit=limit)
+    return [shown_intent(i) for i in store.search_call_id(prefix, limit=limit)]
 
 
 def run_prefix(call_id: str) -> str | None:
@@ -283,10 +290,10 @@ def show(store: Store, intent_id: str) -> IntentDetail:
     intent = find(store, intent_id)
     original = original_of(intent.call_id)
     return IntentDetail(
-        intent=intent,
+        intent=shown_intent(intent),
         args=_redacted_json(intent.args),
         result=_redacted_json(intent.result),
-        attempts=store.attempts(intent.id),
+        attempts=[replace(a, error=_error_text(a.error)) for a in store.attempts(intent.id)],
         events=store.events(intent.id),
         notifications=store.notifications(intent.id),
         deliveries=store.deliveries(intent.id),
@@ -472,6 +479,7 @@ _INTENT_DROP = frozenset({"args", "args_hash", "result", "lease_expires_at", "ne
 
 
 def intent_summary(i: Intent) -> dict[str, Any]:
+    i = shown_intent(i)
     return _plain(
         i,
         _INTENT_DROP,
@@ -486,6 +494,7 @@ def attempt_json(a: Attempt) -> dict[str, Any]:
         a,
         frozenset({"intent_id"}),
         owner=_owner_json(a.owner),
+        error=_error_text(a.error),
         result=_redacted_json(a.result),
         late_result=_redacted_json(a.late_result),
     )
@@ -495,6 +504,11 @@ def _event_detail(e: Event) -> Any:
     detail = _redacted_json(e.detail)
     if isinstance(detail, dict) and isinstance(detail.get("result"), str):
         detail = {**detail, "result": _redacted_json(detail["result"])}
+    if isinstance(detail, dict):  # an error's text quotes URLs, with their credentials
+        detail = {
+            k: _error_text(v) if k in ("error", "reason") and isinstance(v, str) else v
+            for k, v in detail.items()
+        }
     return detail
 
 
@@ -517,6 +531,13 @@ def notification_json(n: Notification, deliveries: list[Delivery]) -> dict[str, 
 
 def _error_text(text: str | None) -> str | None:
     return None if text is None else redact_urls(text)
+
+
+def shown_intent(i: Intent) -> Intent:
+    """The intent as an operator sees it: its error and reason texts (a provider's message,
+    an exception's text) with the credentials of URLs in them removed, like arguments."""
+    error, reason = _error_text(i.error), _error_text(i.reason)
+    return i if (error, reason) == (i.error, i.reason) else replace(i, error=error, reason=reason)
 
 
 def denial_json(d: Denial) -> dict[str, Any]:

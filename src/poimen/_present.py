@@ -145,7 +145,7 @@ def redact_store_url(url: str) -> str:
     Split by hand, so that a URL redacted once comes out the same."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return "[url]"
+        return _redact_loose(url)
     cut = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
     netloc, tail = rest[:cut], rest[cut:]
     tail, hashed, fragment = tail.partition("#")
@@ -158,6 +158,22 @@ def redact_store_url(url: str) -> str:
         for k, v in parse_qsl(query, keep_blank_values=True)
     )
     return f"{scheme}://{netloc}{path}" + (f"?{query}" if query else "") + hashed + fragment
+
+
+_KEYWORD = re.compile(r"""([A-Za-z_][\w.-]*)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&;]*)""")
+_USERINFO = re.compile(r"([^\s:/@]*):[^\s@/]*@")
+
+
+def _redact_loose(text: str) -> str:
+    """What is not a URL (``postgresql:/u:pw@h``, a libpq ``password=...`` string): every
+    secret-looking ``key=value`` and every ``user:password@`` masked, the rest kept."""
+
+    def keyword(m: re.Match[str]) -> str:
+        name = m.group(1)
+        secret = is_secret_name(name) or name.lower() == "sslkey"
+        return f"{name}{m.group(2)}{REDACTED}" if secret else m.group(0)
+
+    return _USERINFO.sub(rf"\1:{REDACTED}@", _KEYWORD.sub(keyword, text))
 
 
 def redact_urls(text: str) -> str:

@@ -28,6 +28,9 @@ from poimen.store._retention import History
 #: Seven days: a call id re-used within them answers with the recorded outcome. After a
 #: prune, a re-used call id is a new call.
 MIN_AGE = 7 * 86400.0
+#: The most intents per batch: a batch is one statement's parameters, and PostgreSQL takes at
+#: most 65,535 of them (SQLite's default limit is 32,766).
+MAX_BATCH = 10_000
 
 
 @dataclass(slots=True)
@@ -60,8 +63,10 @@ def prune(
             "instead of answering with its outcome; pass the short-window flag to do it anyway",
             field="older_than",
         )
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise OperatorInputError("batch must be a whole number of at least 1", field="batch")
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise OperatorInputError(
+            f"batch must be a whole number from 1 to {MAX_BATCH}", field="batch"
+        )
     ttls = dict(key_ttls or {})
     now = store.now()
     before = now - older_than
@@ -69,7 +74,7 @@ def prune(
     out: IO[str] | None = None
     try:
         if archive is not None:
-            out = open(archive, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+            out = _open_archive(archive)
         after = ""
         while True:
             found = store.prune_candidates(after_id=after, before=before, limit=batch)
@@ -95,6 +100,20 @@ def prune(
         if out is not None:
             out.close()
     return report
+
+
+def _open_archive(path: str | os.PathLike[str]) -> IO[str]:
+    """The archive, for appending; made owner-only (0600), like the operators file: it holds
+    the raw arguments. A folder that is missing or not writable is the operator's mistake."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise OperatorInputError(
+            f"archive {os.fspath(path)!r} cannot be opened for appending: {exc.strerror}; "
+            "nothing was pruned",
+            field="archive",
+        ) from None
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def history_json(h: History) -> dict[str, Any]:

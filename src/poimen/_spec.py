@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from poimen._effects import EffectName, effect_name
 from poimen._tools import Tool
+from poimen.errors import RegistrationError
 
 if TYPE_CHECKING:
     from poimen._capability import ToolContext
@@ -64,7 +65,17 @@ def safe_name(tool_id: str, taken: set[str]) -> str:
 
 
 def spec_of(t: Tool, name: str, description: str | None) -> ToolSpec:
-    schema = t.model.model_json_schema()
+    """The tool as a model sees it; `RegistrationError` when its arguments have no JSON
+    schema (a `Callable` parameter, an unresolvable ``$ref``)."""
+    try:
+        schema = t.model.model_json_schema()
+    except Exception as exc:  # pydantic's errors, or a KeyError from a schema it cannot walk
+        raise RegistrationError(
+            f"tool {t.id!r}: its arguments have no JSON schema a model could be shown "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc!r}); "
+            "nothing was registered",
+            tool_id=t.id,
+        ) from exc
     schema.pop("title", None)
     doc = description if description is not None else (inspect.getdoc(t.fn) or "")
     return ToolSpec(

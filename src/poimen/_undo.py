@@ -253,7 +253,7 @@ class Undoer(Protocol):
         self,
         scope: str,
         *,
-        operator: str | None = None,
+        operator: str | op.Identity | None = None,
         reason: str | None = None,
         dry_run: bool = False,
     ) -> UndoReport: ...
@@ -267,13 +267,14 @@ class _Who:
     actor: str
     operator: str | None
     reason: str | None
+    how: dict[str, str] | None = None  # identified_by, os_user: how the operator was known
 
 
 def undo(
     kernel: Kernel,
     scope: str,
     *,
-    operator: str | None = None,
+    operator: str | op.Identity | None = None,
     reason: str | None = None,
     dry_run: bool = False,
 ) -> UndoReport:
@@ -343,6 +344,9 @@ def _check_scope(scope: object) -> None:
 
 
 def _who(kernel: Kernel, operator: object, reason: object) -> _Who:
+    how = None
+    if isinstance(operator, op.Identity):  # recorded with how poimen knows the operator
+        how, operator = operator.detail(), operator.name
     for name, value, limit in (
         ("operator", operator, op.MAX_OPERATOR),
         ("reason", reason, op.MAX_REASON),
@@ -357,7 +361,7 @@ def _who(kernel: Kernel, operator: object, reason: object) -> _Who:
             )
     o = operator.strip() if isinstance(operator, str) else None
     r = reason.strip() if isinstance(reason, str) else None
-    return _Who(o or kernel.worker_id, o, r)
+    return _Who(o or kernel.worker_id, o, r, how)
 
 
 def _step(it: Intent, status: UndoStatus, **kw: Any) -> UndoStep:
@@ -425,7 +429,7 @@ def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
         return _step(it, "stopped", **named, reason=str(exc))
     if not resume:
         detail = {"undo_call_id": uid, "undo_tool": r.tool, "operator": who.operator,
-                  "reason": who.reason}
+                  "reason": who.reason, **(who.how or {})}
         try:
             store.record_event(it.id, "undo_requested", actor=who.actor, detail=detail,
                                now=store.now())
@@ -510,6 +514,7 @@ def _mark_undone(store: Store, it: Intent, undo_intent: Intent, who: _Who) -> No
         "undo_call_id": undo_intent.call_id,
         "undo_tool": undo_intent.tool_id,
         "operator": who.operator,
+        **(who.how or {}),
     }
     store.record_event(it.id, "undone", actor=who.actor, detail=detail, now=store.now())
 

@@ -169,6 +169,19 @@ class UnknownOperatorError(OperatorsFileError):
     """The operators file has no operator of this name."""
 
 
+class MissingExtraError(PoimenError, ImportError):
+    """A poimen module needs an optional extra that is not installed."""
+
+    @classmethod
+    def of(cls, module: str, extra: str, cause: ImportError) -> MissingExtraError:
+        """The error for `module`, which needs ``poimen[extra]``; `cause` says what failed."""
+        return cls(
+            f"{module} needs the extra {extra}: pip install 'poimen[{extra}]' ({cause})",
+            module=module,
+            extra=extra,
+        )
+
+
 class ConsoleConfigError(PoimenError):
     """The console cannot start with these options."""
 

@@ -3,18 +3,21 @@
     from poimen.otel import OpenTelemetry
     kernel = Kernel("sqlite:///agent.db", observers=[OpenTelemetry()])
 
-Spans: ``poimen.call <tool>`` for each `call`/`acall`, a child of the caller's active span;
+Spans: ``execute_tool <tool>`` for each `call`/`acall`, a child of the caller's active span,
+as the OpenTelemetry GenAI conventions name a tool's execution (``gen_ai.operation.name``,
+``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.type``, ``error.type``);
 ``poimen.attempt <tool>`` for each run of the tool (its own spans, and the ``traceparent``
 that `ctx.http` sends, are children of it); ``poimen.lookup <tool>``; ``poimen.recovery``
-for a recovery pass with ``poimen.recover <tool>`` for each intent it drives. Transitions
-(dispatched, unknown outcome, retry, takeover, Indeterminate, ...) are events on the span
-current when they happen. Attributes are named ``poimen.*`` (tool id, effect class, call id,
-intent id, attempt, fence, outcome, reason).
+for a recovery pass with ``poimen.recover <tool>`` for each intent it drives (a background
+pass that drove nothing leaves no span). Transitions (dispatched, unknown outcome, retry,
+takeover, Indeterminate, ...) are events on the span current when they happen. poimen's own
+attributes are named ``poimen.*`` (tool id, effect class, call id, intent id, attempt,
+fence, outcome, reason).
 
 Metrics (docs/observability.md lists them): calls by tool and outcome and their duration,
 attempts, Indeterminate transitions, takeovers, lease renewals, denials, recovery pass
-duration; gauges read from the log: open Indeterminate intents and the oldest one's age,
-unfinished intents, the outbox backlog.
+duration; with ``log_gauges=True`` (in one process per log), gauges read from the log: open
+Indeterminate intents and the oldest one's age, unfinished intents, the outbox backlog.
 
 The global tracer and meter providers are used unless others are given; without an SDK
 configured they record nothing.
@@ -22,6 +25,7 @@ configured they record nothing.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib.metadata
 import threading
@@ -33,7 +37,8 @@ from typing import TYPE_CHECKING, Any, cast
 from poimen import _metrics
 from poimen import events as ev
 from poimen._intents import IntentState
-from poimen.errors import PoimenError
+from poimen._present import redact_store_url, redact_urls
+from poimen.errors import MissingExtraError
 
 try:
     from opentelemetry import context as otel_context
@@ -41,11 +46,9 @@ try:
     from opentelemetry import propagate as otel_propagate
     from opentelemetry import trace as otel_trace
     from opentelemetry.metrics import CallbackOptions, Observation
-    from opentelemetry.trace import Status, StatusCode
-except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise PoimenError(
-        "poimen.otel needs the OpenTelemetry API: pip install 'poimen[otel]'"
-    ) from exc
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.otel", "otel", exc) from exc
 
 if TYPE_CHECKING:
     from poimen._kernel import Kernel
@@ -105,7 +108,12 @@ def _inject(headers: dict[str, str]) -> None:
 class OpenTelemetry(ev.Observer):
     """Spans and metrics through the OpenTelemetry API. `tracer_provider` and
     `meter_provider` default to the global ones; `propagate` sends the current trace
-    context (W3C ``traceparent``) with every request of `ctx.http` and `ctx.ahttp`."""
+    context (W3C ``traceparent``) with every request of `ctx.http` and `ctx.ahttp`.
+
+    `log_gauges` exports the gauges read from the log (open Indeterminate intents, ...).
+    They describe the whole log, whichever process reads it: turn them on in one process
+    per log (or scrape the console's ``/metrics``), so that summing them does not count the
+    log once per kernel. Each observation names its log in ``poimen.log``."""
 
     def __init__(
         self,
@@ -113,6 +121,7 @@ class OpenTelemetry(ev.Observer):
         tracer_provider: Any = None,
         meter_provider: Any = None,
         propagate: bool = True,
+        log_gauges: bool = False,
     ) -> None:
         version = _version()
         self._tracer = otel_trace.get_tracer("poimen", version, tracer_provider=tracer_provider)
@@ -147,32 +156,9 @@ class OpenTelemetry(ev.Observer):
             "Duration of recovery passes",
             explicit_bucket_boundaries_advisory=BUCKETS,
         )
-        meter.create_observable_gauge(
-            "poimen.indeterminate.open",
-            [self._open_indeterminate],
-            "{intent}",
-            "INDETERMINATE intents waiting for an operator, by tool",
-        )
-        meter.create_observable_gauge(
-            "poimen.indeterminate.oldest_age",
-            [self._oldest_age],
-            "s",
-            "Age of the oldest INDETERMINATE intent",
-        )
-        meter.create_observable_gauge(
-            "poimen.intents.unfinished",
-            [self._unfinished],
-            "{intent}",
-            "DISPATCHED intents (running, or waiting for recovery), by tool",
-        )
-        meter.create_observable_gauge(
-            "poimen.outbox.backlog",
-            [self._backlog],
-            "{notification}",
-            "Notifications not yet delivered",
-        )
+        if log_gauges:
+            _gauges_of(meter).add(self)
         self._kernels: list[weakref.ref[Kernel]] = []
-        self._snap: tuple[float, list[_metrics.Snapshot]] = (0.0, [])
         self._lock = threading.Lock()
         self._propagate = propagate
 
@@ -185,13 +171,40 @@ class OpenTelemetry(ev.Observer):
     # Spans.
 
     def start(self, event: ev.StartEvent) -> object:
-        span = self._tracer.start_span(_span_name(event), attributes=_attrs(event))
+        if isinstance(event, ev.RecoveryPassStartedEvent) and not _has_parent():
+            # A background pass: its span is made once it drives something (_materialize).
+            lazy = _LazyPass(time.time_ns(), _attrs(event))
+            return lazy, _PASS.set(lazy)
+        self._materialize()
+        if isinstance(event, ev.CallStartedEvent):
+            span = self._tracer.start_span(
+                f"execute_tool {event.tool_id}",
+                kind=SpanKind.INTERNAL,
+                attributes={**_attrs(event), **_tool_attrs(event)},
+            )
+        else:
+            span = self._tracer.start_span(_span_name(event), attributes=_attrs(event))
         if not span.get_span_context().is_valid:  # no SDK: nothing to make current
             return span, None
         return span, otel_context.attach(otel_trace.set_span_in_context(span))
 
+    def _materialize(self) -> None:
+        """Open the span of the background pass this runs in, if it has none yet."""
+        lazy = _PASS.get()
+        if lazy is None or lazy.span is not None:
+            return
+        lazy.span = self._tracer.start_span(
+            "poimen.recovery", attributes=lazy.attrs, start_time=lazy.started_ns
+        )
+        if lazy.span.get_span_context().is_valid:
+            lazy.ctx_token = otel_context.attach(otel_trace.set_span_in_context(lazy.span))
+
     def finish(self, token: object, event: ev.FinishEvent) -> None:
-        span, ctx_token = cast("tuple[Any, Any]", token)
+        first, ctx_token = cast("tuple[Any, Any]", token)
+        if isinstance(first, _LazyPass):
+            self._finish_pass(first, ctx_token, event)
+            return
+        span = first
         try:
             if span.is_recording():
                 span.set_attributes(_attrs(event, _FINISH_ATTRS))
@@ -202,19 +215,37 @@ class OpenTelemetry(ev.Observer):
             span.end()
         self._measure(event)
 
+    def _finish_pass(self, lazy: _LazyPass, pass_token: Any, event: ev.FinishEvent) -> None:
+        try:
+            if lazy.span is None and isinstance(event, ev.RecoveryPassFinishedEvent):
+                if event.error is None and not _did_something(event.report):
+                    return  # nothing driven, nothing to tell: no span
+                self._materialize()
+            span = lazy.span
+            if span is not None:
+                try:
+                    if span.is_recording():
+                        self._ended(span, event)
+                finally:
+                    if lazy.ctx_token is not None:
+                        otel_context.detach(lazy.ctx_token)
+                    span.end()
+        finally:
+            _PASS.reset(pass_token)
+            self._measure(event)
+
     def _ended(self, span: Any, event: ev.FinishEvent) -> None:
         match event:
-            case ev.CallFinishedEvent(outcome=outcome, reason=reason) if outcome in (
-                "failed",
-                "error",
-            ):
-                span.set_status(Status(StatusCode.ERROR, reason))
+            case ev.CallFinishedEvent(outcome=outcome, reason=reason) if outcome in _CALL_ERRORS:
+                span.set_attribute("error.type", _error_type(outcome, reason))
+                span.set_status(Status(StatusCode.ERROR, _shown(reason)))
             case ev.AttemptFinishedEvent(outcome=outcome, error=error) if outcome != "completed":
-                span.set_status(Status(StatusCode.ERROR, error))
+                span.set_attribute("error.type", outcome)
+                span.set_status(Status(StatusCode.ERROR, _shown(error)))
             case ev.LookupFinishedEvent(answer=answer, detail=detail):
                 span.set_attribute("poimen.answer", answer)
                 if detail:
-                    span.set_attribute("poimen.reason", detail)
+                    span.set_attribute("poimen.reason", redact_urls(detail))
             case ev.RecoveryPassFinishedEvent(report=report, error=error):
                 if report is not None:
                     for k in (
@@ -230,20 +261,23 @@ class OpenTelemetry(ev.Observer):
                         span.set_attribute(f"poimen.recovery.{k}", getattr(report, k))
                     span.set_attribute("poimen.recovery.errors", len(report.errors))
                 if error:
-                    span.set_status(Status(StatusCode.ERROR, error))
+                    span.set_attribute("error.type", "recovery_pass_failed")
+                    span.set_status(Status(StatusCode.ERROR, _shown(error)))
 
     # Point events: on the current span, and counted.
 
     def event(self, event: ev.KernelEvent) -> None:
+        if _PASS.get() is not None and not isinstance(event, ev.LeasesRenewedEvent):
+            self._materialize()
         if isinstance(event, ev.ResolvedEvent | ev.AbandonedEvent | ev.ApprovalDecidedEvent):
             # An operator's decision is an act of its own: a span, a child of the caller's.
             name = f"poimen.{_DECISIONS[type(event)]} {event.tool_id}"
-            self._tracer.start_span(name, attributes=_attrs(event, _SPAN_EVENT_FIELDS)).end()
+            self._tracer.start_span(name, attributes=_event_attrs(event)).end()
             self._measure(event)
             return
         span = otel_trace.get_current_span()
         if span.is_recording():
-            span.add_event(f"poimen.{event.kind}", _attrs(event, _SPAN_EVENT_FIELDS))
+            span.add_event(f"poimen.{event.kind}", _event_attrs(event))
         self._measure(event)
 
     def _measure(self, event: ev.KernelEvent) -> None:
@@ -267,56 +301,13 @@ class OpenTelemetry(ev.Observer):
             case ev.RecoveryPassFinishedEvent(duration=duration):
                 self._pass_duration.record(duration)
 
-    # Gauges, read from the log (at most once a second).
-
-    def _snapshots(self) -> list[_metrics.Snapshot]:
-        with self._lock:
-            at, snaps = self._snap
-            if time.monotonic() - at < 1.0:
-                return snaps
-            snaps = []
-            seen: set[str] = set()
-            for store in self._stores():
-                if store.url in seen:
-                    continue
-                seen.add(store.url)
-                try:
-                    snaps.append(_metrics.snapshot(store))
-                except Exception:  # a closed or unreachable store: no reading this time
-                    continue
-            self._snap = (time.monotonic(), snaps)
-            return snaps
-
     def _stores(self) -> Iterator[Store]:
-        for ref in self._kernels:
+        with self._lock:
+            refs = list(self._kernels)
+        for ref in refs:
             k = ref()
             if k is not None and not k._closed:
                 yield k.store
-
-    def _per_tool(self, state: IntentState) -> Iterable[Observation]:
-        totals: dict[str, int] = {}
-        for s in self._snapshots():
-            for tool, n in s.by_tool(state).items():
-                totals[tool] = totals.get(tool, 0) + n
-        return [Observation(n, {"poimen.tool_id": t}) for t, n in sorted(totals.items())]
-
-    def _open_indeterminate(self, options: CallbackOptions) -> Iterable[Observation]:
-        return self._per_tool(IntentState.INDETERMINATE)
-
-    def _unfinished(self, options: CallbackOptions) -> Iterable[Observation]:
-        return self._per_tool(IntentState.DISPATCHED)
-
-    def _oldest_age(self, options: CallbackOptions) -> Iterable[Observation]:
-        snaps = self._snapshots()
-        if not snaps:
-            return []
-        return [Observation(max(s.oldest_indeterminate_age for s in snaps))]
-
-    def _backlog(self, options: CallbackOptions) -> Iterable[Observation]:
-        snaps = self._snapshots()
-        if not snaps:
-            return []
-        return [Observation(sum(s.outbox_backlog for s in snaps))]
 
 
 #: The events a metric counts (the others pass by at the cost of one set lookup).
@@ -353,3 +344,171 @@ def _span_name(event: ev.StartEvent) -> str:
         case ev.RecoveryPassStartedEvent():
             return "poimen.recovery"
     return f"poimen.{event.kind}"
+
+
+# GenAI conventions.
+
+#: The call outcomes that are errors to a tracing backend.
+_CALL_ERRORS = frozenset({"failed", "indeterminate", "error"})
+
+
+def _tool_attrs(event: ev.CallStartedEvent) -> dict[str, Any]:
+    return {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": event.tool_id,
+        "gen_ai.tool.call.id": event.call_id,
+        "gen_ai.tool.type": "function",  # run by the application, not by the model's provider
+    }
+
+
+def _error_type(outcome: str, reason: str | None) -> str:
+    """A low-cardinality class of the error: the exception's type for a raise, the
+    Indeterminate reason, else the outcome."""
+    if outcome == "error" and reason:
+        return reason.partition(":")[0] or "_OTHER"
+    if outcome == "indeterminate" and reason:
+        return reason
+    return outcome
+
+
+def _shown(text: str | None) -> str | None:
+    # Error texts quote URLs, and URLs carry credentials (user:pass@, ?token=).
+    return None if text is None else redact_urls(text)
+
+
+def _event_attrs(event: ev.KernelEvent) -> dict[str, Any]:
+    out = _attrs(event, _SPAN_EVENT_FIELDS)
+    for name in ("poimen.error", "poimen.target", "poimen.reason"):
+        if isinstance(out.get(name), str):
+            out[name] = redact_urls(out[name])
+    return out
+
+
+# Recovery passes without a parent: a span only once they drive something.
+
+
+@dataclasses.dataclass(slots=True)
+class _LazyPass:
+    started_ns: int
+    attrs: dict[str, Any]
+    span: Any = None
+    ctx_token: Any = None
+
+
+_PASS: contextvars.ContextVar[_LazyPass | None] = contextvars.ContextVar(
+    "poimen_otel_pass", default=None
+)
+
+
+def _has_parent() -> bool:
+    return bool(otel_trace.get_current_span().get_span_context().is_valid)
+
+
+def _did_something(report: Any) -> bool:
+    if report is None:
+        return False
+    return any(
+        (
+            report.completed,
+            report.failed,
+            report.indeterminate,
+            report.lost_race,
+            report.expired,
+            report.errors,
+            report.corrupt,
+        )
+    )
+
+
+# Gauges read from the log: one set per meter, each log read once per collection.
+
+
+class _LogGauges:
+    def __init__(self, meter: Any) -> None:
+        self._observers: weakref.WeakSet[OpenTelemetry] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._snap: tuple[float, list[tuple[str, _metrics.Snapshot]]] = (0.0, [])
+        meter.create_observable_gauge(
+            "poimen.indeterminate.open",
+            [self._open_indeterminate],
+            "{intent}",
+            "INDETERMINATE intents waiting for an operator, by log and tool",
+        )
+        meter.create_observable_gauge(
+            "poimen.indeterminate.oldest_age",
+            [self._oldest_age],
+            "s",
+            "Age of the oldest INDETERMINATE intent, by log",
+        )
+        meter.create_observable_gauge(
+            "poimen.intents.unfinished",
+            [self._unfinished],
+            "{intent}",
+            "DISPATCHED intents (running, or waiting for recovery), by log and tool",
+        )
+        meter.create_observable_gauge(
+            "poimen.outbox.backlog",
+            [self._backlog],
+            "{notification}",
+            "Notifications not yet delivered, by log",
+        )
+
+    def add(self, observer: OpenTelemetry) -> None:
+        with self._lock:
+            self._observers.add(observer)
+
+    def _snapshots(self) -> list[tuple[str, _metrics.Snapshot]]:
+        """(log, snapshot) for each distinct log of the live kernels, at most once a second."""
+        with self._lock:
+            at, snaps = self._snap
+            if time.monotonic() - at < 1.0:
+                return snaps
+            observers = list(self._observers)
+        stores: dict[str, Store] = {}
+        for o in observers:
+            for store in o._stores():
+                stores.setdefault(redact_store_url(store.url), store)
+        snaps = []
+        for name, store in sorted(stores.items()):
+            try:
+                snaps.append((name, _metrics.snapshot(store)))
+            except Exception:  # a closed or unreachable store: no reading this time
+                continue
+        with self._lock:
+            self._snap = (time.monotonic(), snaps)
+        return snaps
+
+    def _per_tool(self, state: IntentState) -> Iterable[Observation]:
+        return [
+            Observation(n, {"poimen.log": log, "poimen.tool_id": t})
+            for log, s in self._snapshots()
+            for t, n in sorted(s.by_tool(state).items())
+        ]
+
+    def _open_indeterminate(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self._per_tool(IntentState.INDETERMINATE)
+
+    def _unfinished(self, options: CallbackOptions) -> Iterable[Observation]:
+        return self._per_tool(IntentState.DISPATCHED)
+
+    def _oldest_age(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(s.oldest_indeterminate_age, {"poimen.log": log})
+            for log, s in self._snapshots()
+        ]
+
+    def _backlog(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(s.outbox_backlog, {"poimen.log": log}) for log, s in self._snapshots()]
+
+
+_GAUGES: weakref.WeakKeyDictionary[Any, _LogGauges] = weakref.WeakKeyDictionary()
+_GAUGES_LOCK = threading.Lock()
+
+
+def _gauges_of(meter: Any) -> _LogGauges:
+    """The gauges registered on `meter` (an instrument is registered once per meter)."""
+    with _GAUGES_LOCK:
+        gauges = _GAUGES.get(meter)
+        if gauges is None:
+            gauges = _GAUGES[meter] = _LogGauges(meter)
+        return gauges

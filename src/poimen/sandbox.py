@@ -21,10 +21,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from poimen._intents import Intent
-from poimen._operator import REDACTED, is_secret_name, redact
+from poimen._operator import REDACTED, is_secret_name, redact, redact_store_url
 from poimen.errors import PoimenError, StoreError
 from poimen.store import Store, open_store
 from poimen.store import _sandbox as records
@@ -342,16 +341,9 @@ def diff(
 
 
 def log_name(log: str | Store) -> str:
-    """The log's URL without its password."""
-    url = log if isinstance(log, str) else log.url
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user, _, host = parts.netloc.rpartition("@")
-        return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))
-    except ValueError:
-        return "[url]"
+    """The log's URL as it may be shown: the password and every secret-looking query value
+    (``password=``, ``sslpassword=``, ``sslkey=``, ...) masked."""
+    return redact_store_url(log if isinstance(log, str) else log.url)
 
 
 def _key(c: Call, scope: str | None) -> str:

@@ -137,8 +137,8 @@ def test_recover_status_list_and_show_a_killed_unsafe_call(
     table = scene.cli("intents", "--state", "INDETERMINATE")
     assert table.returncode == 0 and oldest["id"] in table.stdout
     nothing = scene.cli("intents", "--tool", "no.such.tool")
-    assert nothing.returncode == 1 and "no intents match" in nothing.stdout
-    assert scene.cli("intents", "--since", "2999-01-01").returncode == 1
+    assert nothing.returncode == 0 and "no intents match" in nothing.stdout
+    assert scene.cli("intents", "--since", "2999-01-01", "--fail-if-empty").returncode == 1
     bad = scene.cli("intents", "--state", "LOST")
     assert bad.returncode == 2 and "LOST" in bad.stderr
 
@@ -270,8 +270,8 @@ def test_audit_lists_capability_and_sandbox_denials(scene: Scene, ledger: Provid
     refused = scene.cli("resolve", "c-rogue", "--landed", "--operator", "a", "--reason", "x")
     assert refused.returncode == 1 and "FAILED" in refused.stderr
     none = scene.cli("audit", "--tool", SHIP)
-    assert none.returncode == 1 and "no denials match" in none.stdout
-    assert scene.cli("audit", "--since", "2999-01-01T00:00:00Z").returncode == 1
+    assert none.returncode == 0 and "no denials match" in none.stdout
+    assert scene.cli("audit", "--since", "2999-01-01T00:00:00Z").returncode == 0
     assert scene.cli("audit", "--since", "yesterday-ish").returncode == 2
 
 
@@ -339,7 +339,7 @@ def test_database_selection_migrate_and_exit_codes(tmp_path: Path, store_url: st
     assert again.returncode == 0 and json.loads(again.stdout) == {"from": latest, "to": latest}
     st = poimen_json("status", "--db", store_url)
     assert st["total"] == 0 and st["oldest_indeterminate"] is None
-    assert poimen("intents", db=store_url).returncode == 1
+    assert poimen("intents", "--fail-if-empty", db=store_url).returncode == 1
     # The app's kernel names its store; a different --db is refused, not silently ignored.
     other = poimen(
         "recover",
@@ -596,10 +596,10 @@ def test_find_intents_by_call_id_newest_first(store_url: str) -> None:
     text = poimen("intents", "--call-id", "run-9/step-2", db=store_url)
     assert text.returncode == 0 and ids[2] in text.stdout
     none = poimen("intents", "--call-id", "run-8/", db=store_url)
-    assert none.returncode == 1 and "no intents match" in none.stdout
+    assert none.returncode == 0 and "no intents match" in none.stdout
     mixed = poimen("intents", "--call-id", "run-9/", "--state", "DISPATCHED", db=store_url)
     assert mixed.returncode == 2 and "--call-id" in one_line(mixed.stderr)
-    assert poimen("intents", "--call-id", "%", db=store_url).returncode == 1  # no wildcards
+    assert "no intents match" in poimen("intents", "--call-id", "%", db=store_url).stdout
 
 
 def test_abandon_a_dispatched_intent_then_resolve_it(store_url: str) -> None:
@@ -743,7 +743,7 @@ def test_operators_are_added_listed_and_removed_and_the_file_never_holds_a_token
     assert gone.returncode == 1 and "ann" in one_line(gone.stderr)
     assert poimen("operators", "remove", "bob", "--file", f).returncode == 0
     empty = poimen("operators", "list", "--file", f)
-    assert empty.returncode == 1 and "no operators" in empty.stdout
+    assert empty.returncode == 0 and "no operators" in empty.stdout
 
 
 def test_cli_decisions_record_the_given_name_and_the_os_account(store_url: str) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections import namedtuple
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,9 +91,76 @@ def test_local_logs_and_unreadable_mountinfo_are_accepted(mountinfo: str, tmp_pa
     refuse_network_fs("/var/lib/agent/intents.db", mountinfo=mountinfo)
     refuse_network_fs("/mnt/nfs/local/intents.db", mountinfo=mountinfo)
     refuse_network_fs("/dev/shm/intents.db", mountinfo=mountinfo)
-    # No mountinfo (not Linux): nothing can be known, nothing is refused.
-    assert filesystem_of("/mnt/nfs/x.db", mountinfo=str(tmp_path / "absent")) is None
-    refuse_network_fs("/mnt/nfs/x.db", mountinfo=str(tmp_path / "absent"))
+    # No mountinfo and no partitions known: nothing can be known, nothing is refused.
+    assert filesystem_of("/mnt/nfs/x.db", mountinfo=mountinfo, partitions=[]) is None
+    refuse_network_fs("/mnt/nfs/x.db", mountinfo=str(tmp_path / "absent"), partitions=[])
+
+
+# Elsewhere than Linux: psutil's partitions, as psutil reports them on each system.
+
+Part = namedtuple("Part", "device mountpoint fstype opts")  # psutil's sdiskpart fields
+
+MACOS = [
+    Part("/dev/disk3s1s1", "/", "apfs", "ro,local,rootfs,dovolfs,journaled,multilabel"),
+    Part("/dev/disk3s5", "/System/Volumes/Data", "apfs", "rw,local,dovolfs,journaled"),
+    Part("files.example:/export", "/Volumes/nfs", "nfs", "rw,nodev,nosuid"),
+    Part("//ana@nas.example/share", "/Volumes/share", "smbfs", "rw,nodev,nosuid"),
+    Part("afp_0TQ@nas.example", "/Volumes/afp", "afpfs", "rw,nodev,nosuid"),
+    Part("ana@box.example:/srv", "/Volumes/sshfs", "macfuse", "rw,nodev,nosuid,synchronous"),
+]
+WINDOWS = [
+    Part("C:\\", "C:\\", "NTFS", "rw,fixed"),
+    Part("D:\\", "D:\\", "", "cdrom"),
+    Part("Z:\\", "Z:\\", "NTFS", "rw,remote"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "fstype"),
+    [
+        ("/Volumes/nfs/agent/intents.db", "nfs"),
+        ("/Volumes/share/intents.db", "smbfs"),
+        ("/Volumes/afp/intents.db", "afpfs"),
+        ("/Volumes/sshfs/intents.db", "macfuse"),
+    ],
+)
+def test_macos_network_and_fuse_volumes_are_refused(
+    tmp_path: Path, path: str, fstype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POIMEN_ALLOW_NETWORK_FS", raising=False)
+    absent = str(tmp_path / "absent")
+    with pytest.raises(NetworkFilesystemError) as e:
+        refuse_network_fs(path, mountinfo=absent, partitions=MACOS, windows=False)
+    assert e.value.fstype == fstype
+    refuse_network_fs("/Users/ana/agent/intents.db", mountinfo=absent, partitions=MACOS)
+    refuse_network_fs(
+        "/System/Volumes/Data/agent/intents.db", mountinfo=absent, partitions=MACOS
+    )
+
+
+@pytest.mark.parametrize(
+    "path", ["Z:\\logs\\intents.db", "z:\\intents.db", "\\\\nas\\share\\logs\\intents.db"]
+)
+def test_windows_network_drives_and_shares_are_refused(
+    tmp_path: Path, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POIMEN_ALLOW_NETWORK_FS", raising=False)
+    absent = str(tmp_path / "absent")
+    with pytest.raises(NetworkFilesystemError) as e:
+        refuse_network_fs(path, mountinfo=absent, partitions=WINDOWS, windows=True)
+    assert "PostgreSQL" in str(e.value)
+    for local in ("C:\\agent\\intents.db", "c:\\Users\\ana\\intents.db"):
+        refuse_network_fs(local, mountinfo=absent, partitions=WINDOWS, windows=True)
+        m = filesystem_of(local, mountinfo=absent, partitions=WINDOWS, windows=True)
+        assert m is not None and m.fstype == "ntfs" and not m.remote
+
+
+def test_without_mountinfo_this_machines_partitions_name_the_same_mount(tmp_path: Path) -> None:
+    # What macOS and Windows use, read on this machine: psutil agrees with mountinfo.
+    by_psutil = filesystem_of(str(tmp_path / "intents.db"), mountinfo=str(tmp_path / "absent"))
+    by_mountinfo = filesystem_of(str(tmp_path / "intents.db"))
+    assert by_psutil is not None and by_mountinfo is not None
+    assert (by_psutil.point, by_psutil.fstype) == (by_mountinfo.point, by_mountinfo.fstype)
 
 
 def test_this_machines_own_mountinfo_names_the_mount_of_a_log(tmp_path: Path) -> None:
@@ -175,6 +243,9 @@ def test_a_log_on_a_real_fuse_mount_is_refused_unless_allowed(
     db = fuse / "intents.db"
     m = filesystem_of(str(db))
     assert m is not None and m.fstype.startswith("fuse") and m.point == str(fuse)
+    by_psutil = filesystem_of(str(db), mountinfo=str(fuse.parent / "absent"))
+    assert by_psutil is not None and by_psutil.fstype.startswith("fuse")
+    assert by_psutil.point == str(fuse)
     with pytest.raises(NetworkFilesystemError) as e:
         Kernel(f"sqlite:///{db}")
     assert "PostgreSQL" in str(e.value)

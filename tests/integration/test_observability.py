@@ -40,6 +40,7 @@ from poimen import (
     ToolContext,
     Unsafe,
 )
+from poimen import _operator as op
 from poimen._intents import Owner
 from poimen._keys import args_digest, canonical
 from poimen.errors import PoimenError
@@ -113,8 +114,8 @@ class Telemetry:
         return out
 
 
-@pytest.fixture
-def telemetry() -> Iterator[Telemetry]:
+def sdk_telemetry() -> Iterator[Telemetry]:
+    """An SDK tracer and meter provider with in-memory exporters, shut down at the end."""
     exporter = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(exporter))
@@ -123,6 +124,11 @@ def telemetry() -> Iterator[Telemetry]:
     yield Telemetry(exporter, tp, reader, mp)
     tp.shutdown()
     mp.shutdown()
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    yield from sdk_telemetry()
 
 
 def events_of(span: ReadableSpan) -> list[str]:
@@ -227,7 +233,7 @@ def test_a_call_is_a_span_with_its_attempt_under_the_callers_span(
         with tracer.start_as_current_span("agent step") as step:
             out = k.call("t.ok", {"n": 7}, call_id="c-happy")
         assert isinstance(out, Completed)
-        call = telemetry.one("poimen.call t.ok")
+        call = telemetry.one("execute_tool t.ok")
         assert call.parent is not None and call.parent.span_id == step.get_span_context().span_id
         assert call.context is not None
         assert call.context.trace_id == step.get_span_context().trace_id
@@ -242,7 +248,7 @@ def test_a_call_is_a_span_with_its_attempt_under_the_callers_span(
         assert attr(attempt, "outcome") == "completed"
         # An Unsafe tool that times out: the attempt is an error, the call Indeterminate.
         boom = k.call("t.boom", {"n": 1}, call_id="c-boom")
-        span = telemetry.one("poimen.call t.boom")
+        span = telemetry.one("execute_tool t.boom")
         assert attr(span, "outcome") == "indeterminate"
         assert attr(span, "reason") == "unsafe_unknown_outcome"
         assert events_of(span) == [
@@ -288,7 +294,7 @@ def test_acall_spans_have_each_tasks_own_span_as_parent(
             return await asyncio.gather(one("t.aok", 1), one("t.ok", 2), one("t.aok", 3))
 
         for parent_id, n in asyncio.run(main()):
-            call = telemetry.one(f"poimen.call {'t.ok' if n == 2 else 't.aok'}", call_id=f"a-{n}")
+            call = telemetry.one(f"execute_tool {'t.ok' if n == 2 else 't.aok'}", call_id=f"a-{n}")
             assert call.parent is not None and call.parent.span_id == parent_id
             (attempt,) = telemetry.children(call)  # a sync tool runs in a pool thread: same
             assert attempt.name.startswith("poimen.attempt")
@@ -444,9 +450,10 @@ def test_ctx_http_sends_the_attempts_traceparent(
 
 def test_metrics_count_a_scripted_sequence(store_url: str, telemetry: Telemetry) -> None:
     with Kernel(
-        store_url, notifiers=[], lease_ttl=0.3, observers=[telemetry.observer()]
+        store_url, notifiers=[], lease_ttl=0.3, observers=[telemetry.observer(log_gauges=True)]
     ) as k:
         ids = scripted(k)
+        log = op.redact_store_url(k.store.url)
         calls = telemetry.points("poimen.calls")
         assert calls == {
             key(tool_id="t.ok", outcome="completed"): 2,
@@ -466,10 +473,11 @@ def test_metrics_count_a_scripted_sequence(store_url: str, telemetry: Telemetry)
         assert telemetry.points("poimen.denials") == {key(tool_id="t.rogue", action="http"): 1}
         assert telemetry.points("poimen.lease.renewals")[frozenset()] >= 1
         assert telemetry.points("poimen.recovery.duration") == {frozenset(): 1}
-        assert telemetry.points("poimen.indeterminate.open") == {key(tool_id="t.boom"): 1}
-        assert telemetry.points("poimen.intents.unfinished") == {key(tool_id="gone.tool"): 1}
-        assert telemetry.points("poimen.outbox.backlog") == {frozenset(): 1}
-        age = telemetry.points("poimen.indeterminate.oldest_age")[frozenset()]
+        assert telemetry.points("poimen.indeterminate.open") == {key(log=log, tool_id="t.boom"): 1}
+        unfinished = telemetry.points("poimen.intents.unfinished")
+        assert unfinished == {key(log=log, tool_id="gone.tool"): 1}
+        assert telemetry.points("poimen.outbox.backlog") == {key(log=log): 1}
+        age = telemetry.points("poimen.indeterminate.oldest_age")[key(log=log)]
         boom = k.store.get_intent(ids["boom"])
         assert boom is not None and 0 < age <= k.store.now() - boom.created_at + 1
 

@@ -208,3 +208,42 @@ def test_an_operator_undoes_a_run_from_its_page_in_the_browser(
         assert "ana" in page.locator("#events").inner_text()
         shot(page, "undone-intent")
         page.close()
+
+
+def _how(store_url: str, intent_id: str) -> list[tuple[str, str, Any, Any]]:
+    out = []
+    for e in events(store_url, intent_id):
+        if e.kind in ("undo_requested", "undone"):
+            d = json.loads(e.detail or "{}")
+            out.append((e.kind, e.actor, d.get("identified_by"), d.get("os_user")))
+    return out
+
+
+def test_undo_events_record_how_the_operator_was_known(
+    store_url: str, provider: ProviderProcess
+) -> None:
+    import getpass
+
+    import httpx
+
+    ids = make_run(store_url, provider.url)
+    r = undo_cli(store_url, provider.url, "--scope", "run-1/1", "--operator", "ann",
+                 "--reason", "refund")
+    assert r.returncode == 0, r.stderr
+    account = getpass.getuser()
+    assert _how(store_url, ids["run-1/1"]) == [
+        ("undo_requested", "ann", "cli", account), ("undone", "ann", "cli", account)
+    ]
+    # Under the console's shared token the name is typed: recorded as such, not as verified.
+    with console_with_app(store_url, provider.url) as url, httpx.Client(
+        base_url=url, timeout=60
+    ) as c:
+        assert c.get(f"/?token={TOKEN}").status_code == 303
+        csrf = csrf_of(c.get("/undo?scope=run-1/2").text)
+        form = {"scope": "run-1/2", "operator": "ana", "reason": "cancelled", "csrf": csrf}
+        assert c.post("/undo", data=form).status_code == 200
+        shown = c.get(f"/intents/{ids['run-1/2']}").text
+    assert _how(store_url, ids["run-1/2"]) == [
+        ("undo_requested", "ana", "typed-name", None), ("undone", "ana", "typed-name", None)
+    ]
+    assert "ana (typed)" in shown

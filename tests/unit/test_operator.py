@@ -3,6 +3,7 @@ and the webhook signature a receiver checks."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import hmac
@@ -10,6 +11,7 @@ import json
 import re
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from poimen._identity import (
     remove_operator,
     verify_token,
 )
-from poimen._notify import sign, verify_signature
+from poimen._notify import new_secret, sign, verify, verify_signature
 from poimen._operator import (
     REDACTED,
     OperatorInputError,
@@ -37,7 +39,12 @@ from poimen._operator import (
     redact_urls,
     safe_json,
 )
-from poimen.errors import DuplicateOperatorError, OperatorsFileError, UnknownOperatorError
+from poimen.errors import (
+    DuplicateOperatorError,
+    OperatorsFileError,
+    PoimenError,
+    UnknownOperatorError,
+)
 from poimen.store import open_store
 from tests.contract.test_store_contract import dispatch, note
 
@@ -106,33 +113,61 @@ def test_state_and_result_parsing() -> None:
             parse_result(bad)
 
 
-def test_signature_is_hmac_sha256_over_timestamp_dot_body() -> None:
+def test_signature_is_standard_webhooks_v1_over_id_dot_timestamp_dot_body() -> None:
     body = b'{"kind":"indeterminate"}'
-    expected = hmac.new(b"k", b"1800000000." + body, hashlib.sha256).hexdigest()
-    assert sign("k", "1800000000", body) == "sha256=" + expected
-    sig = sign("k", "1800000000", body)
-    assert verify_signature("k", "1800000000", body, sig, now=1_800_000_100)
-    assert not verify_signature("k", "1800000000", body + b" ", sig, now=1_800_000_100)
-    assert not verify_signature("other", "1800000000", body, sig, now=1_800_000_100)
-    assert not verify_signature("k", "1800000000", body, sig, now=1_800_001_000)  # replayed
+    mac = hmac.new(b"k", b"in_1:indeterminate.1800000000." + body, hashlib.sha256).digest()
+    sig = sign("k", "in_1:indeterminate", "1800000000", body)
+    assert sig == "v1," + base64.b64encode(mac).decode()
+    ok = {"webhook-id": "in_1:indeterminate", "webhook-timestamp": "1800000000"}
+    assert verify("k", {**ok, "webhook-signature": sig}, body, now=1_800_000_100)
+    # Header names in any case; several signatures (a secret being rotated), one matching.
+    upper = {k.upper(): v for k, v in ok.items()}
+    assert verify("k", {**upper, "Webhook-Signature": f"v1,AAAA {sig}"}, body, now=1_800_000_100)
+    assert not verify("k", {**ok, "webhook-signature": sig}, body + b" ", now=1_800_000_100)
+    assert not verify("other", {**ok, "webhook-signature": sig}, body, now=1_800_000_100)
+    other_id = {**ok, "webhook-id": "in_2:indeterminate", "webhook-signature": sig}
+    assert not verify("k", other_id, body, now=1_800_000_100)
+    assert not verify("k", {**ok, "webhook-signature": sig}, body, now=1_800_001_000)  # replayed
+    assert not verify("k", ok, body, now=1_800_000_100)  # no signature header
+
+
+def test_the_standard_webhooks_library_verifies_what_poimen_signs() -> None:
+    # The outside witness: the reference library receivers use, not poimen's own check.
+    from standardwebhooks import Webhook, WebhookVerificationError
+
+    body = b'{"kind":"indeterminate"}'
+    ts = str(int(time.time()))
+    for secret, theirs in ((new_secret(), None), ("plain text secret", b"plain text secret")):
+        headers = {
+            "webhook-id": "in_9:indeterminate",
+            "webhook-timestamp": ts,
+            "webhook-signature": sign(secret, "in_9:indeterminate", ts, body),
+        }
+        key = secret if theirs is None else theirs
+        assert Webhook(key).verify(body, headers) == {"kind": "indeterminate"}
+        with pytest.raises(WebhookVerificationError):
+            Webhook(key).verify(body + b" ", headers)
+        assert verify(secret, headers, body)
+    with pytest.raises(PoimenError, match="base64"):
+        sign("whsec_not base64!", "i", ts, body)
 
 
 def test_a_hostile_timestamp_is_a_plain_no() -> None:
     body = b"{}"
-    sig = sign("k", "1800000000", body)
+    sig = sign("k", "i", "1800000000", body)
     # Python refuses to convert a 5,000-digit string to int: that must be "no", not a crash.
-    assert not verify_signature("k", "9" * 5000, body, sig, now=1_800_000_000)
-    assert not verify_signature("k", "1" + "0" * 4999, body, sig, now=1_800_000_000)
+    assert not verify_signature("k", "i", "9" * 5000, body, sig, now=1_800_000_000)
+    assert not verify_signature("k", "i", "1" + "0" * 4999, body, sig, now=1_800_000_000)
     for bad in ("", "-5", "1e9", "\uff11\uff18\uff10\uff10", " 1800000000", "1800000000\n"):
-        assert not verify_signature("k", bad, body, sig, now=1_800_000_000)
+        assert not verify_signature("k", "i", bad, body, sig, now=1_800_000_000)
 
 
 def test_a_timestamp_from_the_future_is_refused_beyond_the_tolerance() -> None:
     body = b"{}"
     ahead = "1800000400"
-    sig = sign("k", ahead, body)
-    assert not verify_signature("k", ahead, body, sig, now=1_800_000_000)  # 400s ahead
-    assert verify_signature("k", ahead, body, sig, now=1_800_000_200)  # 200s ahead: within
+    sig = sign("k", "i", ahead, body)
+    assert not verify_signature("k", "i", ahead, body, sig, now=1_800_000_000)  # 400s ahead
+    assert verify_signature("k", "i", ahead, body, sig, now=1_800_000_200)  # 200s ahead: within
 
 
 def test_a_deeply_nested_result_is_refused_as_input() -> None:

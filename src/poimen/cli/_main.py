@@ -1,7 +1,8 @@
 """``poimen``: the operator CLI over the intent log.
 
-Exit codes: 0 ok · 1 nothing found, or refused (e.g. resolving an intent that is not
-INDETERMINATE), or ``diff`` found differences · 2 usage (bad or missing options, an --app that cannot be loaded, a console
+Exit codes: 0 ok (an empty listing too) · 1 no such intent, or refused (e.g. resolving an
+intent that is not INDETERMINATE), or ``diff`` found differences, or a ``--fail-if-`` flag
+held · 2 usage (bad or missing options, an --app that cannot be loaded, a console
 address that cannot be listened on) · 3 the store cannot be opened, read or written ·
 4 anything unforeseen (a bug here or in the loaded app) · 5 `status --fail-if-indeterminate`
 found INDETERMINATE intents · 6 `verify` found a problem. Every failure is one line on stderr
@@ -200,7 +201,7 @@ def cmd_intents(ns: argparse.Namespace, store: Store) -> int:
         [op.intent_summary(i) for i in rows],
         lambda: render.intents_text(rows) if rows else "no intents match",
     )
-    return OK if rows else NOT_FOUND
+    return NOT_FOUND if ns.fail_if_empty and not rows else OK
 
 
 def cmd_show(ns: argparse.Namespace, store: Store) -> int:
@@ -282,7 +283,7 @@ def cmd_audit(ns: argparse.Namespace, store: Store) -> int:
         [op.denial_json(d) for d in rows],
         lambda: render.denials_text(rows) if rows else "no denials match",
     )
-    return OK if rows else NOT_FOUND
+    return NOT_FOUND if ns.fail_if_found and rows else OK
 
 
 def cmd_prune(ns: argparse.Namespace, store: Store) -> int:
@@ -376,11 +377,10 @@ def cmd_undo(ns: argparse.Namespace) -> int:
     """Reverse a scope's landed calls by the app's undo tools, newest first (docs/undo.md)."""
     if not ns.dry_run and not ns.operator:
         raise CliError("undo needs --operator (who asks), or --dry-run", code=USAGE)
+    who = None if not ns.operator else _decider(ns, "undo")
     kernel = _app_on_db(ns)
     try:
-        report = kernel.undo(
-            ns.scope, operator=ns.operator, reason=ns.reason, dry_run=ns.dry_run
-        )
+        report = kernel.undo(ns.scope, operator=who, reason=ns.reason, dry_run=ns.dry_run)
     finally:
         kernel.close()
     _emit(ns, report.to_json(), lambda: render.undo_text(report))
@@ -440,7 +440,6 @@ def cmd_operators(ns: argparse.Namespace) -> int:
     else:
         names = _identity.operator_names(ns.file)
         _emit(ns, names, lambda: "\n".join(names) if names else f"no operators in {ns.file}")
-        return OK if names else NOT_FOUND
     return OK
 
 
@@ -462,6 +461,8 @@ def cmd_console(ns: argparse.Namespace) -> int:
         )
     if bool(ns.tls_cert) != bool(ns.tls_key):
         raise CliError("--tls-cert and --tls-key go together", code=USAGE)
+    if ns.tls_cert:
+        _check_tls(ns.tls_cert, ns.tls_key)
     checks: dict[str, str] = {}
     url = ns.db or os.environ.get("POIMEN_DB")
     kernel: Kernel | None = None
@@ -516,6 +517,21 @@ def cmd_console(ns: argparse.Namespace) -> int:
         if kernel is not None:
             kernel.close()
     return OK
+
+
+def _check_tls(cert: str, key: str) -> None:
+    """Load the certificate and its key now, so that a bad pair is refused before the
+    console says it listens."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise CliError(
+            f"console: --tls-cert {cert!r} and --tls-key {key!r} cannot be used: "
+            f"{getattr(exc, 'strerror', None) or exc}",
+            code=USAGE,
+        ) from None
 
 
 def cmd_diff(ns: argparse.Namespace) -> int:
@@ -620,9 +636,21 @@ def _fail(ns: argparse.Namespace | None, code: int, exc: BaseException, prefix: 
     return code
 
 
+def _check_utf8(argv: Sequence[str]) -> None:
+    """Arguments that are not valid UTF-8 reach Python as lone surrogates, which no store
+    can take: refused as usage, before anything is opened."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+            raise CliError(f'argument "{shown[:200]}" is not valid UTF-8', code=USAGE) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ns: argparse.Namespace | None = None
     try:
+        _check_utf8(sys.argv[1:] if argv is None else argv)
         ns = _parser().parse_args(argv)
         if ns.cmd in _STORE_COMMANDS:
             store = _open(_db_url(ns), readonly=ns.cmd in _READING)

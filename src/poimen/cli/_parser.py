@@ -4,7 +4,38 @@ are in `poimen.cli._main`)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import importlib.metadata
+import os
+from typing import Any, NoReturn
+
+from poimen.cli._help import explain
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other failure of the command; --help has the rest."""
+
+    def error(self, message: str) -> NoReturn:
+        if "--operator" in message and "required" in message:
+            message += " (or set POIMEN_OPERATOR)"
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: any free one); the socket would take 70000 as 4464."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not from 0 to 65535")
+    return port
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("poimen")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - not installed
+        return "unknown"
 
 
 def _diff_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -67,9 +98,17 @@ def _agent_parsers(sub: Any) -> None:
 # The parser.
 
 _OPERATOR_HELP = (
-    "who decides (or POIMEN_OPERATOR); the operating system's account running the command "
-    "is recorded with it"
+    "who decides (required, unless POIMEN_OPERATOR names them); the operating system's "
+    "account running the command is recorded with it"
 )
+
+
+def _operator_option(s: argparse.ArgumentParser) -> None:
+    # Required as the usage line shows it, unless the environment already names the operator.
+    s.add_argument(
+        "--operator", required=not os.environ.get("POIMEN_OPERATOR", "").strip(),
+        help=_OPERATOR_HELP,
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,17 +123,19 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="poimen",
         description="Operate the poimen intent log: status, find, Indeterminate intents, abandon, audit, "
         "recovery, undo.",
-        epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable, "
+        epilog="exit codes: 0 ok (an empty listing too), 1 no such intent, refused, the runs "
+        "differ (diff) or a --fail-if-... flag held, 2 usage, 3 store unavailable, "
         "4 unexpected error, 5 INDETERMINATE intents (status --fail-if-indeterminate), "
         "6 verify found a problem",
     )
+    p.add_argument("--version", action="version", version=f"poimen {_version()}")
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub: Any = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     s = sub.add_parser(
         "status",
@@ -115,6 +156,9 @@ def _parser() -> argparse.ArgumentParser:
         "--call-id", help="find by call id: the intents whose call id starts with it, newest first"
     )
     s.add_argument("--limit", type=int, default=100)
+    s.add_argument(
+        "--fail-if-empty", action="store_true", help="exit 1 when no intent matches (for scripts)"
+    )
 
     s = sub.add_parser(
         "show", parents=[common], help="one intent: arguments (secrets redacted), attempts, events"
@@ -129,7 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--landed", action="store_true", help="the effect happened")
     g.add_argument("--not-landed", action="store_true", help="the effect did not happen")
     s.add_argument("--result", help="JSON result of a landed call (optional)")
-    s.add_argument("--operator", help=_OPERATOR_HELP)
+    _operator_option(s)
     s.add_argument("--reason", required=True, help="why: what you checked")
 
     s = sub.add_parser(
@@ -138,7 +182,7 @@ def _parser() -> argparse.ArgumentParser:
         help="give up on a DISPATCHED intent whose worker is gone: it becomes INDETERMINATE",
     )
     s.add_argument("intent", help="intent id or call id")
-    s.add_argument("--operator", help=_OPERATOR_HELP)
+    _operator_option(s)
     s.add_argument("--reason", required=True, help="why: how you know the worker is gone")
 
     for name, what in (
@@ -147,13 +191,18 @@ def _parser() -> argparse.ArgumentParser:
     ):
         s = sub.add_parser(name, parents=[common], help=what)
         s.add_argument("intent", help="intent id or call id")
-        s.add_argument("--operator", help=_OPERATOR_HELP)
+        _operator_option(s)
         s.add_argument("--reason", required=True, help="why")
 
     s = sub.add_parser("audit", parents=[common], help="capability and sandbox denials")
     s.add_argument("--tool", help="tool id")
     s.add_argument("--since", help="15m, 2h, 7d, an ISO 8601 time, or epoch seconds")
     s.add_argument("--limit", type=int, default=1000)
+    s.add_argument(
+        "--fail-if-found",
+        action="store_true",
+        help="exit 1 when any denial matches (for cron jobs and alerts)",
+    )
 
     s = sub.add_parser("recover", parents=[common], help="run one recovery pass now")
     s.add_argument(
@@ -216,7 +265,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("console", parents=[common], help="serve the web console")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=8470, help="port (0 picks a free one)")
+    s.add_argument("--port", type=_port, default=8470, help="port (0 picks a free one)")
     s.add_argument(
         "--token", help="access token (or POIMEN_CONSOLE_TOKEN; default: generated and printed)"
     )
@@ -271,7 +320,7 @@ def _parser() -> argparse.ArgumentParser:
     _agent_parsers(sub)
 
     s = sub.add_parser("operators", help="the console's operators file: add, remove, list")
-    ops = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ops: Any = s.add_subparsers(dest="action", required=True, metavar="ACTION")
     json_only = argparse.ArgumentParser(add_help=False)
     json_only.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
@@ -286,4 +335,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     o.add_argument("name")
     ops.add_parser("list", parents=[json_only], help="the operators' names")
+    for name, parser in sub.choices.items():
+        explain(parser, name)
     return p

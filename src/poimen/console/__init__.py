@@ -13,9 +13,13 @@ import socket
 import sys
 
 from poimen._identity import read_operators
-from poimen.console._app import create_app
-from poimen.console._session import ConsoleOptions, check_modes
-from poimen.errors import ConsoleConfigError
+from poimen.errors import ConsoleConfigError, MissingExtraError
+
+try:
+    from poimen.console._app import create_app
+    from poimen.console._session import ConsoleOptions, check_modes
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.console", "console", exc) from exc
 from poimen.store._base import Store
 
 __all__ = ["ConsoleOptions", "check_setup", "create_app", "listen", "serve"]

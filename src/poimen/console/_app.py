@@ -112,6 +112,29 @@ def _diff_page(c: Console, store: Store) -> Handler:
     return page
 
 
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
+def _login_refused(c: Console, request: Request) -> Response | None:
+    """A login another site started, or one more failed try than allowed: refused before
+    the token is looked at."""
+    if not c.same_origin(request):
+        return c.refuse(
+            request, 403, "Refused",
+            "This login did not come from the console's own page. Open the console's address "
+            "yourself (paste the link into the address bar) and log in there.",
+        )
+    if not c.logins.allowed(_client(request)):
+        r = c.refuse(
+            request, 429, "Too many failed logins",
+            "Too many wrong tokens from here: wait a minute, then try again.",
+        )
+        r.headers["Retry-After"] = "60"
+        return r
+    return None
+
+
 def create_app(
     store: Store, *, token: str | None = None, options: ConsoleOptions | None = None
 ) -> ASGIApp:
@@ -125,8 +148,12 @@ def create_app(
         async def run(request: Request) -> Response:
             given = request.query_params.get("token")
             if given is not None and request.method == "GET":
+                refused = _login_refused(c, request)
+                if refused is not None:
+                    return refused
                 who = await c.token_login(given)
                 if who is None:
+                    c.logins.failed(_client(request))
                     return c.login_page(request, 401, "wrong token")
                 rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
                 target = request.url.path + (f"?{urlencode(rest)}" if rest else "")
@@ -332,13 +359,12 @@ def create_app(
         viewer = c.viewer(request)
         assert viewer is not None  # guarded
         who, reason = _decided(form, errors, viewer.who) if form else (None, "")
-        operator = who.name if who is not None else ""
         run = request.method == "POST" and not errors
         report = None
         try:
             if scope:
                 report = await _io(
-                    options.undo, scope, operator=operator if run else None,
+                    options.undo, scope, operator=who if run else None,
                     reason=reason if run else None, dry_run=not run,
                 )
         except (UndoError, UnknownToolError, op.OperatorInputError) as exc:
@@ -363,9 +389,13 @@ def create_app(
     async def login(request: Request) -> Response:
         if request.method == "GET":
             return c.login_page(request, 200, None)
+        refused = _login_refused(c, request)
+        if refused is not None:
+            return refused
         form = await request.form()
         who = await c.token_login(form.get("token"))
         if who is None:
+            c.logins.failed(_client(request))
             return c.login_page(request, 401, "wrong token")
         return c.login_response(request, "/", who)
 
@@ -382,6 +412,18 @@ def create_app(
         if isinstance(exc, HTTPException) and exc.status_code == 405:
             return c.refuse(request, 405, "Not allowed", f"{request.method} is not allowed here.")
         return c.refuse(request, 404, "Not found", f"There is no page at {request.url.path}.")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # Starlette's own refusals (a multipart body without a boundary, a form too large):
+        # the console's page and headers, never the framework's bare text.
+        code = exc.status_code if isinstance(exc, HTTPException) else 400
+        if code in (404, 405):
+            return await not_found(request, exc)
+        return c.refuse(
+            request, code, "Bad request",
+            "The request could not be read (its body or headers are malformed). "
+            "Nothing was changed.",
+        )
 
     async def server_error(request: Request, exc: Exception) -> Response:
         # Never a traceback on the page; the process log has it.
@@ -431,7 +473,9 @@ def create_app(
                 www_redirect=False,
             )
         ],
-        exception_handlers={404: not_found, 405: not_found, Exception: server_error},
+        exception_handlers={
+            404: not_found, 405: not_found, HTTPException: http_error, Exception: server_error
+        },
     )
     # "/intents/" would be redirected to an absolute URL built from the request: a 404 instead.
     app.router.redirect_slashes = False

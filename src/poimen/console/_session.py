@@ -3,6 +3,7 @@ the `Console` that answers with pages (the routes are in `poimen.console._app`).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import re
 import secrets
@@ -148,7 +149,21 @@ class Sessions:
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self._by_id: dict[str, Session] = {}
+        self._by_name: dict[str, str] = {}  # proxy-named user -> their session id
         self._lock = threading.Lock()
+
+    def for_user(self, who: Who) -> Session:
+        """The live session of a user the proxy names, else a new one: requests without a
+        cookie do not each open a session (and push others' out)."""
+        with self._lock:
+            sid = self._by_name.get(who.name or "")
+            s = self._by_id.get(sid or "")
+            if s is not None and s.who == who and s.expires_at > time.monotonic():
+                return s
+        s = self.open(who)
+        with self._lock:
+            self._by_name[who.name or ""] = s.id
+        return s
 
     def open(self, who: Who = SHARED) -> Session:
         s = Session(
@@ -179,6 +194,50 @@ class Sessions:
         now = time.monotonic()
         for sid in [k for k, s in self._by_id.items() if s.expires_at <= now]:
             del self._by_id[sid]
+
+
+#: Failed token logins a client may make at once, and how often it gets one more: each
+#: failure under --operators costs a scrypt hash (16 MiB, tens of milliseconds).
+LOGIN_BURST = 20
+LOGIN_REFILL_S = 3.0
+#: The same over all clients together, and how many scrypt checks run at once.
+LOGIN_BURST_ALL = 100
+LOGIN_REFILL_ALL_S = 0.5
+SCRYPT_AT_ONCE = 2
+
+
+class LoginLimiter:
+    """Token buckets of failed logins, per client address and over all clients."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
+
+    def _level(self, key: str, burst: int, refill: float, now: float) -> float:
+        tokens, at = self._buckets.get(key, (float(burst), now))
+        return min(float(burst), tokens + (now - at) / refill)
+
+    def allowed(self, client: str) -> bool:
+        """Whether `client` may try a token now."""
+        now = time.monotonic()
+        with self._lock:
+            return (
+                self._level("c:" + client, LOGIN_BURST, LOGIN_REFILL_S, now) >= 1
+                and self._level("*", LOGIN_BURST_ALL, LOGIN_REFILL_ALL_S, now) >= 1
+            )
+
+    def failed(self, client: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if len(self._buckets) > MAX_SESSIONS:  # forget the oldest clients
+                for key in list(self._buckets)[: len(self._buckets) // 2]:
+                    if key != "*":
+                        del self._buckets[key]
+            for key, burst, refill in (
+                ("c:" + client, LOGIN_BURST, LOGIN_REFILL_S),
+                ("*", LOGIN_BURST_ALL, LOGIN_REFILL_ALL_S),
+            ):
+                self._buckets[key] = (self._level(key, burst, refill, now) - 1, now)
 
 
 def _same(a: str, b: str) -> bool:
@@ -224,6 +283,8 @@ class Console:
         self._token = token
         self.sessions = Sessions(options.session_ttl)
         self.env = _env()
+        self.logins = LoginLimiter()
+        self._scrypt_slots = asyncio.Semaphore(SCRYPT_AT_ONCE)
 
     # Authentication.
 
@@ -232,7 +293,8 @@ class Console:
         if not isinstance(candidate, str) or self.header is not None:
             return None
         if self.operators is not None:
-            login = await _io(self.operators.login, candidate)  # scrypt: off the loop
+            async with self._scrypt_slots:  # scrypt: off the loop, a few at a time
+                login = await _io(self.operators.login, candidate)
             return None if login is None else Who(login.name, "operator-token", login)
         assert self._token is not None
         return SHARED if _same(candidate, self._token) else None
@@ -273,16 +335,18 @@ class Console:
         user = self.header_user(request)
         if user is not None:
             who = Who(user, "proxy-header")
-            # A page view opens the session its forms will need; a POST without one is
-            # refused by the CSRF check.
-            opened = self.sessions.open(who) if request.method in ("GET", "HEAD") else None
+            # A page view gets the session its forms will need (the user's own, made once); a
+            # POST without one is refused by the CSRF check.
+            opened = self.sessions.for_user(who) if request.method in ("GET", "HEAD") else None
             request.state.opened = opened
             return Viewer(who, opened)
         auth = request.headers.get("authorization", "")
-        if auth.startswith("Bearer "):
+        client = request.client.host if request.client else "?"
+        if auth.startswith("Bearer ") and self.logins.allowed(client):
             bearer = await self.token_login(auth[len("Bearer ") :])
             if bearer is not None:
                 return Viewer(bearer, None)
+            self.logins.failed(client)
         return None
 
     def viewer(self, request: Request) -> Viewer | None:
@@ -297,10 +361,18 @@ class Console:
         v = self.viewer(request)
         if v is None or v.session is None or not isinstance(form_value, str):
             return False
+        if not self.same_origin(request):
+            return False
+        return _same(form_value, v.session.csrf)
+
+    def same_origin(self, request: Request) -> bool:
+        """Whether the browser says the request comes from this console's own pages (or was
+        typed by the user): a login another site makes (a form, a link with ?token=) would
+        sign the operator in as whoever the other site chose."""
         origin = request.headers.get("origin")
         if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
             return False
-        return _same(form_value, v.session.csrf)
+        return request.headers.get("sec-fetch-site", "same-origin") in ("same-origin", "none")
 
     def set_cookie(self, request: Request, response: Response, session: Session) -> None:
         response.set_cookie(

@@ -25,7 +25,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dbos import DBOS
+from poimen.errors import MissingExtraError
+
+try:
+    from dbos import DBOS
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.integrations.dbos", "dbos", exc) from exc
 
 from poimen import Kernel, call_ids
 from poimen.errors import PoimenError

@@ -21,10 +21,15 @@ import contextvars
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_core.messages import ToolCall, ToolMessage
-from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool
-from pydantic import ConfigDict
+from poimen.errors import MissingExtraError
+
+try:
+    from langchain_core.messages import ToolCall, ToolMessage
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import BaseTool
+    from pydantic import ConfigDict
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.integrations.langgraph", "langgraph", exc) from exc
 
 from poimen import Failed, Kernel, Outcome, call_ids
 from poimen.errors import ArgumentError, PoimenError

@@ -28,15 +28,21 @@ import inspect
 import secrets
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, cast
+from urllib.parse import unquote
 
-import anyio
-import jsonschema  # type: ignore[import-untyped]
-from mcp import Client, ClientSession, MCPError, types
-from mcp.server import Server
-from mcp.server.context import ServerRequestContext
-from mcp.server.stdio import stdio_server
-from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
-from pydantic_core import core_schema
+from poimen.errors import MissingExtraError
+
+try:
+    import anyio
+    import jsonschema  # type: ignore[import-untyped]
+    from mcp import Client, ClientSession, MCPError, types
+    from mcp.server import Server
+    from mcp.server.context import ServerRequestContext
+    from mcp.server.stdio import stdio_server
+    from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+    from pydantic_core import core_schema
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.integrations.mcp", "mcp", exc) from exc
 
 from poimen import (
     Caps,
@@ -52,6 +58,8 @@ from poimen import (
     Unsafe,
     call_ids,
 )
+from poimen._spec import spec_of
+from poimen._tools import build_tool
 from poimen.errors import (
     ArgumentError,
     CallIdMismatchError,
@@ -269,6 +277,8 @@ async def import_mcp_tools(
             id=tool_id, effects=declared.get(remote, Unsafe()), caps=Caps(), timeout=timeout
         )
         built.append((registration, _remote_tool(session, loop, listed[remote], tool_id), remote))
+    for registration, fn, remote in built:  # refused here, before anything is registered
+        spec_of(build_tool(registration, fn), remote, listed[remote].description or "")
     specs = []
     for registration, fn, remote in built:
         kernel.register(registration, fn, description=listed[remote].description or "")
@@ -276,10 +286,15 @@ async def import_mcp_tools(
     return specs
 
 
+#: The most pages of tools a server may list: a server whose cursor never ends is refused.
+MAX_PAGES = 1000
+
+
 async def _list_tools(session: ClientSession | Client) -> list[types.Tool]:
     found: list[types.Tool] = []
     cursor: str | None = None
-    while True:
+    seen: set[str] = set()
+    for _ in range(MAX_PAGES):
         if isinstance(session, ClientSession):
             page = await session.list_tools(
                 params=None if cursor is None else types.PaginatedRequestParams(cursor=cursor)
@@ -290,6 +305,16 @@ async def _list_tools(session: ClientSession | Client) -> list[types.Tool]:
         cursor = page.next_cursor
         if not cursor:
             return found
+        if cursor in seen:
+            raise RegistrationError(
+                f"the MCP server's tool list does not end: it gave the cursor {cursor[:100]!r} "
+                "twice; nothing was registered"
+            )
+        seen.add(cursor)
+    raise RegistrationError(
+        f"the MCP server listed more than {MAX_PAGES} pages of tools without an end; "
+        "nothing was registered"
+    )
 
 
 def _remote_tool(
@@ -307,6 +332,12 @@ def _remote_tool(
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     hints: dict[str, Any] = {}
     for name, prop in props.items():
+        if name == "ctx":
+            raise RegistrationError(
+                f"tool {tool_id!r}: an argument named 'ctx' would take the place of the tool's "
+                "context, so poimen cannot pass it; leave the tool out with tools=[...]",
+                tool_id=tool_id, field=name,
+            )
         try:
             params.append(
                 inspect.Parameter(
@@ -339,6 +370,7 @@ def _remote_value(
 ) -> type:
     """A type pydantic validates against the property's JSON schema and shows as that schema."""
     full = {**prop, **defs}
+    shown = _inline(tool_id, name, prop, full)
     try:
         cls = jsonschema.validators.validator_for(full)
         cls.check_schema(full)
@@ -366,9 +398,65 @@ def _remote_value(
         def __get_pydantic_json_schema__(
             cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
         ) -> dict[str, Any]:
-            return dict(prop)
+            return dict(shown)
 
     return RemoteValue
+
+
+#: The most schema nodes an argument's schema may expand to once its references are inlined.
+MAX_SCHEMA_NODES = 10_000
+
+
+def _inline(tool_id: str, name: str, prop: dict[str, Any], schema: dict[str, Any]) -> Any:
+    """The argument's schema `prop` with every ``$ref`` replaced by what it points at inside
+    `schema` (the property with the tool's ``$defs``): what a model is shown. A reference elsewhere (it would be fetched), one
+    that resolves nowhere, a recursive one or an expansion too large is refused."""
+    budget = [MAX_SCHEMA_NODES]
+
+    def refuse(ref: Any, why: str) -> RegistrationError:
+        return RegistrationError(
+            f"tool {tool_id!r}: argument {name!r} refers to {str(ref)[:200]!r}, {why}; "
+            "nothing was registered",
+            tool_id=tool_id, field=name,
+        )
+
+    def walk(node: Any, path: tuple[str, ...]) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise refuse(path[-1] if path else "itself", "which expands beyond "
+                         f"{MAX_SCHEMA_NODES} schema nodes")
+        if isinstance(node, list):
+            return [walk(x, path) for x in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if ref is None:
+            return {k: walk(v, path) for k, v in node.items()}
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise refuse(ref, "which is not inside its schema")
+        if ref in path:
+            raise refuse(ref, "which refers to itself (recursive schemas are not supported)")
+        target = _resolve(schema, ref)
+        if target is None:
+            raise refuse(ref, "which its schema does not hold")
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        inlined = walk(target, (*path, ref))
+        return {**inlined, **walk(rest, path)} if isinstance(inlined, dict) else inlined
+
+    return walk(prop, ())
+
+
+def _resolve(schema: dict[str, Any], ref: str) -> Any:
+    node: Any = schema
+    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
 async def _on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:

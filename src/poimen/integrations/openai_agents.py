@@ -21,10 +21,15 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents import FunctionTool
-from agents.exceptions import UserError
-from agents.strict_schema import ensure_strict_json_schema
-from agents.tool_context import ToolContext
+from poimen.errors import MissingExtraError
+
+try:
+    from agents import FunctionTool
+    from agents.exceptions import UserError
+    from agents.strict_schema import ensure_strict_json_schema
+    from agents.tool_context import ToolContext
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.integrations.openai_agents", "openai-agents", exc) from exc
 
 from poimen import Kernel, ToolSpec, call_ids
 from poimen.errors import ArgumentError, PoimenError

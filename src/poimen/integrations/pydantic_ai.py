@@ -21,24 +21,29 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pydantic_ai import (
-    CallDeferred,
-    DeferredToolRequests,
-    DeferredToolResults,
-    ModelRetry,
-    RunContext,
-    ToolDefinition,
-    ToolFailed,
-)
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    ToolCallPart,
-    ToolReturnPart,
-)
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
-from pydantic_core import SchemaValidator, core_schema
+from poimen.errors import MissingExtraError
+
+try:
+    from pydantic_ai import (
+        CallDeferred,
+        DeferredToolRequests,
+        DeferredToolResults,
+        ModelRetry,
+        RunContext,
+        ToolDefinition,
+        ToolFailed,
+    )
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelResponse,
+        ToolCallPart,
+        ToolReturnPart,
+    )
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+    from pydantic_core import SchemaValidator, core_schema
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.integrations.pydantic_ai", "pydantic-ai", exc) from exc
 
 from poimen import Completed, Failed, Indeterminate, Kernel, Outcome, Pending, call_ids
 from poimen.errors import ArgumentError, PoimenError

@@ -29,8 +29,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from poimen.errors import MissingExtraError
+
+try:
+    from temporalio import activity
+    from temporalio.exceptions import ApplicationError
+except ImportError as exc:  # the extra is missing: say which one
+    raise MissingExtraError.of("poimen.integrations.temporal", "temporal", exc) from exc
 
 from poimen import Kernel, Outcome, call_ids
 from poimen.errors import OutcomeUnknownError, PoimenError, ToolCallFailedError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from poimen._present import redact_store_url
 from poimen.errors import StoreError
 from poimen.store._base import NewDispatch, NewNotification, Store
 from poimen.store.sqlite import SqliteStore
@@ -23,6 +24,7 @@ def open_store(url: str, **options: Any) -> Store:
             raise StoreError("PostgreSQL needs the extra: pip install 'poimen[postgres]'") from exc
         store: Store = PostgresStore(url, **options)
         return store
-    raise StoreError(
-        f"unsupported store URL {url!r}: use sqlite:///path or postgresql://...", url=url
+    shown = redact_store_url(url) if isinstance(url, str) else type(url).__name__
+    raise StoreError(  # a mistyped URL still holds the real password: never shown
+        f"unsupported store URL {shown!r}: use sqlite:///path or postgresql://...", url=shown
     )

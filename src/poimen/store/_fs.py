@@ -5,14 +5,21 @@ network filesystem (NFS, SMB/CIFS, ...) or most FUSE filesystems locks may be ad
 or emulated and fsync may return before the data is safe, so two processes can both commit
 and a "durable" commit can vanish. The log must then live in PostgreSQL.
 
-Linux only: the mount is found in /proc/self/mountinfo. Elsewhere nothing is refused.
+The mount is found in /proc/self/mountinfo on Linux (exact about stacked mounts), elsewhere
+(macOS, Windows, the BSDs) in `psutil.disk_partitions`; a Windows network drive or UNC path is
+refused by what Windows says of it (remote), whatever its filesystem.
 """
 
 from __future__ import annotations
 
+import ntpath
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+
+import psutil
 
 from poimen.errors import NetworkFilesystemError
 
@@ -27,6 +34,8 @@ NETWORK_TYPES = frozenset({
     "nfs", "nfs4", "cifs", "smb", "smb2", "smb3", "smbfs", "ncpfs", "afs", "coda", "9p",
     "ceph", "glusterfs", "lustre", "gpfs", "ocfs2", "gfs2", "beegfs", "davfs", "orangefs",
     "pvfs2", "vboxsf", "vmhgfs", "prl_fs",
+    # macOS's names for its network and FUSE filesystems (as psutil reports them).
+    "afpfs", "webdav", "osxfuse", "macfuse", "fusefs",
 })  # fmt: skip
 
 
@@ -35,11 +44,13 @@ _OCTAL = re.compile(r"\\([0-7]{3})")
 
 @dataclass(frozen=True, slots=True)
 class Mount:
-    """One line of mountinfo: where it is mounted, its type, and what is mounted."""
+    """One mount: where it is mounted, its type, what is mounted, and whether the system
+    itself calls it remote (a Windows network drive)."""
 
     point: str
     fstype: str
     source: str
+    remote: bool = False
 
 
 def _unescape(field: str) -> str:
@@ -73,33 +84,88 @@ def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
 
 
 def is_network(fstype: str) -> bool:
-    return fstype in NETWORK_TYPES or fstype in ("fuse", "fuseblk") or fstype.startswith("fuse.")
+    return (
+        fstype in NETWORK_TYPES
+        or fstype in ("fuse", "fuseblk")
+        or fstype.startswith(("fuse.", "fusefs."))
+    )
 
 
-def _log_dir(path: str) -> str:
+def mounts_of_partitions(parts: Iterable[Any], *, windows: bool = False) -> list[Mount]:
+    """`psutil.disk_partitions(all=True)` as mounts (on Windows, paths with ``/``, folded)."""
+    out = []
+    for p in parts:
+        point = _windows_path(p.mountpoint) if windows else p.mountpoint
+        remote = "remote" in str(p.opts).split(",")
+        out.append(Mount(point, str(p.fstype).lower(), p.device, remote))
+    return out
+
+
+def _windows_path(path: str) -> str:
+    path = path.replace("\\", "/").casefold()
+    return path[4:] if path.startswith("//?/") and not path.startswith("//?/unc/") else path
+
+
+def _unc(path: str) -> Mount | None:
+    """A Windows path on a share (``\\\\server\\share``): a network filesystem."""
+    if path.startswith("//?/unc/"):
+        path = "//" + path[len("//?/unc/") :]
+    if not path.startswith("//") or path.startswith("//./"):
+        return None
+    share = "/".join(path.split("/")[:4])
+    return Mount(share, "smb", share, remote=True)
+
+
+def _log_dir(path: str, *, windows: bool = False) -> str:
     # Symlinks resolved as far as the folders exist: a log's folder made later is made on
     # the mount that holds its nearest existing parent, or one below it.
-    return os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    paths: Any = ntpath if windows else os.path
+    return str(paths.realpath(paths.dirname(paths.abspath(path))))
 
 
-def filesystem_of(path: str, *, mountinfo: str = MOUNTINFO) -> Mount | None:
-    """The mount holding the directory of the file at `path`; None where mountinfo cannot be
-    read (not Linux)."""
-    try:
-        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-            text = f.read()
-    except OSError:
-        return None
-    return mount_of(_log_dir(path), parse_mountinfo(text))
+def filesystem_of(
+    path: str,
+    *,
+    mountinfo: str = MOUNTINFO,
+    partitions: Iterable[Any] | None = None,
+    windows: bool = os.name == "nt",
+) -> Mount | None:
+    """The mount holding the directory of the file at `path`: from mountinfo where it can
+    be read (Linux), else from `partitions` (default `psutil.disk_partitions(all=True)`);
+    None when neither can be read."""
+    if partitions is None:
+        try:
+            with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+                return mount_of(_log_dir(path), parse_mountinfo(f.read()))
+        except OSError:
+            pass
+        try:
+            partitions = psutil.disk_partitions(all=True)
+        except Exception:  # psutil raises OSError, or its own errors on odd platforms
+            return None
+    where = _log_dir(path, windows=windows)
+    if windows:
+        where = _windows_path(where)
+        share = _unc(where)
+        if share is not None:
+            return share
+    return mount_of(where, mounts_of_partitions(partitions, windows=windows))
 
 
-def refuse_network_fs(path: str, *, allow: bool = False, mountinfo: str = MOUNTINFO) -> None:
+def refuse_network_fs(
+    path: str,
+    *,
+    allow: bool = False,
+    mountinfo: str = MOUNTINFO,
+    partitions: Iterable[Any] | None = None,
+    windows: bool = os.name == "nt",
+) -> None:
     """Raise `NetworkFilesystemError` when the SQLite log at `path` would live on a network
     or FUSE filesystem, unless `allow` or ``POIMEN_ALLOW_NETWORK_FS=1`` says otherwise."""
     if allow or os.environ.get(ALLOW_ENV) == "1":
         return
-    mount = filesystem_of(path, mountinfo=mountinfo)
-    if mount is None or not is_network(mount.fstype):
+    mount = filesystem_of(path, mountinfo=mountinfo, partitions=partitions, windows=windows)
+    if mount is None or not (mount.remote or is_network(mount.fstype)):
         return
     raise NetworkFilesystemError(
         f"the SQLite intent log {path!r} would be on a {mount.fstype} filesystem "

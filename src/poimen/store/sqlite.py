@@ -483,6 +483,15 @@ class SqliteStore(SqlStore):
         found = self.schema_version()
         if found > known:
             raise too_new(repr(self.path), found, known)
+        # poimen makes no views: one in a log (a recursive one never ends) is not poimen's.
+        views = [str(r[0]) for r in self._read("SELECT name FROM sqlite_master WHERE type='view'")]
+        if views:
+            raise StoreError(
+                f"{self.path!r} is not an intent log as poimen writes it: it holds the view "
+                f"{views[0][:100]!r} (poimen makes none); nothing was read from it",
+                path=self.path,
+                view=views[0][:100],
+            )
 
     def migrate(self) -> int:
         steps = migrations("sqlite")

@@ -1,0 +1,5 @@
+"""``python -m poimen``: the `poimen` command."""
+
+from poimen.cli import main
+
+raise SystemExit(main())

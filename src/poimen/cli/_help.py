@@ -1,0 +1,113 @@
+"""Each subcommand's ``--help``: what it does, at more length than the command list, and
+examples to copy."""
+
+from __future__ import annotations
+
+import argparse
+
+#: A subcommand missing here fails tests/integration/test_cli_conventions.py.
+_ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "status": (
+        "Counts by state and tool, the oldest INDETERMINATE intent, unfinished intents and "
+        "undelivered notifications. Exit 0, or 5 with --fail-if-indeterminate when any intent "
+        "waits for an operator.",
+        ("poimen status --db sqlite:///var/lib/agent/agent.db",
+         "poimen status --fail-if-indeterminate   # in cron: alert on exit 5"),
+    ),
+    "intents": (
+        "List intents, oldest first, filtered by state, tool and age; or find them by call-id "
+        "prefix, newest first. An empty list exits 0 (--fail-if-empty: 1).",
+        ("poimen intents --state INDETERMINATE", "poimen intents --tool ops.post_hook --since 2h",
+         "poimen intents --call-id run-9/"),
+    ),
+    "show": (
+        "One intent by intent id or call id: its arguments and result (secrets redacted), key "
+        "or request id, attempts with their owners, events and notifications.",
+        ("poimen show in_18ecb9c69b00a385316f789db0", "poimen show run-9/step-3 --json"),
+    ),
+    "resolve": (
+        "Decide an INDETERMINATE intent after checking the world: --landed (the effect "
+        "happened) or --not-landed. Terminal and audited; nothing is ever retried.",
+        ('poimen resolve in_18ec... --landed --operator ana --reason "message is in #ops"',
+         'poimen resolve run-9/step-3 --not-landed --operator ana --reason "no charge found"'),
+    ),
+    "abandon": (
+        "Give up on a DISPATCHED intent whose worker will not come back: it becomes "
+        "INDETERMINATE (abandoned), to resolve as usual. Audited.",
+        ('poimen abandon in_18ec... --operator ana --reason "host decommissioned"',),
+    ),
+    "approve": (
+        "Approve a call AWAITING_APPROVAL: the next kernel that resumes it dispatches it once, "
+        "by its effect class. Audited.",
+        ('poimen approve run-9/refund --operator ana --reason "customer confirmed"',),
+    ),
+    "reject": (
+        "Reject a call AWAITING_APPROVAL: it becomes FAILED and nothing is sent. Audited.",
+        ('poimen reject run-9/refund --operator ana --reason "duplicate request"',),
+    ),
+    "audit": (
+        "The capability and sandbox denials: what a tool tried to write and why it was "
+        "refused. An empty list exits 0 (--fail-if-found: 1 when there is any).",
+        ("poimen audit --since 1d", "poimen audit --tool ops.post_hook --fail-if-found"),
+    ),
+    "recover": (
+        "Run one recovery pass now, with the application's tool registrations (loaded from "
+        "--app, imported from the current directory).",
+        ("poimen recover --app myagent.tools:kernel",),
+    ),
+    "undo": (
+        "Reverse the landed calls of a scope (a call-id prefix) by their undo tools, newest "
+        "first; --dry-run shows the plan and changes nothing.",
+        ("poimen undo --scope run-9/ --app myagent.tools:kernel --dry-run",
+         'poimen undo --scope run-9/ --app myagent.tools:kernel --operator ana --reason "bad run"'),
+    ),
+    "migrate": (
+        "Create the schema, or upgrade it to this poimen's version. No other command changes "
+        "the schema.",
+        ("poimen migrate --db postgresql://agent@db/agent",),
+    ),
+    "prune": (
+        "Remove settled intents and their history last changed longer ago than the window, a "
+        "batch per transaction; with --archive each batch is appended (mode 0600) and synced "
+        "first.",
+        ("poimen prune --older-than 30d", "poimen prune --older-than 90d --archive pruned.jsonl",
+         "poimen prune --older-than 30d --app myagent.tools:kernel  # keep key windows"),
+    ),
+    "verify": (
+        "Check the log: integrity, schema version, constraints and triggers, rows that break "
+        "them, unfinished intents whose owner is gone. Read only; exit 6 on a problem.",
+        ("poimen verify --db sqlite:///var/lib/agent/agent.db",),
+    ),
+    "doctor": (
+        "What a bug report needs: versions, platform, the store (secrets redacted) and its "
+        "settings.",
+        ("poimen doctor --json",),
+    ),
+    "console": (
+        "Serve the web console: the Indeterminate queue, resolve and abandon with a reason, "
+        "the audit, the diff of two runs.",
+        ("poimen console --operators ops.tokens",
+         "poimen console --host 0.0.0.0 --tls-cert cert.pem --tls-key key.pem --operators "
+         "ops.tokens"),
+    ),
+    "diff": (
+        "Compare two runs call by call: the same, arguments changed, tool changed, only in "
+        "one. Exit 1 when they differ.",
+        ("poimen diff --recording sqlite:///recorded.db --run sqlite:///replay.db",
+         "poimen diff --recording sqlite:///agent.db --scope conv-41/ --run-scope conv-42/"),
+    ),
+    "operators": (
+        "The console's operators file: each operator's own token, stored hashed.",
+        ("poimen operators add ana --file ops.tokens", "poimen operators list --file ops.tokens"),
+    ),
+}
+
+
+def explain(parser: argparse.ArgumentParser, name: str) -> None:
+    about = _ABOUT.get(name)
+    if about is None:
+        return
+    text, examples = about
+    parser.description = text
+    parser.epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
