@@ -93,6 +93,12 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
     "undo.py": ("2 undone (2 now), 1 without an undo", "{'refund_of': 'e-1'}",
                 "{'cancel': 'e-2'}", "undo again: scope 'run-9/': 2 undone, 1 without"),
 }
+# Examples that only run under another command (a page shows `poimen crashtest -- python
+# examples/x.py`): the named test runs them that way and checks what they print.
+RUN_BY = {
+    "shop_agent.py": "tests/crashtest/test_crashtest.py",
+    "shop_agent_poimen.py": "tests/crashtest/test_crashtest.py",
+}
 # Nothing in an example may reach past this machine: HTTP through a proxy that does not exist.
 OFFLINE = {"HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
            "ALL_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1,localhost"}
@@ -156,6 +162,9 @@ def example_ids() -> list[str]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", example_ids())
 def test_each_example_runs_offline(name: str, tmp_path: Path) -> None:
+    if name in RUN_BY:
+        assert f"examples/{name}" in (ROOT / RUN_BY[name]).read_text(encoding="utf-8")
+        return
     assert name in EXPECT, f"say in EXPECT what {name} prints when it did what its page says"
     path = EXAMPLES / name
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)] if (
@@ -284,8 +293,8 @@ def test_the_fragment_check_finds_a_changed_line() -> None:
 
 
 def commands(block: Block) -> list[list[str]]:
-    """The simple commands of a shell block: words, without redirections or leading
-    `VAR=value`, split at `|`, `||`, `&&` and `;`."""
+    """The simple commands of a shell block: words (a leading `VAR=value` kept), without
+    redirections, split at `|`, `||`, `&&` and `;`."""
     text = block.body.splitlines()
     lines: list[str] = []
     for i, line in enumerate(text):
@@ -308,9 +317,7 @@ def commands(block: Block) -> list[list[str]]:
             if skip:
                 skip = False
             elif tok in ("|", "||", "&&", ";"):
-                while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
-                    words.pop(0)
-                if words:
+                if [w for w in words if not ENV_WORD.fullmatch(w)]:
                     out.append(words)
                 words = []
             elif tok in (">", ">>", "<", "2>", "&>"):
@@ -325,12 +332,24 @@ EXTRAS = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["op
 OTHER_COMMANDS = {"echo", "export", "cd", "notify-ops"}
 
 
+ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=.*")
+
+
 def command_problem(words: list[str]) -> str | None:
     from poimen.cli._parser import _parser
 
+    env = {}
+    while ENV_WORD.fullmatch(words[0]):  # `POIMEN_OPERATOR=ann poimen ...`: the CLI reads it
+        key, _, value = words[0].partition("=")
+        env[key] = value
+        words = words[1:]
     name, args = words[0], words[1:]
     if name == "poimen":
-        parsers = [_parser()]
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            parser = _parser()
+        parsers = [parser]
         for parser in parsers:  # the docs spell options out: no abbreviations
             parser.allow_abbrev = False
             for action in parser._actions:
@@ -372,10 +391,16 @@ def test_the_shell_reader_splits_a_cron_line() -> None:
     assert commands(cron) == [["poimen", "status", "--db", "$DB", "--json"], ["notify-ops"]]
     session = Block(ROOT / "README.md", 1, "console",
                     "$ X=1 poimen show a \\\n    --json\nout put\n$ echo $?\n", None)
-    assert commands(session) == [["poimen", "show", "a", "--json"], ["echo", "$?"]]
+    assert commands(session) == [["X=1", "poimen", "show", "a", "--json"], ["echo", "$?"]]
     assert command_problem(["poimen", "status", "--no-such-option"]) is not None
     assert command_problem(["poimen", "status", "--fail-if-indet"]) is not None  # abbreviated
     assert command_problem(["pip", "install", "poimen[no-such-extra]"]) is not None
+    # An operator named by the environment, as the CLI allows; without it --operator is needed.
+    resolve = ["poimen", "resolve", "in_1", "--not-landed", "--reason", "r"]
+    assert command_problem(["POIMEN_OPERATOR=ann", *resolve]) is None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("POIMEN_OPERATOR", raising=False)
+        assert command_problem(resolve) is not None
 
 
 # Data blocks parse; every block says what it is.

@@ -96,6 +96,20 @@ _ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
         ("poimen diff --recording sqlite:///recorded.db --run sqlite:///replay.db",
          "poimen diff --recording sqlite:///agent.db --scope conv-41/ --run-scope conv-42/"),
     ),
+    "crashtest": (
+        "Run an agent's command once cleanly, then again for every tool call and crash point "
+        "(before its request leaves, after the provider applied it), killing the whole process "
+        "group there and restarting the same command. A provider stand-in counts every write in "
+        "its own ledger; exit 1 when a write took effect twice or a call was left unfinished.",
+        ("poimen crashtest -- python agent.py",
+         "poimen crashtest -j 2 --junit crashtest.xml -- python -m myagent --scripted"),
+    ),
+    "scan": (
+        "Read an agent's code (PydanticAI, OpenAI Agents SDK, LangChain/LangGraph, MCP, CrewAI) "
+        "and list the tools that write to the outside without a poimen effect class, with the "
+        "class each needs. Exit 1 on a finding at --fail-on or worse.",
+        ("poimen scan src/", "poimen scan agent/ --sarif poimen.sarif --fail-on warning"),
+    ),
     "operators": (
         "The console's operators file: each operator's own token, stored hashed.",
         ("poimen operators add ana --file ops.tokens", "poimen operators list --file ops.tokens"),
