@@ -139,6 +139,13 @@ def test_fifty_kills_on_postgres_hold(tmp_path: Path) -> None:
 
 def test_a_broken_rule_is_caught(tmp_path: Path) -> None:
     # Every worker may take over any call, live or not: the soak must see live takeovers.
-    report = soak(tmp_path, "sqlite", kills=12, break_rule="claimable", recover_share=0.6)
-    assert violated(report).get("no live call taken over by another worker", 0) > 0, (
-        report.table())
+    # Whether a short run meets one depends on how the machine schedules the workers (a loaded
+    # machine runs them less at once), so the soak goes on, seed after seed, until it does.
+    tables = []
+    for seed in range(15, 23):
+        report = soak(tmp_path, "sqlite", kills=12, seed=seed, break_rule="claimable",
+                      recover_share=0.6)
+        if violated(report).get("no live call taken over by another worker", 0) > 0:
+            return
+        tables.append(report.table())
+    pytest.fail("8 soaks with the claim rule broken saw no live takeover:\n" + tables[-1])
