@@ -122,9 +122,9 @@ def decide(
         return Retry()
     match current:
         case Idempotent(key_ttl=ttl):
-            # The provider forgets keys: past its window a retry is no longer deduplicated.
-            # (Judged again by the send gate when the retry's request leaves.)
-            if key_window_passed(ttl, intent.created_at, now):
+            # The provider forgets keys: a retry whose request could arrive past the window
+            # is no longer deduplicated. (The send gate judges it again as it leaves.)
+            if key_window_passed(ttl, intent.created_at, now + intent.timeout_s):
                 return MarkIndeterminate("key_expired")
             match answer:
                 case Unasked():

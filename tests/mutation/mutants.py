@@ -52,7 +52,8 @@ MUTANTS: list[Mutant] = [
     Mutant("effect-changed-ignored", "the recorded class decides", DECIDE,
            "if effect_name(current) != intent.effect:", "if False:", T_DECIDE),
     Mutant("key-window-ignored", "no retry past the provider's key window", DECIDE,
-           "if key_window_passed(ttl, intent.created_at, now):", "if False:", T_DECIDE),
+           "if key_window_passed(ttl, intent.created_at, now + intent.timeout_s):", "if False:",
+           T_DECIDE),
     Mutant("attempts-unbounded", "retries stop at the attempt bound", DECIDE,
            "                    if intent.attempts >= policy.max_attempts:\n"
            '                        return MarkIndeterminate("retries_exhausted")\n'

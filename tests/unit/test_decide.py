@@ -81,8 +81,9 @@ def intent(effect: str = "idempotent", **kw: Any) -> Intent:
          MarkIndeterminate("key_derivation_failed")),
         (IDEMPOTENT, intent(attempts=5), KeyDerived(KEY), 2000.0,
          MarkIndeterminate("retries_exhausted")),
-        (EXPIRING, intent(), KeyDerived(KEY), 1059.0, Retry()),
-        (EXPIRING, intent(), Unasked(), 1061.0, MarkIndeterminate("key_expired")),
+        # The key's window, as of when the retry's request may arrive (now + timeout).
+        (EXPIRING, intent(), KeyDerived(KEY), 1050.0, Retry()),
+        (EXPIRING, intent(), Unasked(), 1051.0, MarkIndeterminate("key_expired")),
         # Queryable: landed completes; not landed is trusted only after the deadline.
         (QUERYABLE, intent("queryable"), Unasked(), 1005.0, Ask("lookup")),
         (QUERYABLE, intent("queryable"), Landed({"id": 7}), 1005.0, Complete({"id": 7})),
@@ -181,7 +182,9 @@ def test_no_rule_ever_risks_a_second_effect(
         assert not isinstance(current, Unsafe)
         if isinstance(current, Idempotent):
             assert answer == KeyDerived(it.key or "")
-            assert current.key_ttl is None or now - it.created_at <= current.key_ttl
+            assert current.key_ttl is None or (
+                now + it.timeout_s - it.created_at <= current.key_ttl
+            )
         else:
             assert isinstance(answer, NotLanded)
             assert it.deadline_at is None or now >= it.deadline_at
