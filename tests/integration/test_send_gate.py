@@ -6,6 +6,7 @@ witness provider's ledger, or by the application's own sink.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -231,6 +232,46 @@ def test_an_in_place_rerun_of_a_retry_is_not_sent_after_the_key_window(
         # attempt 2's first request already
 
 
+@pytest.mark.parametrize("handle", ["http", "transport", "sink"])
+def test_every_handle_passes_the_gate(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient, handle: str
+) -> None:
+    """ctx.http, the httpx transport and ctx.sink: a retry's write leaving after the key's
+    window is refused by each (ctx.ahttp sends through ctx.http: see the ReadOnly test)."""
+    ledger.set_key_ttl(TTL)
+    table = Rows()
+    runs: list[int] = []
+    url = f"{provider.url}/keyed"
+    with Kernel(store_url, notifiers=[]) as k:
+        k.register_sink("rows", table)
+
+        @k.tool(id="charge", effects=Idempotent(key=KeyDerivation.fields("n"), key_ttl=TTL),
+                caps=Caps(hosts=_hosts(provider.url), sinks=("rows",)), timeout=0.5,
+                retry=FAST)
+        def charge(ctx: ToolContext, n: int) -> Any:
+            runs.append(n)
+            if len(runs) == 2:
+                time.sleep(TTL + 0.2)  # the retry's write leaves after the window
+            if handle == "sink":
+                got = ctx.sink("rows").write({"n": n})
+            elif handle == "transport":
+                with httpx.Client(transport=ctx.http.transport) as sdk:
+                    got = sdk.post(url, json={"n": n}).json()
+            else:
+                got = ctx.http.post(url, json={"n": n}).json()
+            if len(runs) == 1:
+                raise TimeoutError("the answer was lost")
+            return got
+
+        out = k.call("charge", {"n": 1}, call_id="c1")
+        assert isinstance(out, Indeterminate) and out.reason == "key_expired", out
+        assert runs == [1, 1]
+        witnessed = len(table.rows) if handle == "sink" else ledger.count(kind="keyed")
+        assert witnessed == 1
+        [denial] = k.denials("charge")
+        assert denial.reason.startswith("key_expired") and denial.attempt == 2
+
+
 def test_a_tool_that_swallows_a_refused_send_does_not_complete_the_call(
     store_url: str, provider: ProviderProcess, ledger: ProviderClient
 ) -> None:
@@ -301,19 +342,36 @@ def test_an_approved_call_sends_once_however_long_it_waited(
         assert runs == [1] and ledger.count(kind="keyed") == 1
 
 
-def test_a_refused_send_with_nothing_sent_before_fails_the_call(store_url: str) -> None:
-    """A ReadOnly tool's write is refused by the gate: nothing left, FAILED, audited."""
+@pytest.mark.parametrize("handle", ["http", "transport", "ahttp", "sink"])
+def test_a_refused_send_with_nothing_sent_before_fails_the_call(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient, handle: str
+) -> None:
+    """A ReadOnly tool's write is refused by the gate, through every handle: nothing left,
+    FAILED, audited."""
     from poimen import ReadOnly
 
     table = Rows()
+    url = f"{provider.url}/plain"
     with Kernel(store_url, notifiers=[]) as k:
         k.register_sink("rows", table)
+        caps = Caps(hosts=_hosts(provider.url), sinks=("rows",))
 
-        @k.tool(id="peek", effects=ReadOnly(), caps=Caps(sinks=("rows",)), timeout=5)
+        @k.tool(id="peek", effects=ReadOnly(), caps=caps, timeout=5)
         def peek(ctx: ToolContext) -> Any:
-            return ctx.sink("rows").write({"n": 1})
+            if handle == "sink":
+                return ctx.sink("rows").write({"n": 1})
+            if handle == "http":
+                return ctx.http.post(url, json={"n": 1}).json()
+            with httpx.Client(transport=ctx.http.transport) as sdk:
+                return sdk.post(url, json={"n": 1}).json()
 
-        out = k.call("peek", {}, call_id="c1")
+        @k.tool(id="apeek", effects=ReadOnly(), caps=caps, timeout=5)
+        async def apeek(ctx: ToolContext) -> Any:
+            return (await ctx.ahttp.post(url, json={"n": 1})).json()
+
+        tool = "apeek" if handle == "ahttp" else "peek"
+        out = (asyncio.run(k.acall(tool, {}, call_id="c1")) if handle == "ahttp"
+               else k.call(tool, {}, call_id="c1"))
         assert isinstance(out, Failed) and "read_only" in out.error, out
-        assert table.rows == []
-        assert [d.reason.split(":")[0] for d in k.denials("peek")] == ["read_only"]
+        assert table.rows == [] and ledger.count() == 0
+        assert [d.reason.split(":")[0] for d in k.denials(tool)] == ["read_only"]
