@@ -3,12 +3,14 @@
 For an Idempotent tool every handle carries a write token: an HMAC over (tool id, intent,
 attempt, key) with a per-kernel secret the tool never receives, live only while its call runs.
 A handle checks the token and the key on every write; a bad write is recorded as a denial
-(committed) and only then raised as `CapabilityDeniedError`. Queryable and Unsafe tools get
-plain handles that this layer never denies.
+(committed) and only then raised as `CapabilityDeniedError`. Every handle, of every class, also
+holds its attempt's record (`AttemptRecord`): each request passes the send gate
+(`poimen._decide.send_gate`) right before it leaves, and each write is counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import hmac
 import os
@@ -20,18 +22,19 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, runtime_checkable
 import httpx
 
 from poimen import _guard
+from poimen._decide import Fail, MarkIndeterminate, Refused, Send, after_refusal, send_gate
 from poimen._handles import (
     AsyncHttpHandle,
-    Flight,
     HttpHandle,
     SinkHandle,
 )
 from poimen.errors import CapabilityDeniedError, PoimenError, RegistrationError
 
 if TYPE_CHECKING:
+    from poimen._effects import EffectClass
+    from poimen._intents import Intent
     from poimen._tools import Caps
     from poimen.store import Store
-
 
 
 @runtime_checkable
@@ -98,8 +101,9 @@ class _Authority:
 class Issuer:
     """The kernel's side of layer 2: the token authority, registered sinks, one HTTP pool."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, live: bool = True) -> None:
         self.store = store
+        self.live = live  # False in shadow and replay modes: no write leaves
         self.sinks: dict[str, Sink] = {}
         self._authority = _Authority()
         self._lock = threading.Lock()
@@ -189,7 +193,6 @@ class CallScope:
         "read_only",
         "tool_id",
         "unseen",
-        "writes",
     )
 
     def __init__(
@@ -211,8 +214,6 @@ class CallScope:
         self.key = key
         self.caps = caps
         self.ended = False
-        # Writes let through: after one, a denied write no longer means "nothing happened".
-        self.writes = 0
         # A denial raised where the tool cannot see it (inside SQLite): the error the tool
         # does see is then this denial's.
         self.unseen: CapabilityDeniedError | None = None
@@ -284,40 +285,153 @@ class CallScope:
             "out_of_band: an Idempotent tool writes only through ctx.http or ctx.sink(...)",
         )
 
-    def deny_write(self, action: str, target: str) -> None:
-        """A ReadOnly call's handles refuse every write."""
-        if self.read_only:
-            (_guard.current() or self).deny(
-                action, target, "read_only: a ReadOnly tool writes nothing"
-            )
-
     def deny(self, action: str, target: str, reason: str) -> NoReturn:
-        """Commit the denial row, then raise. The audit write itself must pass the guard."""
-        # A name that is not UTF-8 text, or holds a NUL, must still fit in the denial row.
-        target = target.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
-        msg = (
-            f"tool {self.tool_id!r} (intent {self.intent_id}, attempt {self.attempt}): "
-            f"{action} {target} denied: {reason}"
+        """Commit the denial row, then raise."""
+        deny(self._issuer.store, self.tool_id, self.intent_id, self.attempt, action, target, reason)
+
+
+def deny(
+    store: Store,
+    tool_id: str,
+    intent_id: str,
+    attempt: int,
+    action: str,
+    target: str,
+    reason: str,
+) -> NoReturn:
+    """Commit the denial row, then raise. The audit write itself must pass the guard."""
+    # A name that is not UTF-8 text, or holds a NUL, must still fit in the denial row.
+    target = target.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
+    msg = (
+        f"tool {tool_id!r} (intent {intent_id}, attempt {attempt}): "
+        f"{action} {target} denied: {reason}"
+    )
+    data: dict[str, Any] = {
+        "tool_id": tool_id,
+        "intent_id": intent_id,
+        "attempt": attempt,
+        "action": action,
+        "target": target,
+        "reason": reason,
+    }
+    token = _guard.suspend()
+    try:
+        denial = store.record_denial(now=store.now(), **data)
+    except PoimenError as exc:
+        raise CapabilityDeniedError(
+            f"{msg} (the denial could not be recorded: {exc})", denial_id=None, **data
+        ) from exc
+    finally:
+        _guard.resume(token)
+    raise CapabilityDeniedError(msg, denial_id=denial.id, **data)
+
+
+class AttemptRecord:
+    """One attempt of a call as its handles see it, for every class: the facts the send gate
+    judges each request on, how many writes may have gone out, the gate's first refusal, and
+    the requests of `ctx.ahttp` still running in their threads."""
+
+    __slots__ = ("_issuer", "_lock", "_pending", "effect", "intent", "refused", "timeout",
+                 "tool_id", "writes")
+
+    def __init__(
+        self,
+        issuer: Issuer,
+        tool_id: str,
+        intent: Intent,
+        effect: EffectClass,
+        timeout: float,
+    ) -> None:
+        # Made for every attempt (the hot path): the facts are read from `intent` when a
+        # request asks, never copied here.
+        self._issuer = issuer
+        self.tool_id = tool_id
+        self.intent = intent
+        self.effect = effect
+        self.timeout = timeout
+        self.writes = 0
+        self.refused: Refused | None = None
+        self._lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future[Any]] | None = None
+
+    def admit(self, action: str, target: Callable[[], str], write: bool, within: float | None) -> None:
+        """The send gate, right before a request leaves: let it go (a write counts as gone
+        out from now on) or record the refusal as a denial and raise it."""
+        issuer, it = self._issuer, self.intent
+        now = issuer.store.now()
+        with self._lock:
+            refused = send_gate(
+                Send(
+                    effect=self.effect,
+                    recorded=it.effect,
+                    write=write,
+                    live=issuer.live,
+                    state=it.state,
+                    attempt=it.attempts,
+                    writes=self.writes,
+                    key_from=it.created_at,
+                    now=now,
+                    within=self.timeout if within is None else within,
+                )
+            )
+            if refused is None:
+                if write:
+                    self.writes += 1
+                return
+            if self.refused is None:
+                self.refused = refused
+        deny(
+            issuer.store,
+            self.tool_id,
+            it.id,
+            it.attempts,
+            action,
+            target(),
+            f"{refused.reason}: {refused.detail}",
         )
-        data: dict[str, Any] = {
-            "tool_id": self.tool_id,
-            "intent_id": self.intent_id,
-            "attempt": self.attempt,
-            "action": action,
-            "target": target,
-            "reason": reason,
-        }
-        store = self._issuer.store
-        token = _guard.suspend()
-        try:
-            denial = store.record_denial(now=store.now(), **data)
-        except PoimenError as exc:
-            raise CapabilityDeniedError(
-                f"{msg} (the denial could not be recorded: {exc})", denial_id=None, **data
-            ) from exc
-        finally:
-            _guard.resume(token)
-        raise CapabilityDeniedError(msg, denial_id=denial.id, **data)
+
+    def not_sent(self, write: bool) -> int:
+        """A request whose connection never opened: its write did not go out. Returns the
+        writes of the attempt that may have."""
+        with self._lock:
+            if write:
+                self.writes -= 1
+            return self.writes
+
+    def outcome(self) -> Fail | MarkIndeterminate | None:
+        """How the attempt ends if the gate refused one of its requests (None if it did not)."""
+        refused = self.refused
+        if refused is None:
+            return None
+        return after_refusal(self.effect, self.intent.attempts, self.writes, refused)
+
+    def track(self, fut: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            if self._pending is None:
+                self._pending = set()
+            self._pending.add(fut)
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            if self._pending is not None:
+                self._pending.discard(fut)
+
+    async def drain(self) -> None:
+        """Wait until no request of this attempt runs any more, even when cancelled (the
+        cancellation is raised once they have returned)."""
+        cancelled = False
+        while True:
+            with self._lock:
+                pending = [f for f in self._pending or () if not f.done()]
+            if not pending:
+                break
+            try:
+                await asyncio.shield(asyncio.wait([asyncio.wrap_future(f) for f in pending]))
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
 
 
 class ToolContext:
@@ -327,11 +441,11 @@ class ToolContext:
         "_ahttp",
         "_attempt",
         "_call_id",
-        "_flight",
         "_http",
         "_intent_id",
         "_issuer",
         "_key",
+        "_record",
         "_request_id",
         "_scope",
         "_timeout",
@@ -350,6 +464,7 @@ class ToolContext:
         issuer: Issuer | None = None,
         scope: CallScope | None = None,
         timeout: float | None = None,
+        record: AttemptRecord | None = None,
     ) -> None:
         self._tool_id = tool_id
         self._intent_id = intent_id
@@ -362,7 +477,7 @@ class ToolContext:
         self._timeout = timeout
         self._http: HttpHandle | None = None
         self._ahttp: AsyncHttpHandle | None = None
-        self._flight = Flight()
+        self._record = record
 
     @property
     def tool_id(self) -> str:
@@ -394,19 +509,18 @@ class ToolContext:
         """The kernel-minted request id (Queryable tools only)."""
         return self._request_id
 
-    def _need_issuer(self) -> Issuer:
-        if self._issuer is None:
+    def _need_issuer(self) -> tuple[Issuer, AttemptRecord]:
+        if self._issuer is None or self._record is None:
             raise PoimenError("this ToolContext was not made by a kernel; it has no handles")
-        return self._issuer
+        return self._issuer, self._record
 
     @property
     def http(self) -> HttpHandle:
         """An HTTP client; for an Idempotent tool it sends the kernel key on every write."""
         handle = self._http
         if handle is None:
-            handle = self._http = HttpHandle(
-                self._need_issuer(), self._scope, self._timeout, self._flight
-            )
+            issuer, record = self._need_issuer()
+            handle = self._http = HttpHandle(issuer, self._scope, self._timeout, record)
         return handle
 
     @property
@@ -419,7 +533,7 @@ class ToolContext:
 
     def sink(self, name: str) -> SinkHandle:
         """A writer over the sink the application registered as `name`."""
-        issuer = self._need_issuer()
+        issuer, record = self._need_issuer()
         sink = issuer.sinks.get(name)
         scope = self._scope
         if scope is not None and name not in scope.caps.sinks:
@@ -433,7 +547,7 @@ class ToolContext:
             raise PoimenError(
                 f"no sink is registered as {name!r}; use kernel.register_sink", sink=name
             )
-        return SinkHandle(name, sink, scope)
+        return SinkHandle(name, sink, scope, record)
 
     def __repr__(self) -> str:
         return (

@@ -122,8 +122,9 @@ def decide(
         return Retry()
     match current:
         case Idempotent(key_ttl=ttl):
-            # The provider forgets keys: past its window a retry is no longer deduplicated.
-            if ttl is not None and now - intent.created_at > ttl:
+            # The provider forgets keys: a retry whose request could arrive past the window
+            # is no longer deduplicated. (The send gate judges it again as it leaves.)
+            if key_window_passed(ttl, intent.created_at, now + intent.timeout_s):
                 return MarkIndeterminate("key_expired")
             match answer:
                 case Unasked():
@@ -165,6 +166,84 @@ def decide(
         case _:
             assert_never(current)
     raise TypeError(f"{type(answer).__name__} is no answer for a {intent.effect} intent")
+
+
+def key_window_passed(ttl: float | None, key_from: float, at: float) -> bool:
+    """Has a provider that remembers keys `ttl` seconds forgotten, at `at`, a key it could
+    first have received at `key_from`? `key_from` is the call's creation: no request carrying
+    the key can have left before it (an approved call's wait counts too, so the age is never
+    underestimated)."""
+    return ttl is not None and at - key_from > ttl
+
+
+# The send gate: whether one request may leave a tool's handle now.
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A request a handle (`ctx.http`, `ctx.ahttp`, the httpx transport, `ctx.sink`) is
+    about to let out, and what its attempt knows at that moment."""
+
+    effect: EffectClass  # the class the tool runs under
+    recorded: str  # the class recorded with the call
+    write: bool  # may change something: an HTTP method but GET/HEAD/OPTIONS/TRACE, a sink write
+    live: bool  # the kernel runs in live mode (not shadow, not replay)
+    state: IntentState  # the call's state when this attempt started
+    attempt: int  # the attempt's number, 1 for the first dispatch
+    writes: int  # writes of this attempt let out before this one
+    key_from: float  # the call's creation: before it, nothing carried its key
+    now: float  # the log's clock
+    within: float  # how long after `now` the request may still reach the provider
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The request does not leave: `reason` (a code) and what it means."""
+
+    reason: str
+    detail: str
+
+
+def send_gate(s: Send) -> Refused | None:
+    """May this request leave now? None lets it go. The only rule that lets a request of a
+    tool out; every refusal is recorded as a denial and decides the attempt (`after_refusal`)."""
+    if not s.write:
+        return None  # a read changes nothing
+    if effect_name(s.effect) != s.recorded:
+        return Refused("effect_changed", f"the call was recorded {s.recorded}")
+    if isinstance(s.effect, ReadOnly):
+        return Refused("read_only", "a ReadOnly tool writes nothing")
+    if not s.live:
+        return Refused("sandbox", "a shadow or replay kernel lets no write leave")
+    if s.state != IntentState.DISPATCHED:
+        return Refused("not_dispatched", f"the call is {s.state.value}, not dispatched")
+    # Whether a request of this call may have gone out before this one.
+    earlier = s.attempt > 1 or s.writes > 0
+    if isinstance(s.effect, Unsafe) and s.attempt > 1:
+        return Refused("unsafe_reissue", "an Unsafe call is never sent again")
+    if (
+        isinstance(s.effect, Idempotent)
+        and earlier
+        and key_window_passed(s.effect.key_ttl, s.key_from, s.now + s.within)
+    ):
+        return Refused(
+            "key_expired",
+            f"the provider may have forgotten the key (key_ttl={s.effect.key_ttl:g}s) before "
+            "this request reaches it",
+        )
+    return None
+
+
+def after_refusal(
+    effect: EffectClass, attempt: int, writes: int, refused: Refused
+) -> Fail | MarkIndeterminate:
+    """How an attempt ends once the gate refused one of its requests, whatever the tool did
+    next: FAILED if nothing of the call can have gone out (no write of this attempt left, and
+    no earlier attempt may have landed), else Indeterminate by the refusal's reason."""
+    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly)
+    if writes == 0 and not landed_before:
+        return Fail(f"send refused: {refused.reason}: {refused.detail}")
+    return MarkIndeterminate(refused.reason)
 
 
 def failure_is_final(current: EffectClass, intent: Intent) -> bool:

@@ -200,9 +200,10 @@ class RequestIdLookup(Protocol):
 class Idempotent:
     """A retry with the same key is safe: the provider deduplicates on it.
 
-    `key_ttl`: how many seconds the provider remembers a key (Stripe: at least 24 h). An
-    unfinished intent older than that is not retried, since the provider could no longer
-    deduplicate the retry: it becomes Indeterminate (`key_expired`). None: keys never expire.
+    `key_ttl`: how many seconds the provider remembers a key (Stripe: at least 24 h). Once
+    something may have gone out under the key, no request carrying it leaves if it could
+    reach the provider later than that after the call was recorded (the send gate): the
+    intent becomes Indeterminate (`key_expired`). None: keys never expire.
     """
 
     key: KeyDerivation

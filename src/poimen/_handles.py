@@ -1,17 +1,15 @@
 """The handles a tool writes through: `ctx.http` (an httpx client that sends the kernel's key
 on every write and checks host, token and key), `ctx.ahttp` (the same for async tools; its
 requests run in threads the attempt waits for) and `ctx.sink(name)`. For an Idempotent or
-ReadOnly call they hold the call's write token (`poimen._capability`); otherwise they are plain
-clients this layer never denies."""
+ReadOnly call they hold the call's write token (`poimen._capability`). For every class, each
+request passes the send gate right before it leaves, through the attempt's record."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import functools
-import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +19,7 @@ from poimen import _guard
 from poimen.errors import NotSent, PoimenError
 
 if TYPE_CHECKING:
-    from poimen._capability import CallScope, Issuer, Sink
+    from poimen._capability import AttemptRecord, CallScope, Issuer, Sink
 
 # Methods that change nothing on the server (RFC 9110 "safe"); every other method is a write.
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -37,68 +35,26 @@ def _host_allowed(url: httpx.URL, hosts: tuple[str, ...]) -> bool:
     return host in hosts or f"{host}:{port}" in hosts or f"{bracketed}:{port}" in hosts
 
 
-class Flight:
-    """One attempt's traffic through its handles: how many writes may have gone out, and the
-    requests of `ctx.ahttp` still running in their threads."""
-
-    __slots__ = ("_lock", "_pending", "writes")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: set[concurrent.futures.Future[Any]] = set()
-        self.writes = 0
-
-    def sending(self, delta: int) -> int:
-        with self._lock:
-            self.writes += delta
-            return self.writes
-
-    def track(self, fut: concurrent.futures.Future[Any]) -> None:
-        with self._lock:
-            self._pending.add(fut)
-        fut.add_done_callback(self._done)
-
-    def _done(self, fut: concurrent.futures.Future[Any]) -> None:
-        with self._lock:
-            self._pending.discard(fut)
-
-    async def drain(self) -> None:
-        """Wait until no request of this attempt runs any more, even when cancelled (the
-        cancellation is raised once they have returned)."""
-        cancelled = False
-        while True:
-            with self._lock:
-                pending = [f for f in self._pending if not f.done()]
-            if not pending:
-                break
-            try:
-                await asyncio.shield(asyncio.wait([asyncio.wrap_future(f) for f in pending]))
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
-
-
 class HttpHandle:
     """`ctx.http`: an httpx-based client. For an Idempotent tool every write (any method but
     GET, HEAD, OPTIONS and TRACE) carries the registration's key header set to the kernel key,
     and every request must go to a host in the registration's caps. Redirects are never
     followed."""
 
-    __slots__ = ("_flight", "_issuer", "_scope", "_timeout", "_token")
+    __slots__ = ("_issuer", "_record", "_scope", "_timeout", "_token")
 
     def __init__(
         self,
         issuer: Issuer,
         scope: CallScope | None,
         timeout: float | None,
-        flight: Flight | None = None,
+        record: AttemptRecord | None = None,
     ) -> None:
         self._issuer = issuer
         self._scope = scope
         self._timeout = timeout
         self._token = scope.token() if scope is not None else None
-        self._flight = flight if flight is not None else Flight()
+        self._record = record  # None: a handle made outside a call, which sends nothing
 
     def request(
         self,
@@ -140,7 +96,7 @@ class HttpHandle:
             propagate = self._issuer.propagate
             if propagate is not None:  # with the guard off: the propagator is not the tool's
                 propagate(sent)
-            with self._sent(write):
+            with self._sent(m, url, write, t):
                 return self._issuer.client().request(
                     m,
                     url,
@@ -155,20 +111,20 @@ class HttpHandle:
             _guard.resume(guard)
 
     @contextlib.contextmanager
-    def _sent(self, write: bool) -> Iterator[None]:
-        """Count a write as gone out from before it is sent; a connection that never opened
-        takes it back, and if nothing of the attempt went out, says so with `NotSent`."""
-        flight = self._flight
-        if write:
-            flight.sending(1)
+    def _sent(
+        self, method: str, url: str | httpx.URL, write: bool, timeout: float | None
+    ) -> Iterator[None]:
+        """The send gate, then the request: a write counts as gone out from before it is sent;
+        a connection that never opened takes it back, and if nothing of the attempt went out,
+        says so with `NotSent`."""
+        record = self._record
+        if record is None:
+            raise PoimenError("this handle was not made for a call: it sends nothing")
+        record.admit("http", lambda: _target(method, url), write, timeout)
         try:
             yield
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            left = flight.sending(-1) if write else flight.sending(0)
-            scope = self._scope
-            if write and scope is not None:
-                scope.writes -= 1
-            if left == 0 and (scope is None or scope.writes == 0):
+            if record.not_sent(write) == 0:
                 raise NotSent(f"{type(exc).__name__}: {exc}") from exc
             raise
 
@@ -176,7 +132,7 @@ class HttpHandle:
         """Deny (recorded) or pass; returns the key a write must carry, None for a read."""
         scope = self._scope
         assert scope is not None and self._token is not None
-        target = f"{method} {u.scheme}://{u.netloc.decode('ascii', 'replace')}{u.path}"
+        target = _target(method, u)
         key = scope.authorize(self._token, "http", target, supplied)
         if not _host_allowed(u, scope.caps.hosts):
             (_guard.current() or scope).deny(
@@ -185,11 +141,7 @@ class HttpHandle:
                 f"host_not_in_caps: {u.host}:{u.port or _DEFAULT_PORTS.get(u.scheme)} "
                 f"is not in the registration's caps.hosts {list(scope.caps.hosts)}",
             )
-        if method in READ_METHODS:
-            return None
-        scope.deny_write("http", target)
-        scope.writes += 1
-        return key
+        return None if method in READ_METHODS else key
 
     @property
     def transport(self) -> httpx.BaseTransport:
@@ -226,6 +178,11 @@ class HttpHandle:
         return self.request("DELETE", url, **kw)
 
 
+def _target(method: str, url: str | httpx.URL) -> str:
+    u = url if isinstance(url, httpx.URL) else httpx.URL(url)
+    return f"{method} {u.scheme}://{u.netloc.decode('ascii', 'replace')}{u.path}"
+
+
 class _HandleTransport(httpx.BaseTransport):
     def __init__(self, handle: HttpHandle) -> None:
         self._handle = handle
@@ -247,7 +204,9 @@ class _HandleTransport(httpx.BaseTransport):
                 propagate(trace)
                 for name, value in trace.items():
                     request.headers.setdefault(name, value)
-            with handle._sent(request.method.upper() not in READ_METHODS):
+            m = request.method.upper()
+            timeout = request.extensions.get("timeout", {}).get("read")
+            with handle._sent(m, request.url, m not in READ_METHODS, timeout):
                 r = handle._issuer.client().send(request, stream=True)
             try:
                 raw = b"".join(r.iter_raw())
@@ -277,7 +236,8 @@ class AsyncHttpHandle:
         sync = self._sync
         ctx = contextvars.copy_context()
         fut = sync._issuer.executor().submit(ctx.run, functools.partial(sync.request, method, url, **kw))
-        sync._flight.track(fut)
+        if sync._record is not None:
+            sync._record.track(fut)
         return await asyncio.wrap_future(fut)
 
     async def get(self, url: str | httpx.URL, **kw: Any) -> httpx.Response:
@@ -305,12 +265,15 @@ class SinkHandle:
     """`ctx.sink(name)`: writes to a sink the application registered with the kernel. For an
     Idempotent tool the write is applied under the kernel key and needs a live token."""
 
-    __slots__ = ("_name", "_scope", "_sink", "_token")
+    __slots__ = ("_name", "_record", "_scope", "_sink", "_token")
 
-    def __init__(self, name: str, sink: Sink, scope: CallScope | None) -> None:
+    def __init__(
+        self, name: str, sink: Sink, scope: CallScope | None, record: AttemptRecord
+    ) -> None:
         self._name = name
         self._sink = sink
         self._scope = scope
+        self._record = record
         self._token = scope.token() if scope is not None else None
 
     @property
@@ -324,11 +287,12 @@ class SinkHandle:
         scope = self._scope
         if scope is not None:
             assert self._token is not None
-            scope.deny_write("sink", self._name)
             key = scope.authorize(self._token, "sink", self._name, key)
-            scope.writes += 1
         guard = _guard.suspend()  # the sink is the application's code, trusted to write
         try:
+            # Every sink write is a write of the attempt, whatever the class: once it is let
+            # through, nothing later of the attempt can say "nothing happened".
+            self._record.admit("sink", lambda: self._name, True, None)
             return self._sink.apply(payload, key=key)
         finally:
             _guard.resume(guard)

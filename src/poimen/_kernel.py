@@ -197,7 +197,7 @@ class Kernel:
         self._deliver_lock = threading.Lock()
         self._on_close: list[Callable[[], object]] = []
         # Layer 2: write tokens, registered sinks, the shared HTTP pool of ctx.http.
-        self._issuer = Issuer(self.store)
+        self._issuer = Issuer(self.store, live=mode == "live")
         self._on_close.append(self._issuer.close)
         self._engine = Engine(
             self.store,

@@ -305,6 +305,7 @@ def run_steps(
         c.runs += 1
         run: Run = yield Invoke(t, intent, kwargs)
         _crashpoints.hit("after_effect", intent.call_id)
+        never_left = run.kind == "not_sent"  # known from the run, never read from its text
         if run.kind == "not_sent":
             in_place += 1
             wait = retry.delay(in_place)
@@ -317,8 +318,11 @@ def run_steps(
             run = Run("failed", error=f"not sent: {run.error}")
         if run.kind == "failed" and not failure_is_final(t.registration.effects, intent):
             # An earlier attempt may have landed: this one's refusal settles nothing.
-            never_left = (run.error or "").startswith("not sent")
-            run = Run("unknown" if never_left else "refused_after_unknown", error=run.error)
+            run = (
+                Run("unknown", error=run.error)
+                if never_left
+                else Run("indeterminate", reason="refused_after_unknown", error=run.error)
+            )
         if run.kind in ("completed", "failed"):
             return (yield from _write_outcome(e, intent, run))
         now = e.store.now()
@@ -333,13 +337,8 @@ def run_steps(
         yield Block(
             e.store.record_unknown, (intent.id, intent.fence, run.error or "unknown", now, deadline)
         )
-        if run.kind in ("denied_after_write", "refused_after_unknown"):
-            reason = (
-                "capability_denied_after_write"
-                if run.kind == "denied_after_write"
-                else "refused_after_unknown"
-            )
-            return (yield from indeterminate_steps(e, intent, reason))
+        if run.kind == "indeterminate":
+            return (yield from indeterminate_steps(e, intent, run.reason or "unknown"))
         nxt = yield from decide_steps(e, t, intent, c)
         if not isinstance(nxt, Intent):
             return nxt

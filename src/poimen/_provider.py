@@ -4,7 +4,9 @@ The provider runs as its own OS process with its own SQLite ledger, so a test
 can crash the agent side and then ask an independent witness how many effects
 actually landed. The ledger deduplicates ``/keyed`` writes on the supplied
 idempotency key only, never on content: a ledger that deduplicated on content
-would let a double issue with a fresh key slip through as a single effect.
+would let a double issue with a fresh key slip through as a single effect. Like a real
+provider it can forget keys (``POST /admin/key-ttl``): a key written again more than that many
+seconds after its first write is a new effect.
 
 With ``--faults SPEC`` (`poimen._faults`) it injects errors before and after the effect, lost
 responses, refusals and latency, and records every write it receives in a ``received`` table:
@@ -49,7 +51,7 @@ CREATE TABLE IF NOT EXISTS entries (
     body TEXT NOT NULL,
     at REAL NOT NULL
 );
-CREATE UNIQUE INDEX IF NOT EXISTS entries_keyed_key ON entries (key) WHERE kind = 'keyed';
+CREATE INDEX IF NOT EXISTS entries_keyed ON entries (key, id) WHERE kind = 'keyed';
 CREATE TABLE IF NOT EXISTS received (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL,
@@ -106,13 +108,16 @@ class _Ledger:
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(_SCHEMA)
 
-    def keyed(self, key: str, body: str) -> tuple[int, bool, bool]:
-        """Return (entry_id, duplicate, content_differs)."""
+    def keyed(self, key: str, body: str, ttl: float | None = None) -> tuple[int, bool, bool]:
+        """Return (entry_id, duplicate, content_differs). With `ttl`, a key is remembered
+        that many seconds from its first write, as real providers forget keys."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT id, body FROM entries WHERE kind = 'keyed' AND key = ?", (key,)
+                "SELECT id, body, at FROM entries WHERE kind = 'keyed' AND key = ? "
+                "ORDER BY id DESC LIMIT 1",
+                (key,),
             ).fetchone()
-            if row is not None:
+            if row is not None and (ttl is None or time.time() - float(row[2]) <= ttl):
                 return int(row[0]), True, str(row[1]) != body
             cur = self._conn.execute(
                 "INSERT INTO entries (kind, key, request_id, body, at) VALUES ('keyed', ?, NULL, ?, ?)",
@@ -193,6 +198,7 @@ class _ProviderServer(ThreadingHTTPServer):
         # Plain attribute swaps are atomic under the GIL, so these need no lock.
         self.lookup_mode = lookup_mode
         self.write_delay = 0.0
+        self.key_ttl: float | None = None  # None: keys are remembered for ever
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -274,6 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/admin/lookup-mode": ("POST", lambda: self._set_lookup_mode(raw)),
             "/admin/delay": ("POST", lambda: self._set_delay(raw)),
             "/admin/faults": ("POST", lambda: self._set_faults(raw)),
+            "/admin/key-ttl": ("POST", lambda: self._set_key_ttl(raw)),
         }
         if path not in routes:
             raise _HttpError(404, f"unknown path {path!r}")
@@ -334,7 +341,7 @@ class _Handler(BaseHTTPRequestHandler):
         key = self._header("Idempotency-Key")
         body = _canonical(self._parse_json(raw))
         fault = self._arrive("keyed", key, body)
-        entry_id, duplicate, differs = self._state.ledger.keyed(key, body)
+        entry_id, duplicate, differs = self._state.ledger.keyed(key, body, self._state.key_ttl)
         self._landed(fault)
         if not duplicate:
             return 201, {"entry_id": entry_id, "duplicate": False, "key": key}
@@ -419,6 +426,18 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HttpError(400, f"seconds must be finite and >= 0, got {seconds!r}")
         self._state.write_delay = seconds
         return 200, {"seconds": seconds}
+
+
+    def _set_key_ttl(self, raw: bytes) -> tuple[int, Any]:
+        payload = self._parse_json(raw)
+        ttl = payload.get("seconds") if isinstance(payload, dict) else None
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0
+            or not math.isfinite(ttl)
+        ):
+            raise _HttpError(400, f"seconds must be a positive number or null, got {ttl!r}")
+        self._state.key_ttl = None if ttl is None else float(ttl)
+        return 200, {"seconds": ttl}
 
 
 def _write_port_file(path: str, port: int) -> None:

@@ -228,6 +228,11 @@ class ProviderClient:
         """Hold every write this many seconds before it lands."""
         self._http.post("/admin/delay", json={"seconds": seconds}).raise_for_status()
 
+    def set_key_ttl(self, seconds: float | None) -> None:
+        """Forget a key `seconds` after its first write (None: remember keys for ever), as a
+        real provider's idempotency window does."""
+        self._http.post("/admin/key-ttl", json={"seconds": seconds}).raise_for_status()
+
     def close(self) -> None:
         """Close the HTTP client."""
         self._http.close()

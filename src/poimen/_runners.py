@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from poimen import _guard
-from poimen._capability import CallScope, ToolContext
+from poimen._capability import AttemptRecord, ToolContext
+from poimen._decide import Fail, MarkIndeterminate
 from poimen._effects import (
     Idempotent,
     Landed,
@@ -60,6 +61,7 @@ def context(e: Engine, t: Tool, intent: Intent) -> ToolContext:
         issuer=e.issuer,
         scope=scope,
         timeout=reg.timeout,
+        record=AttemptRecord(e.issuer, t.id, intent, reg.effects, reg.timeout),
     )
 
 
@@ -81,7 +83,7 @@ def invoke_sync(e: Engine, step: Invoke) -> Run:
     finally:
         if scope is not None:
             scope.end()
-    return Run("completed", value=value)
+    return completed(value, ctx)
 
 
 async def _tool_coroutine(t: Tool, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
@@ -94,7 +96,8 @@ async def _tool_coroutine(t: Tool, ctx: ToolContext, kwargs: dict[str, Any]) -> 
     finally:
         # A request of ctx.ahttp runs in a thread that a timeout or cancellation cannot stop:
         # the attempt is not over until it returns.
-        await ctx._flight.drain()
+        assert ctx._record is not None
+        await ctx._record.drain()
 
 
 @observed_ainvoke
@@ -110,46 +113,68 @@ async def invoke_async(e: Engine, step: Invoke) -> Run:
     finally:
         if scope is not None:
             scope.end()
+    return completed(value, ctx)
+
+
+def completed(value: Any, ctx: ToolContext) -> Run:
+    """The tool returned: completed, unless the send gate refused one of its requests (a
+    tool that swallowed the refusal does not make the attempt safe)."""
+    record = ctx._record
+    refused = None if record is None else record.outcome()
+    if refused is not None:
+        return _after_refusal(refused)
     return Run("completed", value=value)
 
 
 def classify(exc: BaseException, ctx: ToolContext) -> Run:
-    """How a tool's exception leaves its call: never sent, refused, or unknown."""
+    """How a tool's exception leaves its call: refused by the gate, never sent, refused by the
+    provider or the capability layer, or unknown. Only the exception the tool raised, and what
+    it names as its cause (`raise ... from`), count: an exception it caught and went on from
+    (its `__context__`) says nothing of what it did next."""
     scope = ctx._scope
-    flight = ctx._flight
-    chain = _chain(exc)
-    if (
-        any(isinstance(x, NotSent) for x in chain)
-        and flight.writes == 0
-        and (scope is None or scope.writes == 0)
-    ):
+    record = ctx._record
+    writes = 0 if record is None else record.writes
+    refused = None if record is None else record.outcome()
+    if refused is not None:
+        return _after_refusal(refused)
+    chain = _causes(exc)
+    if any(isinstance(x, NotSent) for x in chain) and writes == 0:
         return Run("not_sent", error=_failure(exc))
     if isinstance(exc, DefiniteFailure | CapabilityDeniedError) and not isinstance(exc, NotSent):
-        return _refused(exc, scope)
+        return _refused(exc, writes)
     # A library that wrapped a denial (raise ... from it) hides a write that never left.
     for seen in chain[1:]:
         if isinstance(seen, CapabilityDeniedError):
-            return _refused(seen, scope)
+            return _refused(seen, writes)
     if scope is not None and scope.unseen is not None:  # a denial SQLite turned into its own
-        return _refused(scope.unseen, scope)
+        return _refused(scope.unseen, writes)
     return Run("unknown", error=printable(f"{type(exc).__name__}: {exc}"))
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exception and its explicit causes (`raise ... from`), never its `__context__`."""
     out: list[BaseException] = []
     seen: BaseException | None = exc
     while seen is not None and len(out) < 9 and seen not in out:
         out.append(seen)
-        seen = seen.__cause__ or seen.__context__
+        seen = seen.__cause__
     return out
 
 
-def _refused(exc: BaseException, scope: CallScope | None) -> Run:
+def _after_refusal(decided: Fail | MarkIndeterminate) -> Run:
+    if isinstance(decided, MarkIndeterminate):
+        return Run("indeterminate", reason=decided.reason, error=f"send refused: {decided.reason}")
+    return Run("failed", error=decided.reason)
+
+
+def _refused(exc: BaseException, writes: int) -> Run:
     """A provider's refusal, or a write the kernel denied: FAILED, never retried (a retry would
-    be denied the same way), unless an earlier write of this attempt went out under the key:
-    then the effect may have landed, and an operator decides."""
-    if isinstance(exc, CapabilityDeniedError) and scope is not None and scope.writes:
-        return Run("denied_after_write", error=_failure(exc))
+    be denied the same way), unless an earlier write of this attempt went out: then the
+    effect may have landed, and an operator decides."""
+    if isinstance(exc, CapabilityDeniedError) and writes:
+        return Run(
+            "indeterminate", reason="capability_denied_after_write", error=_failure(exc)
+        )
     return Run("failed", error=_failure(exc))
 
 

@@ -54,13 +54,14 @@ Steps = Generator[Step, Any, T]
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """How one invocation of a tool ended."""
+    """How one invocation of a tool ended; `reason` says why one ended "indeterminate" (an
+    operator decides at once: a denial or refused send after a write, a refusal after an
+    attempt whose outcome is unknown)."""
 
-    kind: Literal[
-        "completed", "failed", "unknown", "not_sent", "denied_after_write", "refused_after_unknown"
-    ]
+    kind: Literal["completed", "failed", "unknown", "not_sent", "indeterminate"]
     value: Any = None
     error: str | None = None
+    reason: str | None = None
 
 
 @dataclass(slots=True)

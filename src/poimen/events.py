@@ -137,7 +137,9 @@ class AttemptStartedEvent(IntentEvent, StartEvent):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptFinishedEvent(IntentEvent, FinishEvent):
     """The tool returned or raised: `outcome` is `completed`, `failed`, `unknown`,
-    `not_sent` or `denied_after_write`; `error` says why for all but `completed`."""
+    `not_sent` or `indeterminate` (a denied or refused write after one that went out, or a
+    send the gate refused after an earlier attempt); `error` says why for all but
+    `completed`."""
 
     kind: ClassVar[str] = "attempt_finished"
     duration: float

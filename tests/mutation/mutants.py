@@ -34,6 +34,7 @@ T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not post
 T_BAD = ("tests/integration/test_bad_input.py", "-k", "sqlite or not postgres")
 T_STORE = ("tests/contract/test_store_machine.py", "tests/contract/test_store_contract.py",
            "-k", "sqlite")
+T_GATE = ("tests/integration/test_send_gate.py",)
 T_RECOVERY = ("tests/integration/test_effect_recovery.py", "tests/crash", "-k",
               "sqlite or not postgres")
 
@@ -53,7 +54,8 @@ MUTANTS: list[Mutant] = [
     Mutant("effect-changed-ignored", "the recorded class decides", DECIDE,
            "if effect_name(current) != intent.effect:", "if False:", T_DECIDE),
     Mutant("key-window-ignored", "no retry past the provider's key window", DECIDE,
-           "if ttl is not None and now - intent.created_at > ttl:", "if False:", T_DECIDE),
+           "if key_window_passed(ttl, intent.created_at, now + intent.timeout_s):", "if False:",
+           T_DECIDE),
     Mutant("attempts-unbounded", "retries stop at the attempt bound", DECIDE,
            "                    if intent.attempts >= policy.max_attempts:\n"
            '                        return MarkIndeterminate("retries_exhausted")\n'
@@ -86,9 +88,55 @@ MUTANTS: list[Mutant] = [
     # the rule lives in the classification of the tool's exception, which checks both.
     Mutant("not-sent-after-write", "a request that never left is FAILED only if nothing went "
            "out", RUNNERS,
-           "any(isinstance(x, NotSent) for x in chain)\n        and flight.writes == 0\n"
-           "        and (scope is None or scope.writes == 0)\n",
-           "any(isinstance(x, NotSent) for x in chain)\n", T_LIFE),
+           "if any(isinstance(x, NotSent) for x in chain) and writes == 0:",
+           "if any(isinstance(x, NotSent) for x in chain):", T_LIFE),
+    # Issue 20, defect 1: an exception the tool caught (its __context__) says nothing of what
+    # it did next; only what it raised, and its explicit causes, count.
+    Mutant("outcome-from-context", "never sent / refused is read from the exception the tool "
+           "raised, not one it caught", RUNNERS,
+           "        seen = seen.__cause__\n",
+           "        seen = seen.__cause__ or seen.__context__\n",
+           (*T_GATE, "-k", "sqlite and (own_client or denial_the_tool)")),
+    # Defect 2: a sink write is a write of the attempt, whatever the class.
+    Mutant("sink-write-uncounted", "every handle write, sinks included, counts as a write of "
+           "the attempt", HANDLES,
+           'self._record.admit("sink", lambda: self._name, True, None)',
+           'self._record.admit("sink", lambda: self._name, False, None)',
+           (*T_GATE, "-k", "sqlite and (sink or nothing_sent)")),
+    # The send gate (docs/design.md §6): each rule, and the end of an attempt it refused.
+    Mutant("gate-key-window", "no second send under a key the provider may have forgotten",
+           DECIDE, "        and key_window_passed(s.effect.key_ttl, s.key_from, s.now + s.within)",
+           "        and False", (*T_GATE, *T_DECIDE, "-k", "sqlite or gate or refusal")),
+    Mutant("gate-key-window-no-transit", "the key's age is judged when the request can arrive",
+           DECIDE, "s.key_from, s.now + s.within)", "s.key_from, s.now)", T_DECIDE),
+    Mutant("gate-key-window-ignores-writes", "a write of the attempt is a send under the key",
+           DECIDE, "    earlier = s.attempt > 1 or s.writes > 0\n",
+           "    earlier = s.attempt > 1\n", T_DECIDE),
+    Mutant("gate-read-only", "a ReadOnly tool writes nothing", DECIDE,
+           "    if isinstance(s.effect, ReadOnly):\n        return Refused(",
+           "    if False:\n        return Refused(",
+           ("tests/integration/test_public_api.py", "tests/integration/test_send_gate.py", "-k",
+            "(read_only or nothing_sent) and sqlite")),
+    Mutant("gate-sandbox", "a shadow or replay kernel lets no write leave", DECIDE,
+           "    if not s.live:\n", "    if False:\n", T_DECIDE),
+    Mutant("gate-not-dispatched", "only a dispatched (approved) call sends", DECIDE,
+           "    if s.state != IntentState.DISPATCHED:\n", "    if False:\n", T_DECIDE),
+    Mutant("gate-unsafe-reissue", "an Unsafe call's request never leaves twice", DECIDE,
+           "    if isinstance(s.effect, Unsafe) and s.attempt > 1:\n", "    if False:\n",
+           T_DECIDE),
+    Mutant("gate-effect-changed", "a request leaves under the class recorded with the call",
+           DECIDE, "    if effect_name(s.effect) != s.recorded:\n", "    if False:\n", T_DECIDE),
+    Mutant("refusal-final-after-unknown", "a refused attempt is FAILED only if nothing of the "
+           "call can have gone out", DECIDE,
+           "    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly)\n",
+           "    landed_before = False\n", (*T_DECIDE, *T_GATE, "-k", "gate or refusal or key")),
+    Mutant("refusal-swallowed", "a refused send decides its attempt, whatever the tool does "
+           "with the refusal", RUNNERS,
+           "    refused = None if record is None else record.outcome()\n"
+           "    if refused is not None:\n        return _after_refusal(refused)\n"
+           '    return Run("completed", value=value)',
+           '    return Run("completed", value=value)',
+           (*T_GATE, "-k", "sqlite and swallow")),
     Mutant("key-from-raw-args", "the key is derived from the recorded arguments", KERNEL,
            "            key = effects.key.derive(t.id, recorded)\n",
            "            key = effects.key.derive(t.id, dict(args))\n",
@@ -127,9 +175,6 @@ MUTANTS: list[Mutant] = [
            HANDLES,
            'READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})',
            'READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PURGE"})', T_BAD),
-    Mutant("read-only-writes", "a ReadOnly tool writes nothing", HANDLES,
-           '        scope.deny_write("http", target)\n', "",
-           ("tests/integration/test_public_api.py", "-k", "read_only and sqlite")),
     Mutant("guard-open-flags", "an out-of-band file write is denied", GUARD,
            "_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR", "_WRITE_FLAGS = os.O_RDWR", T_CAP),
     Mutant("guard-sqlite-writes", "an out-of-band SQLite write is denied", GUARD,
@@ -332,6 +377,19 @@ MUTANTS: list[Mutant] = [
     Mutant("approval-expiry-ignored", "an approval window ends", "poimen/_recovery.py",
            "    report.expired = len(e.store.expire_approvals(e.store.now()))\n", "",
            ("tests/integration/test_approval.py", "-k", "sqlite")),
+    # Issue 29: back-off is capped; a custom key derivation is derived twice at call time.
+    Mutant("lookup-backoff-uncapped", "a lookup's back-off never exceeds max_backoff", DECIDE,
+           "delay = min(policy.max_backoff, policy.lookup_backoff * 2 ** min(n - 1, 62))",
+           "delay = policy.lookup_backoff * 2 ** min(n - 1, 62)",
+           ("tests/integration/test_call_bounds.py", *T_DECIDE, "-k",
+            "(sqlite or not postgres) and (unknown or decision)")),
+    Mutant("retry-backoff-uncapped", "the call path's back-off never exceeds Retry.maximum",
+           "poimen/_retry.py", "cap = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
+           "cap = self.initial * 2 ** min(max(n - 1, 0), 62)",
+           ("tests/integration/test_call_bounds.py", "-k", "(sqlite or not postgres) and retr")),
+    Mutant("custom-key-once", "a custom key derivation gives one key for one set of arguments",
+           KERNEL, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',
+           "if False:", ("tests/integration/test_call_bounds.py", "-k", "sqlite and custom")),
     Mutant("impure-nested", "a key derivation reading the clock in a nested function is refused",
            "poimen/_effects.py",
            "        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))\n", "",

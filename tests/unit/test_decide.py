@@ -16,6 +16,7 @@ from poimen import (
     Landed,
     NotLanded,
     Queryable,
+    ReadOnly,
     Unknown,
     Unsafe,
 )
@@ -23,14 +24,19 @@ from poimen._decide import (
     Ask,
     Complete,
     Defer,
+    Fail,
     KeyDerived,
     KeyFailed,
     MarkIndeterminate,
     Policy,
+    Refused,
     Retry,
+    Send,
     Unasked,
+    after_refusal,
     claimability,
     decide,
+    send_gate,
     takeover_deadline,
 )
 from poimen._effects import effect_name
@@ -75,8 +81,9 @@ def intent(effect: str = "idempotent", **kw: Any) -> Intent:
          MarkIndeterminate("key_derivation_failed")),
         (IDEMPOTENT, intent(attempts=5), KeyDerived(KEY), 2000.0,
          MarkIndeterminate("retries_exhausted")),
-        (EXPIRING, intent(), KeyDerived(KEY), 1059.0, Retry()),
-        (EXPIRING, intent(), Unasked(), 1061.0, MarkIndeterminate("key_expired")),
+        # The key's window, as of when the retry's request may arrive (now + timeout).
+        (EXPIRING, intent(), KeyDerived(KEY), 1050.0, Retry()),
+        (EXPIRING, intent(), Unasked(), 1051.0, MarkIndeterminate("key_expired")),
         # Queryable: landed completes; not landed is trusted only after the deadline.
         (QUERYABLE, intent("queryable"), Unasked(), 1005.0, Ask("lookup")),
         (QUERYABLE, intent("queryable"), Landed({"id": 7}), 1005.0, Complete({"id": 7})),
@@ -100,6 +107,15 @@ def intent(effect: str = "idempotent", **kw: Any) -> Intent:
 )
 def test_decision_table(current: Any, it: Intent, answer: Any, now: float, expected: Any) -> None:
     assert decide(current, it, answer, now, POLICY) == expected
+
+
+def test_lookups_answering_unknown_are_deferred_by_at_most_the_maximum() -> None:
+    patient = Policy(max_attempts=5, lookup_limit=1000, lookup_backoff=1.0, max_backoff=300.0)
+    waits = [
+        decide(QUERYABLE, intent("queryable", unknown_count=n), Unknown("503"), 0.0, patient)
+        for n in (0, 1, 8, 9, 40, 500)
+    ]
+    assert [d.at for d in waits if isinstance(d, Defer)] == [1.0, 2.0, 256.0, 300.0, 300.0, 300.0]
 
 
 def test_an_answer_of_the_wrong_kind_is_a_programming_error() -> None:
@@ -166,7 +182,9 @@ def test_no_rule_ever_risks_a_second_effect(
         assert not isinstance(current, Unsafe)
         if isinstance(current, Idempotent):
             assert answer == KeyDerived(it.key or "")
-            assert current.key_ttl is None or now - it.created_at <= current.key_ttl
+            assert current.key_ttl is None or (
+                now + it.timeout_s - it.created_at <= current.key_ttl
+            )
         else:
             assert isinstance(answer, NotLanded)
             assert it.deadline_at is None or now >= it.deadline_at
@@ -176,6 +194,7 @@ def test_no_rule_ever_risks_a_second_effect(
         assert d.at >= now or d.reason == "awaiting_deadline"
         if isinstance(answer, Unknown):
             assert d.unknown_count == it.unknown_count + 1 < policy.lookup_limit
+            assert d.at <= now + policy.max_backoff  # the back-off is capped
     if isinstance(current, Unsafe):
         assert isinstance(d, MarkIndeterminate)
 
@@ -220,3 +239,123 @@ def test_taking_over_a_stopped_attempt_never_moves_its_deadline_earlier(
     assert it.deadline_at is None or later > it.deadline_at
     deferred = dataclasses.replace(it, next_check_at=now)
     assert takeover_deadline(deferred, now, margin) is None
+
+
+# The send gate: whether one request of a tool may leave its handle now.
+
+READ_ONLY = ReadOnly()
+
+
+def send(effect: Any = IDEMPOTENT, **kw: Any) -> Send:
+    base = Send(
+        effect=effect, recorded=effect_name(effect), write=True, live=True, state=S.DISPATCHED,
+        attempt=1, writes=0, key_from=1000.0, now=1001.0, within=5.0,
+    )
+    return dataclasses.replace(base, **kw)
+
+
+def _code(r: Refused | None) -> str | None:
+    return None if r is None else r.reason
+
+
+@pytest.mark.parametrize(
+    ("s", "expected"),
+    [
+        # A first write of a dispatched live call goes, whatever its class.
+        (send(IDEMPOTENT), None),
+        (send(EXPIRING, now=5000.0), None),  # nothing went out under the key before
+        (send(QUERYABLE), None),
+        (send(UNSAFE), None),
+        # A read changes nothing: it always goes.
+        (send(READ_ONLY, write=False), None),
+        (send(UNSAFE, write=False, attempt=2, live=False, state=S.AWAITING_APPROVAL), None),
+        # The class recorded with the call decides, never the one registered since.
+        (send(UNSAFE, recorded="idempotent"), "effect_changed"),
+        # ReadOnly writes nothing; a sandbox kernel lets no write leave.
+        (send(READ_ONLY), "read_only"),
+        (send(READ_ONLY, live=False), "read_only"),
+        (send(IDEMPOTENT, live=False), "sandbox"),
+        (send(UNSAFE, live=False), "sandbox"),
+        # Only a dispatched call sends: one awaiting approval (or settled) does not.
+        (send(UNSAFE, state=S.AWAITING_APPROVAL), "not_dispatched"),
+        (send(IDEMPOTENT, state=S.COMPLETED), "not_dispatched"),
+        # Unsafe: never a second attempt's request; more writes of its one attempt go.
+        (send(UNSAFE, attempt=2), "unsafe_reissue"),
+        (send(UNSAFE, writes=3), None),
+        # Queryable: its retry follows "not landed" after the deadline; no window applies.
+        (send(QUERYABLE, attempt=3, now=1e9), None),
+        # Idempotent: after something may have gone out under the key, only while the
+        # provider still remembers it when this request can arrive (now + within).
+        (send(EXPIRING, attempt=2, now=1054.0), None),
+        (send(EXPIRING, attempt=2, now=1055.0), None),
+        (send(EXPIRING, attempt=2, now=1055.5), "key_expired"),
+        (send(EXPIRING, writes=1, now=1056.0), "key_expired"),
+        (send(EXPIRING, attempt=2, now=1050.0, within=11.0), "key_expired"),
+        (send(IDEMPOTENT, attempt=2, now=1e9), None),  # no window: keys are kept for ever
+    ],
+)
+def test_send_gate_table(s: Send, expected: str | None) -> None:
+    assert _code(send_gate(s)) == expected
+
+
+@pytest.mark.parametrize(
+    ("effect", "attempt", "writes", "expected"),
+    [
+        # Nothing of the call can have gone out: FAILED.
+        (IDEMPOTENT, 1, 0, Fail),
+        (UNSAFE, 1, 0, Fail),
+        (QUERYABLE, 2, 0, Fail),  # its attempt 1 did not land (a retry follows "not landed")
+        (READ_ONLY, 4, 0, Fail),
+        # A write of this attempt went out, or an earlier attempt may have landed.
+        (IDEMPOTENT, 1, 1, MarkIndeterminate),
+        (QUERYABLE, 1, 2, MarkIndeterminate),
+        (IDEMPOTENT, 2, 0, MarkIndeterminate),
+        (UNSAFE, 2, 0, MarkIndeterminate),
+    ],
+)
+def test_how_an_attempt_ends_after_a_refused_send(
+    effect: Any, attempt: int, writes: int, expected: type
+) -> None:
+    got = after_refusal(effect, attempt, writes, Refused("key_expired", "gone"))
+    assert type(got) is expected
+    if isinstance(got, MarkIndeterminate):
+        assert got.reason == "key_expired"
+
+
+sends = st.builds(
+    send,
+    effect=st.sampled_from([IDEMPOTENT, EXPIRING, QUERYABLE, UNSAFE, READ_ONLY]),
+    recorded=st.sampled_from(["idempotent", "queryable", "unsafe", "readonly"]),
+    write=st.booleans(),
+    live=st.booleans(),
+    state=st.sampled_from(list(S)),
+    attempt=st.integers(1, 5),
+    writes=st.integers(0, 3),
+    key_from=times,
+    now=times,
+    within=st.floats(0, 100),
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(s=sends)
+def test_no_write_leaves_where_it_could_double_an_effect(s: Send) -> None:
+    r = send_gate(s)
+    assert r == send_gate(s)  # pure
+    if r is None and s.write:
+        assert s.live and s.state == S.DISPATCHED
+        assert effect_name(s.effect) == s.recorded
+        assert not isinstance(s.effect, ReadOnly)
+        assert not (isinstance(s.effect, Unsafe) and s.attempt > 1)
+        if isinstance(s.effect, Idempotent) and s.effect.key_ttl is not None and (
+            s.attempt > 1 or s.writes > 0
+        ):
+            # A second send under the key arrives while the provider remembers it.
+            assert s.now + s.within - s.key_from <= s.effect.key_ttl
+    if not s.write:
+        assert r is None
+    if r is not None:
+        # A refused attempt is FAILED only if nothing of the call can have gone out.
+        end = after_refusal(s.effect, s.attempt, s.writes, r)
+        if s.writes > 0 or (s.attempt > 1 and isinstance(s.effect, Idempotent | Unsafe)):
+            assert end == MarkIndeterminate(r.reason)

@@ -71,6 +71,23 @@ def test_same_content_different_keys_is_two_effects(client: ProviderClient) -> N
     assert client.count(kind="keyed") == 2
 
 
+def test_a_key_window_forgets_a_key_from_its_first_write(client: ProviderClient) -> None:
+    client.set_key_ttl(0.5)
+    first = client.keyed_write("k-1", {"amount": 10})
+    assert client.keyed_write("k-1", {"amount": 10}).json()["duplicate"] is True
+    at = client.entries(key="k-1")[0]["at"]
+    while time.time() - at <= 0.6:  # the provider's clock: the same machine's
+        time.sleep(0.05)
+    late = client.keyed_write("k-1", {"amount": 10})
+    assert late.status_code == 201 and late.json()["entry_id"] != first.json()["entry_id"]
+    assert client.count(kind="keyed") == 2  # forgotten: a second effect
+    client.set_key_ttl(None)
+    assert client.keyed_write("k-1", {"amount": 10}).json()["duplicate"] is True
+    for bad in (0, -1, True, "1"):
+        with pytest.raises(httpx.HTTPStatusError):
+            client.set_key_ttl(bad)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("key", [None, ""])
 def test_missing_or_empty_key_is_rejected_and_not_recorded(
     client: ProviderClient, key: str | None
