@@ -34,6 +34,7 @@ T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not post
 T_BAD = ("tests/integration/test_bad_input.py", "-k", "sqlite or not postgres")
 T_STORE = ("tests/contract/test_store_machine.py", "tests/contract/test_store_contract.py",
            "-k", "sqlite")
+T_UNSETTLED = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite or not postgres")
 T_RECOVERY = ("tests/integration/test_effect_recovery.py", "tests/crash", "-k",
               "sqlite or not postgres")
 
@@ -294,6 +295,25 @@ MUTANTS: list[Mutant] = [
     Mutant("approval-expiry-ignored", "an approval window ends", "poimen/_recovery.py",
            "    report.expired = len(e.store.expire_approvals(e.store.now()))\n", "",
            ("tests/integration/test_approval.py", "-k", "sqlite")),
+    # An identical call in a scope is not dispatched while the first is unsettled.
+    Mutant("coalesce-skipped", "an unsettled identical call is never dispatched again",
+           "poimen/call_ids.py",
+           "return given if isinstance(given, str) else scope_of(call_id, tool, args)",
+           "return None", T_UNSETTLED),
+    Mutant("unsettled-lookup-skipped", "an unsettled identical call answers the new one",
+           STORE,
+           "row = ex.execute(self._sql.unsettled_same, (scope, d.tool_id, d.args_hash)).fetchone()",
+           "row = None", T_UNSETTLED),
+    Mutant("unsettled-unlocked", "scoped first commits of one call run one at a time", PG,
+           '        ex.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))\n',
+           "        pass\n",
+           ("tests/integration/test_unsettled_calls.py", "-k", "threads and postgres")),
+    Mutant("alias-forgotten", "a coalesced call id answers with the call it found", STORE,
+           "            row = ex.execute(self._sql.intent_by_alias, (call_id,)).fetchone()\n",
+           "            pass\n", T_UNSETTLED),
+    Mutant("pending-counted", "a Pending or Indeterminate answer is not a result",
+           "poimen/call_ids.py", 'if getattr(outcome, "terminal", True):', "if True:",
+           T_UNSETTLED),
     Mutant("impure-nested", "a key derivation reading the clock in a nested function is refused",
            "poimen/_effects.py",
            "        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))\n", "",
