@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from poimen import Caps, DefiniteFailure, Kernel, ToolContext, Unsafe
@@ -53,6 +54,7 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
 
 
 LOST = "mail.lost"  # Unsafe; its request may have gone out when the connection broke
+TWICE = "mail.twice"  # Unsafe, coalesce=False: two identical calls are two emails
 REFUSED = "mail.refused"  # the provider refuses: a definite failure
 
 
@@ -67,6 +69,11 @@ def kernel(sqlite_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
     def lost(ctx: ToolContext, to: str, subject: str) -> dict[str, str]:
         """Send an email over a connection that breaks."""
         raise ConnectionResetError("the connection broke after the request was sent")
+
+    @k.tool(id=TWICE, effects=Unsafe(), caps=Caps(), timeout=5, coalesce=False)
+    def twice(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email; sending the same one twice is meant."""
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
 
     @k.tool(id=REFUSED, effects=Unsafe(), caps=Caps(), timeout=5)
     def refused(ctx: ToolContext, to: str, subject: str) -> dict[str, str]:

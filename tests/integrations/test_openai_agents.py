@@ -59,7 +59,7 @@ def test_the_model_sees_the_kernels_tools(kernel: Kernel) -> None:
     # Strict where every parameter is required (test.charge's `note` has a default).
     assert {t.name: t.strict_json_schema for t in script.tools} == {
         "test_charge": False, "test_ship": True, "test_email": True, "mail_lost": True,
-        "mail_refused": True}
+        "mail_refused": True, "mail_twice": True}
 
 
 def test_a_completed_call_gives_the_model_its_result(kernel: Kernel, ledger: ProviderClient) -> None:
@@ -95,8 +95,19 @@ def test_refused_arguments_are_told_and_record_nothing(kernel: Kernel) -> None:
     assert kernel.outcome(call_ids.derived("s-1", EMAIL, {"to": "bob@example.com"}, 1)) is None
 
 
-def test_the_same_call_twice_in_one_run_is_two_calls(kernel: Kernel, ledger: ProviderClient) -> None:
+def test_the_same_call_twice_in_one_run_is_one_call_while_the_first_is_unsettled(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
     script = Script([("test_email", BOB, "c1"), ("test_email", BOB, "c2")])
+    run(kernel, script)
+    assert ledger.count(kind="plain") == 1 and len(script.seen) == 2
+    assert script.seen[0] == script.seen[1]
+
+
+def test_a_tool_that_means_repeats_sends_the_same_call_twice_in_one_run(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    script = Script([("mail_twice", BOB, "c1"), ("mail_twice", BOB, "c2")])
     run(kernel, script)
     assert ledger.count(kind="plain") == 2
 

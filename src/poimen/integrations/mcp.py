@@ -11,7 +11,11 @@ class. A client that sends ``_meta: {"poimen/call_id": "..."}`` with a call name
 recorded outcome instead of running the tool twice. Without it, the call id is derived
 (`poimen.call_ids.CallIds`) within the server's scope. Every result carries the call id and
 the outcome in its ``_meta``; an Indeterminate call is not an error of the call: it answers
-the standard text (``outcome.for_model()``) with ``poimen/outcome: "indeterminate"``.
+the standard text (``outcome.for_model()``) with ``poimen/outcome: "indeterminate"``. The
+server's scope (or the session's) is the calls' scope: a call identical to one still unsettled
+there gets its outcome instead of a second dispatch. A Pending call is waited for up to
+`pending_wait` seconds; still Pending, it is an error result the client retries with the same
+``poimen/call_id`` (``_meta``: ``poimen/outcome: "pending"``, the call id to send again).
 
 Import a remote server's tools::
 
@@ -60,6 +64,7 @@ from poimen.errors import (
     RegistrationError,
     UnknownToolError,
 )
+from poimen.integrations._outcomes import PENDING_WAIT, settle, waitable
 
 __all__ = [
     "CALL_ID_META",
@@ -67,6 +72,7 @@ __all__ = [
     "OUTCOME_META",
     "REASON_META",
     "RETRYABLE_META",
+    "RETRY_CALL_ID_META",
     "annotations_for",
     "import_mcp_tools",
     "mcp_server",
@@ -82,6 +88,9 @@ OUTCOME_META = "poimen/outcome"
 INTENT_META = "poimen/intent_id"
 REASON_META = "poimen/reason"
 RETRYABLE_META = "poimen/retryable"
+#: A still Pending call's error result: the client's call id to send again (as
+#: ``poimen/call_id``); without one, the same arguments are the same call.
+RETRY_CALL_ID_META = "poimen/retry_call_id"
 
 # Serving.
 
@@ -108,6 +117,7 @@ def mcp_server(
     scope: str | None = None,
     name: str = "poimen",
     tools: Iterable[str] | None = None,
+    pending_wait: float = PENDING_WAIT,
 ) -> Server[Any]:
     """An MCP server listing `kernel`'s tools (or only `tools`, by id or name) and calling
     them through the kernel.
@@ -138,12 +148,15 @@ def mcp_server(
             raise MCPError(types.INVALID_PARAMS, f"no tool is named {params.name!r}")
         args = params.arguments or {}
         try:
-            call_id = ids.call_id(ctx, params.meta, tool_id, args)
-            outcome = await kernel.acall(tool_id, args, call_id=call_id)
+            call_id, scope = ids.call_id(ctx, params.meta, tool_id, args)
+            outcome = await kernel.acall(tool_id, args, call_id=call_id, scope=scope)
         except (ArgumentError, CallIdMismatchError) as exc:
             # Refused before anything was recorded: the model may correct the input.
             return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
-        return _result(outcome, call_id)
+        outcome = await settle(kernel, call_id, outcome, pending_wait)
+        ids.answered(scope, call_id, outcome)
+        given = (params.meta or {}).get(CALL_ID_META)
+        return _result(outcome, call_id, given if isinstance(given, str) else None)
 
     return Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
 
@@ -172,7 +185,13 @@ class _ServerCallIds:
         meta: Mapping[str, Any] | None,
         tool_id: str,
         args: Mapping[str, Any],
-    ) -> str:
+    ) -> tuple[str, str]:
+        """The call id and the call's scope: the server's scope, else the session's (or this
+        server's run when the transport has no session)."""
+        scope = self.scope
+        if scope is None:
+            session = _session_id(ctx)
+            scope = f"mcp/{session}" if session else self.run
         given = (meta or {}).get(CALL_ID_META)
         if given is not None:
             if not isinstance(given, str) or not given:
@@ -180,15 +199,16 @@ class _ServerCallIds:
                     types.INVALID_PARAMS,
                     f"_meta {CALL_ID_META!r} must be a non-empty string, not {given!r}",
                 )
-            return call_ids.framework_id(self.scope or "mcp", given)
-        scope = self.scope
-        if scope is None:
-            session = _session_id(ctx)
-            scope = f"mcp/{session}" if session else self.run
+            return call_ids.framework_id(self.scope or "mcp", given), scope
         ids = self.derived.get(scope)
         if ids is None:
             ids = self.derived[scope] = call_ids.CallIds(scope)
-        return ids.next(tool_id, args)
+        return ids.next(tool_id, args), scope
+
+    def answered(self, scope: str, call_id: str, outcome: Outcome) -> None:
+        ids = self.derived.get(scope)
+        if ids is not None:
+            ids.answered(call_id, outcome)
 
 
 def _session_id(ctx: ServerRequestContext[Any]) -> str | None:
@@ -208,7 +228,7 @@ def _tool(spec: ToolSpec) -> types.Tool:
     )
 
 
-def _result(outcome: Outcome, call_id: str) -> types.CallToolResult:
+def _result(outcome: Outcome, call_id: str, given: str | None = None) -> types.CallToolResult:
     meta: dict[str, Any] = {
         CALL_ID_META: call_id,
         INTENT_META: outcome.intent_id,
@@ -220,10 +240,19 @@ def _result(outcome: Outcome, call_id: str) -> types.CallToolResult:
         meta[REASON_META] = reason
     landed = isinstance(outcome, Completed) or (isinstance(outcome, Resolved) and outcome.landed)
     value = outcome.result if isinstance(outcome, Completed | Resolved) else None
+    text = outcome.for_model()
+    if waitable(outcome):  # still Pending: an error the client retries with the call id
+        again = "the same arguments"
+        if given is not None:
+            meta[RETRY_CALL_ID_META] = given
+            again = f"_meta {{{CALL_ID_META!r}: {given!r}}}"
+        text = f"{text} Call this tool again with {again} to get its outcome; it never runs twice."
     return types.CallToolResult(
-        content=[types.TextContent(text=outcome.for_model())],
+        content=[types.TextContent(text=text)],
         structured_content=value if landed and isinstance(value, dict) else None,
-        is_error=isinstance(outcome, Failed) or (isinstance(outcome, Resolved) and not landed),
+        is_error=isinstance(outcome, Failed)
+        or (isinstance(outcome, Resolved) and not landed)
+        or waitable(outcome),
         _meta=meta,
     )
 
