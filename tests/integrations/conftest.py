@@ -30,20 +30,26 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
     runs = iter(range(1, 100))
 
     def run(framework: str, tool_call_id: str, *, kill_after_effect: bool = False,
-            naive: bool = False, resume: bool = False, scope: str = "conv-1") -> Any:
+            naive: bool = False, resume: bool = False, scope: str = "conv-1",
+            kill_at: str | None = None, tool: str = "email", reask: bool = False,
+            pending_wait: float = 30.0, wait_bound: float = 5.0) -> Any:
         n = next(runs)
         report, pause = tmp_path / f"report-{n}.json", tmp_path / f"pause-{n}"
         cmd = [sys.executable, "-m", "tests.integrations.runner", framework, "--db", sqlite_url,
                "--provider", provider.url, "--scope", scope, "--tool-call-id", tool_call_id,
                "--report", str(report), "--checkpoint", str(tmp_path / "checkpoints.db")]
-        cmd += ["--naive"] * naive + ["--resume"] * resume
+        cmd += ["--naive"] * naive + ["--resume"] * resume + ["--reask"] * reask
+        cmd += ["--tool", tool, "--pending-wait", str(pending_wait)]
+        cmd += ["--wait-bound", str(wait_bound)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
         if kill_after_effect:
-            env |= {"POIMEN_PAUSE_AT": "after_effect", "POIMEN_PAUSE_FILE": str(pause)}
+            kill_at = "after_effect"
+        if kill_at:
+            env |= {"POIMEN_PAUSE_AT": kill_at, "POIMEN_PAUSE_FILE": str(pause)}
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        if kill_after_effect:
-            assert kill_at_pause(proc, pause, timeout=120) == "after_effect"
+        if kill_at:
+            assert kill_at_pause(proc, pause, timeout=120) == kill_at
             return None
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
