@@ -61,6 +61,7 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
 
 LOST = "mail.lost"  # Unsafe; its request may have gone out when the connection broke
 TWICE = "mail.twice"  # Unsafe, coalesce=False: two identical calls are two emails
+GATED = "mail.gated"  # Unsafe, each call needs an operator's approval
 REFUSED = "mail.refused"  # the provider refuses: a definite failure
 
 
@@ -79,6 +80,11 @@ def kernel(sqlite_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
     @k.tool(id=TWICE, effects=Unsafe(), caps=Caps(), timeout=5, coalesce=False)
     def twice(ctx: ToolContext, to: str, subject: str) -> Any:
         """Send an email; sending the same one twice is meant."""
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
+
+    @k.tool(id=GATED, effects=Unsafe(), caps=Caps(), timeout=5, requires_approval=True)
+    def gated(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email once an operator approved it."""
         return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
 
     @k.tool(id=REFUSED, effects=Unsafe(), caps=Caps(), timeout=5)

@@ -59,7 +59,7 @@ def test_the_model_sees_the_kernels_tools(kernel: Kernel) -> None:
     # Strict where every parameter is required (test.charge's `note` has a default).
     assert {t.name: t.strict_json_schema for t in script.tools} == {
         "test_charge": False, "test_ship": True, "test_email": True, "mail_lost": True,
-        "mail_refused": True, "mail_twice": True}
+        "mail_refused": True, "mail_twice": True, "mail_gated": True}
 
 
 def test_a_completed_call_gives_the_model_its_result(kernel: Kernel, ledger: ProviderClient) -> None:
