@@ -408,6 +408,7 @@ UNOBSERVED = frozenset(
         "list_unfinished",
         "get_intent",
         "get_by_call_id",
+        "unsettled_call",
         "list_intents",
         "search_call_id",
         "attempts",

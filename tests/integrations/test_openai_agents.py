@@ -157,3 +157,58 @@ def test_without_the_rule_the_same_kill_sends_two_emails(
     run_agent("openai-agents", "call_first", kill_after_effect=True, naive=True)
     run_agent("openai-agents", "call_second", naive=True)
     assert ledger.count(kind="plain") == 2
+
+
+# Approvals through the SDK's needs_approval and RunState interruptions.
+
+def test_an_approval_interrupts_the_run_and_the_decision_resumes_it_once(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from agents import RunState
+
+    from poimen.integrations.openai_agents import decide
+
+    script = Script([("mail_gated", BOB, "c1")])
+    agent = Agent(name="mailer", model=script.model(),
+                  tools=list(poimen_tools(kernel, scope="s-1")))
+    first = asyncio.run(Runner.run(agent, "email bob"))
+    [item] = first.interruptions
+    assert ledger.count() == 0
+    saved = first.to_state().to_string()  # the application keeps the pre-approval state
+
+    async def resume(decision: str, **kw: Any) -> Any:
+        state = await RunState.from_string(agent, saved)
+        [pending] = state.get_interruptions()
+        await decide(kernel, state, pending, scope="s-1", decision=decision, operator="ann",
+                     reason="checked", **kw)
+        return await Runner.run(agent, state)
+
+    done = asyncio.run(resume("approve"))
+    assert done.final_output == "done" and ledger.count() == 1
+    call_id = call_ids.derived("s-1", "mail.gated", BOB, 1)
+    assert isinstance(kernel.outcome(call_id), Completed)
+    # The stale pre-approval state resumed again: no second email.
+    asyncio.run(resume("approve"))
+    assert ledger.count() == 1
+    assert item.tool_name == "mail_gated"
+
+
+def test_an_edit_sends_the_edited_call_and_a_rejection_sends_nothing(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from poimen.integrations.openai_agents import decide
+
+    eve = {"to": "eve@example.com", "subject": "hello"}
+    for n, (decision, extra) in enumerate((("edit", {"args": eve}), ("reject", {}))):
+        script = Script([("mail_gated", BOB, f"c{n}")])
+        scope = f"s-{n}"
+        agent = Agent(name="mailer", model=script.model(),
+                      tools=list(poimen_tools(kernel, scope=scope)))
+        first = asyncio.run(Runner.run(agent, "email bob"))
+        state = first.to_state()
+        [item] = state.get_interruptions()
+        asyncio.run(decide(kernel, state, item, scope=scope, decision=decision, operator="ann",
+                           reason="eve, not bob", **extra))
+        asyncio.run(Runner.run(agent, state))
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve@example.com"]
+    assert any("rejected by ann" in s for s in script.seen)

@@ -14,26 +14,40 @@ an identical call while one is unsettled gets its outcome.
 
 The model gets the text of `Outcome.for_model()`: for Completed, the result as JSON. A Pending
 call is waited for up to `pending_wait` seconds first.
+
+A tool registered with `requires_approval` asks through the SDK's own `needs_approval`: the
+call is recorded awaiting approval and the run stops with an interruption
+(`result.interruptions`); `decide(kernel, state, item, ...)` records the approver's decision on
+that call's intent (approve, edit, reject; audited) and approves or rejects the item in the
+`RunState` that resumes the run. A stale saved state resumed after the decision answers from
+the log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents import FunctionTool
+from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
 from agents.exceptions import UserError
 from agents.strict_schema import ensure_strict_json_schema
 from agents.tool_context import ToolContext
 
-from poimen import Indeterminate, Kernel, Outcome, Pending, ToolSpec, call_ids
+from poimen import Failed, Indeterminate, Kernel, Outcome, Pending, ToolSpec, call_ids
 from poimen.errors import ArgumentError, PoimenError
-from poimen.integrations._outcomes import PENDING_WAIT, refusal, settle, unsettled
+from poimen.integrations._outcomes import (
+    PENDING_WAIT,
+    apply_decision,
+    refusal,
+    settle,
+    unsettled,
+)
 
-__all__ = ["poimen_tools"]
+__all__ = ["decide", "poimen_tools"]
 
 
 def poimen_tools(
@@ -62,16 +76,32 @@ def _function_tool(
 ) -> FunctionTool:
     async def invoke(ctx: ToolContext[Any], raw: str) -> str:
         try:
-            args = json.loads(raw) if raw else {}
-            if not isinstance(args, dict):
-                raise ArgumentError(f"arguments must be a JSON object, not {raw!r}")
-            call_id = counter.call_id(ctx, spec.id, args)
+            args = _args(raw)
+            call_id = counter.call_id(ctx, ctx.tool_name, ctx.tool_call_id, spec.id, args)
             outcome = await kernel.acall(spec.id, args, call_id=call_id, scope=counter.scope)
         except (ArgumentError, json.JSONDecodeError) as e:  # nothing was recorded
             return refusal(e)
+        if isinstance(outcome, Failed):  # approved with edited arguments: the edited call
+            outcome = kernel.outcome(call_id) or outcome
         outcome = await settle(kernel, call_id, outcome, pending_wait)
         counter.answered(ctx, call_id, outcome)
         return outcome.for_model()
+
+    rule = kernel._approvals.get(spec.id)
+
+    async def needs_approval(
+        ctx: RunContextWrapper[Any], params: dict[str, Any], sdk_call_id: str
+    ) -> bool:
+        """True while poimen holds the call for an operator: recorded now if its rule asks."""
+        try:
+            call_id = counter.call_id(ctx, spec.name, sdk_call_id, spec.id, params)
+            _, d, _ = kernel._prepare(spec.id, params, call_id, counter.scope)
+            if rule is None or not rule.needed(spec.id, json.loads(d.args)):
+                return False
+            outcome = await kernel.acall(spec.id, params, call_id=call_id, scope=counter.scope)
+        except ArgumentError:
+            return False  # refused when the tool runs, before anything is recorded
+        return isinstance(outcome, Pending) and outcome.reason == "awaiting_approval"
 
     schema, strict = _schema(spec.parameters)
     return FunctionTool(
@@ -80,7 +110,50 @@ def _function_tool(
         params_json_schema=schema,
         on_invoke_tool=invoke,
         strict_json_schema=strict,
+        needs_approval=needs_approval if rule is not None else False,
     )
+
+
+def _args(raw: str) -> dict[str, Any]:
+    args = json.loads(raw) if raw else {}
+    if not isinstance(args, dict):
+        raise ArgumentError(f"arguments must be a JSON object, not {raw!r}")
+    return args
+
+
+async def decide(
+    kernel: Kernel,
+    state: RunState[Any],
+    item: ToolApprovalItem,
+    *,
+    scope: str,
+    decision: str,
+    operator: str,
+    reason: str,
+    args: dict[str, Any] | None = None,
+) -> None:
+    """An operator's decision on an interruption of the session `scope`: recorded on the
+    call's intent in the log (audited) and given to `state`, which resumes the run:
+    ``"approve"``; ``"edit"`` with the edited `args` (a new call bound to them; the original
+    is rejected with a link to it); ``"reject"`` (nothing is sent). A call decided already
+    (a stale saved state) keeps its decision: the resumed run answers from the log."""
+    raw = item.raw_item
+    name = item.tool_name or _field(raw, "name")
+    params = _args(_field(raw, "arguments") or "")
+    tool_id = kernel.tool_id(str(name))
+    _, d, _ = kernel._prepare(tool_id, params, "poimen-decide", scope)
+    intent = kernel.store.unsettled_call(scope, tool_id, d.args_hash)
+    if intent is not None:
+        choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
+        await asyncio.to_thread(apply_decision, kernel, intent.id, choice)
+        outcome = kernel.outcome(intent.call_id)
+        if decision == "reject" and outcome is not None:
+            state.reject(item, rejection_message=outcome.for_model())
+            return
+    if decision == "reject":
+        state.reject(item)
+    else:
+        state.approve(item)
 
 
 def _schema(parameters: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -117,9 +190,10 @@ class _RunCounter:
         self.scope = scope
         # id(usage) -> the run; `Usage` is not hashable.
         self._runs: dict[int, _Run] = {}
+        self._sdk: dict[str, tuple[str, str]] = {}  # the SDK's call id -> (call, call id)
         self._lock = threading.Lock()
 
-    def _run(self, ctx: ToolContext[Any]) -> _Run:
+    def _run(self, ctx: RunContextWrapper[Any]) -> _Run:
         run, key = ctx.usage, id(ctx.usage)
         entry = self._runs.get(key)
         if entry is None or entry.ref() is not run:
@@ -129,10 +203,22 @@ class _RunCounter:
             self._runs[key] = entry
         return entry
 
-    def call_id(self, ctx: ToolContext[Any], tool_id: str, args: Mapping[str, Any]) -> str:
+    def call_id(
+        self,
+        ctx: RunContextWrapper[Any],
+        name: str,
+        sdk_call_id: str,
+        tool_id: str,
+        args: Mapping[str, Any],
+    ) -> str:
+        """The call id of the SDK's call `sdk_call_id`; the same when asked again for it (its
+        approval check, then its run)."""
         same = call_ids.derived(self.scope, tool_id, args)
-        earlier = _answered(self.scope, ctx.turn_input, ctx.tool_name, tool_id, same)
+        earlier = _answered(self.scope, ctx.turn_input, name, tool_id, same)
         with self._lock:
+            known = self._sdk.get(sdk_call_id)
+            if known is not None and known[0] == same:
+                return known[1]
             run = self._run(ctx)
             back = run.back.get(same)
             if back:
@@ -142,6 +228,7 @@ class _RunCounter:
                 own = run.seen[same] = run.seen.get(same, 0) + 1
             call_id = call_ids.derived(self.scope, tool_id, args, earlier + own)
             run.issued[call_id] = (same, own)
+            self._sdk[sdk_call_id] = (same, call_id)
         return call_id
 
     def answered(self, ctx: ToolContext[Any], call_id: str, outcome: Outcome) -> None:

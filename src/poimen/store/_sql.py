@@ -519,6 +519,11 @@ class SqlStore(Retention, Approvals):
 
         return op
 
+    def unsettled_call(self, scope: str, tool_id: str, args_hash: str) -> Intent | None:
+        """The one unsettled intent of this tool and argument set in the scope, if any."""
+        rows = self._read(self._sql.unsettled_same, (scope, tool_id, args_hash))
+        return intent_from_row(rows[0]) if rows else None
+
     def _by_call_id(self, ex: Executor, call_id: str) -> Intent | None:
         row = ex.execute(self._sql.intent_by_call_id, (call_id,)).fetchone()
         if row is None:
