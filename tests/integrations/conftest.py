@@ -32,7 +32,8 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
     def run(framework: str, tool_call_id: str, *, kill_after_effect: bool = False,
             naive: bool = False, resume: bool = False, scope: str = "conv-1",
             kill_at: str | None = None, tool: str = "email", reask: bool = False,
-            pending_wait: float = 30.0, wait_bound: float = 5.0) -> Any:
+            pending_wait: float = 30.0, wait_bound: float = 5.0,
+            decide: str | None = None) -> Any:
         n = next(runs)
         report, pause = tmp_path / f"report-{n}.json", tmp_path / f"pause-{n}"
         cmd = [sys.executable, "-m", "tests.integrations.runner", framework, "--db", sqlite_url,
@@ -40,7 +41,7 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
                "--report", str(report), "--checkpoint", str(tmp_path / "checkpoints.db")]
         cmd += ["--naive"] * naive + ["--resume"] * resume + ["--reask"] * reask
         cmd += ["--tool", tool, "--pending-wait", str(pending_wait)]
-        cmd += ["--wait-bound", str(wait_bound)]
+        cmd += ["--wait-bound", str(wait_bound)] + (["--decide", decide] if decide else [])
         env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
         if kill_after_effect:
             kill_at = "after_effect"

@@ -28,7 +28,8 @@ from poimen import Completed, Kernel
 from poimen.testing import EMAIL, register_test_tools
 
 TO = {"to": "bob@example.com", "subject": "hello"}
-ARGS = {"email": ("test_email", TO), "ship": ("test_ship", {"order_id": "o-1", "address": "x"})}
+ARGS = {"email": ("test_email", TO), "ship": ("test_ship", {"order_id": "o-1", "address": "x"}),
+        "gated": ("mail_gated", TO)}
 NO_RESULT = ("This action is still in progress", "The outcome of this action is unknown")
 
 
@@ -143,11 +144,17 @@ def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str
         config: Any = {"configurable": {"thread_id": a.scope}}
         state: Any = graph.invoke(
             None if a.resume else {"messages": [("user", "email bob")]}, config)
-        while state.get("__interrupt__"):  # a Pending call: resumed once it has settled
-            for i in state["__interrupt__"]:
-                seen.append(f"interrupt: {i.value['poimen']['reason']}")
+        while state.get("__interrupt__"):
+            [i] = state["__interrupt__"]
+            seen.append(f"interrupt: {i.value['poimen']['reason']}")
+            if i.value["poimen"]["reason"] == "awaiting_approval":
+                if not a.decide:
+                    break  # the approver is asked: this run ends here
+                answer: Any = {"decision": a.decide, "operator": "ann", "reason": "checked"}
+            else:  # a Pending call: resumed once it has settled
                 kernel.wait_sync(i.value["poimen"]["call_id"], timeout=120)
-            state = graph.invoke(Command(resume=True), config)
+                answer = True
+            state = graph.invoke(Command(resume=answer), config)
         return str(state["messages"][-1].content)
     finally:
         conn.close()
@@ -155,6 +162,19 @@ def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str
 
 RUN = {"pydantic-ai": run_pydantic_ai, "openai-agents": run_openai_agents,
        "langgraph": run_langgraph}
+
+
+def _gated(kernel: Kernel, provider: str) -> None:
+    import httpx
+
+    from poimen import Caps, ToolContext, Unsafe, _crashpoints
+
+    @kernel.tool(id="mail.gated", effects=Unsafe(), caps=Caps(), timeout=5,
+                 requires_approval=True)
+    def gated(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email once an operator approved it."""
+        _crashpoints.hit("mid_call")
+        return httpx.post(f"{provider}/plain", json={"to": to, "subject": subject}).json()
 
 
 def main(argv: list[str]) -> int:
@@ -172,9 +192,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--reask", action="store_true")
     p.add_argument("--pending-wait", type=float, default=30.0)
     p.add_argument("--wait-bound", type=float, default=5.0)
+    p.add_argument("--decide", choices=("approve", "reject"))
     a = p.parse_args(argv)
     kernel = Kernel(a.db, notifiers=[], wait_bound=a.wait_bound)
     register_test_tools(kernel, a.provider)
+    _gated(kernel, a.provider)
     try:
         kernel.launch()  # the restart scan: settles what a killed run left unfinished
         seen: list[str] = []

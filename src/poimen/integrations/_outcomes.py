@@ -8,7 +8,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from poimen import Completed, Failed, Indeterminate, Kernel, Outcome, Pending, Resolved
+from poimen import (
+    Completed,
+    Failed,
+    Indeterminate,
+    Kernel,
+    Outcome,
+    Pending,
+    Resolved,
+    _crashpoints,
+)
 from poimen._operator import OperatorInputError
 from poimen.errors import (
     NotAwaitingApprovalError,
@@ -135,3 +144,4 @@ def apply_decision(kernel: Kernel, intent_id: str, decision: Any) -> None:
         if isinstance(exc, SameApproverError):
             raise
         log.info("intent %s was decided already: %s", intent_id, exc)
+    _crashpoints.hit("after_approval")
