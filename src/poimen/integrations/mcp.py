@@ -17,6 +17,12 @@ there gets its outcome instead of a second dispatch. A Pending call is waited fo
 `pending_wait` seconds; still Pending, it is an error result the client retries with the same
 ``poimen/call_id`` (``_meta``: ``poimen/outcome: "pending"``, the call id to send again).
 
+A call awaiting an operator's approval is asked of the client's user by MCP elicitation
+(`APPROVAL_FORM`: decision, operator, reason, edited arguments as JSON); the answer is applied
+to the call's intent, audited. It needs a connection the server can send requests on (stdio,
+a session with a back-channel); a client that cannot be asked (the stateless per-request path)
+gets Pending until an operator decides elsewhere.
+
 Import a remote server's tools::
 
     await import_mcp_tools(kernel, session, declare={"lookup_order": ReadOnly()})
@@ -29,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import logging
 import secrets
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, cast
@@ -49,6 +57,7 @@ from poimen import (
     Failed,
     Kernel,
     Outcome,
+    Pending,
     Resolved,
     ToolContext,
     ToolRegistration,
@@ -64,9 +73,10 @@ from poimen.errors import (
     RegistrationError,
     UnknownToolError,
 )
-from poimen.integrations._outcomes import PENDING_WAIT, settle, waitable
+from poimen.integrations._outcomes import PENDING_WAIT, apply_decision, settle, waitable
 
 __all__ = [
+    "APPROVAL_FORM",
     "CALL_ID_META",
     "INTENT_META",
     "OUTCOME_META",
@@ -78,6 +88,8 @@ __all__ = [
     "mcp_server",
     "run_stdio",
 ]
+
+log = logging.getLogger("poimen")
 
 #: A request's ``_meta`` key naming the call; a result's, naming the call it answers.
 CALL_ID_META = "poimen/call_id"
@@ -153,12 +165,59 @@ def mcp_server(
         except (ArgumentError, CallIdMismatchError) as exc:
             # Refused before anything was recorded: the model may correct the input.
             return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
+        if isinstance(outcome, Pending) and outcome.reason == "awaiting_approval":
+            outcome = await _elicited(kernel, ctx, call_id, tool_id, args, outcome)
         outcome = await settle(kernel, call_id, outcome, pending_wait)
         ids.answered(scope, call_id, outcome)
         given = (params.meta or {}).get(CALL_ID_META)
         return _result(outcome, call_id, given if isinstance(given, str) else None)
 
     return Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+# What a client's user answers when asked to approve a call (MCP elicitation, form mode).
+APPROVAL_FORM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "decision": {"type": "string", "enum": ["approve", "edit", "reject"]},
+        "operator": {"type": "string", "description": "who decides (audited)"},
+        "reason": {"type": "string"},
+        "args": {"type": "string", "description": "edit: the arguments to use, as JSON"},
+    },
+    "required": ["decision", "operator", "reason"],
+}
+
+
+async def _elicited(
+    kernel: Kernel,
+    ctx: ServerRequestContext[Any],
+    call_id: str,
+    tool_id: str,
+    args: Mapping[str, Any],
+    outcome: Outcome,
+) -> Outcome:
+    """Ask the client's user to approve the call (elicitation), and apply the decision to its
+    intent. A client that cannot be asked, or a user who declines to answer, leaves it
+    awaiting an operator's decision."""
+    message = (
+        f"Approve the call of {tool_id!r} with {json.dumps(dict(args), sort_keys=True)} "
+        f"(intent {outcome.intent_id})?"
+    )
+    try:
+        answer = await ctx.session.elicit_form(message, cast(Any, APPROVAL_FORM))
+    except Exception as exc:  # no back-channel, or a client without elicitation
+        log.info("call %s: its approval could not be asked over MCP: %s", call_id, exc)
+        return outcome
+    if answer.action != "accept" or not answer.content:
+        return outcome
+    decision: dict[str, Any] = dict(answer.content)
+    if decision.get("decision") == "edit":
+        try:
+            decision["args"] = json.loads(str(decision.get("args") or ""))
+        except ValueError as exc:
+            raise ArgumentError(f"the edited arguments are not JSON: {exc}") from exc
+    await asyncio.to_thread(apply_decision, kernel, outcome.intent_id, decision)
+    return kernel.outcome(call_id) or outcome
 
 
 def run_stdio(server: Server[Any]) -> None:
