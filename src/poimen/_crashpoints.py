@@ -6,7 +6,8 @@ Points: ``before_dispatch_commit``, ``after_dispatch_commit``, ``mid_call`` (ins
 before its effect), ``after_effect`` (the tool returned, its outcome not yet committed),
 ``before_notify`` (an INDETERMINATE state and its outbox row committed, not yet delivered),
 ``undo_landed`` (`Kernel.undo`: an undo's outcome committed, its "undone" event not yet
-recorded), ``between_undos`` (an undo and its event recorded, the next undo not started).
+recorded), ``between_undos`` (an undo and its event recorded, the next undo not started),
+``after_approval`` (an integration applied an approver's decision, the call not yet run).
 
 ``POIMEN_CRASH_CALL=call id`` narrows both to the points the kernel hits for that call
 (``before_dispatch_commit``, ``after_dispatch_commit``, ``after_effect``): `poimen crashtest`
@@ -28,6 +29,7 @@ POINTS = (
     "before_notify",
     "undo_landed",
     "between_undos",
+    "after_approval",
 )
 
 _CRASH = frozenset(p for p in os.environ.get("POIMEN_CRASH_AT", "").split(",") if p)

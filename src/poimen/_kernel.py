@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from poimen import _guard, _observe, _protocol, _runners, _sandbox, _undo
+from poimen import _approval, _guard, _observe, _protocol, _runners, _sandbox, _undo, call_ids
 from poimen._approval import ApprovalRule, approval_due, approval_rule
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
@@ -222,6 +222,7 @@ class Kernel:
         )
         self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
         self._approvals: dict[str, ApprovalRule] = {}
+        self._repeating: set[str] = set()  # tools registered with coalesce=False
         self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
@@ -272,8 +273,10 @@ class Kernel:
         description: str | None = None,
         requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
         approval_ttl: float | None = None,
+        approvers: int = 1,
         undo: str | None = None,
         undo_args: UndoArgs | None = None,
+        coalesce: bool = True,
     ) -> Callable[[Callable[Concatenate[ToolContext, P], R]], ToolHandle[P, R]]:
         """Register the decorated function; returns a `ToolHandle` (the function, callable as
         before, with typed `call`/`acall`). Every argument but `retry` and `description` is
@@ -281,10 +284,12 @@ class Kernel:
         `Retry(attempts=max_attempts)`); `description` is what models read (default: the
         function's docstring). `requires_approval` (True, or a predicate on the recorded
         arguments) records such a call AWAITING_APPROVAL and dispatches it only once an
-        operator approves; `approval_ttl` seconds without a decision fail it. `undo` names the
+        operator approves (`approvers` distinct operators: four eyes); `approval_ttl` seconds
+        without a decision fail it. `undo` names the
         tool that reverses a call (`Kernel.undo`), `undo_args` derives its arguments from the
         call's recorded arguments and result (a pure function; default: the same arguments);
-        `@handle.undo(...)` registers an undo function directly."""
+        `@handle.undo(...)` registers an undo function directly. `coalesce=False`: an identical
+        call made while one is unsettled is a new call (docs/design.md section 4)."""
         registration = ToolRegistration(id=id, effects=effects, caps=caps, timeout=timeout)
 
         def decorate(fn: Callable[Concatenate[ToolContext, P], R]) -> ToolHandle[P, R]:
@@ -295,8 +300,10 @@ class Kernel:
                 description=description,
                 requires_approval=requires_approval,
                 approval_ttl=approval_ttl,
+                approvers=approvers,
                 undo=undo,
                 undo_args=undo_args,
+                coalesce=coalesce,
             )
             return ToolHandle(self, registration.id, fn)
 
@@ -311,10 +318,17 @@ class Kernel:
         description: str | None = None,
         requires_approval: bool | Callable[[Mapping[str, Any]], bool] = False,
         approval_ttl: float | None = None,
+        approvers: int = 1,
         undo: str | None = None,
         undo_args: UndoArgs | None = None,
+        coalesce: bool = True,
     ) -> Tool:
         """Register `fn` under `registration` (what `tool` does); returns the built tool."""
+        if not isinstance(coalesce, bool):
+            raise RegistrationError(
+                f"tool {getattr(registration, 'id', '?')!r}: coalesce must be True or False",
+                tool_id=getattr(registration, "id", None),
+            )
         if not isinstance(registration, ToolRegistration):
             raise RegistrationError(
                 f"expected a ToolRegistration, got {type(registration).__name__}"
@@ -341,7 +355,7 @@ class Kernel:
         tool = build_tool(registration, fn)
         if isinstance(registration.effects, Idempotent | ReadOnly):
             _guard.install()
-        rule = approval_rule(registration.id, requires_approval, approval_ttl)
+        rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
         undo_rule = _undo.rule(registration.id, undo, undo_args)
         if description is not None and not isinstance(description, str):
             raise RegistrationError(
@@ -357,6 +371,8 @@ class Kernel:
             self._engine.retries[registration.id] = retry
         if undo_rule is not None:
             self._undos[registration.id] = undo_rule
+        if not coalesce:
+            self._repeating.add(registration.id)
         self._names[name] = registration.id
         self._specs[registration.id] = spec
         return tool
@@ -435,7 +451,7 @@ class Kernel:
         if self._sandbox is not None:
             return self._sandbox.outcome(call_id)
         intent = self.store.get_by_call_id(call_id)
-        return None if intent is None else _protocol.answer(intent)
+        return None if intent is None else _protocol.answer(_approval.followed(self.store, intent))
 
     async def wait(self, call_id: str, *, timeout: float | None = None) -> Outcome:
         """Wait until this call's outcome is final (Completed, Failed, or an operator's
@@ -474,6 +490,7 @@ class Kernel:
         intent = self.store.get_by_call_id(call_id)
         if intent is None:
             raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
+        intent = _approval.followed(self.store, intent)
         e = self._engine
         if approval_due(intent, read_at):  # no decision came within its window
             e.store.expire_approvals(read_at, 1, intent.id)
@@ -556,19 +573,24 @@ class Kernel:
 
     # The call path.
 
-    def call(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
-        """Journal, dispatch and settle one call. Indeterminate is returned, not raised."""
+    def call(
+        self, tool: str, args: Mapping[str, Any], *, call_id: str, scope: str | None = None
+    ) -> Outcome:
+        """Journal, dispatch and settle one call. Indeterminate is returned, not raised.
+        `scope` (a conversation, a thread, a run): an identical call in it that is not settled
+        answers this call instead of a dispatch (default: the scope of a call id made by
+        `poimen.call_ids.derived` for this call; docs/design.md section 4)."""
         if _guard.current() is not None:
             # Called from inside a guarded tool: the kernel's writes are not that tool's, and
             # the inner tool is guarded by its own class.
             token = _guard.suspend()
             try:
-                return self.call(tool, args, call_id=call_id)
+                return self.call(tool, args, call_id=call_id, scope=scope)
             finally:
                 _guard.resume(token)
         if self._sandbox is not None:
             return self._sandbox.call(tool, args, call_id)
-        t, d, kwargs = self._prepare(tool, args, call_id)
+        t, d, kwargs = self._prepare(tool, args, call_id, scope)
         approval = self._approval(t, d)
         if t.is_async and _loop_running() and approval is None:
             raise WrongRunnerError(
@@ -585,19 +607,21 @@ class Kernel:
             return e.observer.call(d, lambda: run_sync(e, steps))
         return run_sync(e, steps)
 
-    async def acall(self, tool: str, args: Mapping[str, Any], *, call_id: str) -> Outcome:
+    async def acall(
+        self, tool: str, args: Mapping[str, Any], *, call_id: str, scope: str | None = None
+    ) -> Outcome:
         """`call` for async callers. A cancelled caller gets `CancelledError` at once; the
         call itself is settled with its real outcome (a sync tool's thread is followed until
         it returns), and nothing new (retry, lookup) starts for it."""
         if _guard.current() is not None:  # see call()
             token = _guard.suspend()
             try:
-                return await self.acall(tool, args, call_id=call_id)
+                return await self.acall(tool, args, call_id=call_id, scope=scope)
             finally:
                 _guard.resume(token)
         if self._sandbox is not None:
             return await self._sandbox.acall(tool, args, call_id)
-        t, d, kwargs = self._prepare(tool, args, call_id)
+        t, d, kwargs = self._prepare(tool, args, call_id, scope)
         if self._log_watch and logging_wanted():
             self._start_logging()
         self._upkeep.held()
@@ -610,7 +634,7 @@ class Kernel:
         return await run
 
     def _prepare(
-        self, tool: str, args: Mapping[str, Any], call_id: str
+        self, tool: str, args: Mapping[str, Any], call_id: str, scope: str | None = None
     ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
         if self._closed:
             raise PoimenError("the kernel is closed")
@@ -650,6 +674,7 @@ class Kernel:
             timeout_s=timeout,
             deadline_at=now + timeout + self.deadline_margin,
             now=now,
+            scope=call_ids.scope_for(call_id, t.id, args, scope, t.id not in self._repeating),
         )
         return t, d, kwargs
 
@@ -698,9 +723,17 @@ class Kernel:
         self._notify_soon()
         return done
 
-    def approve(self, intent_id: str, *, operator: str, reason: str) -> Intent:
+    def approve(
+        self, intent_id: str, *, operator: str, reason: str, args: Mapping[str, Any] | None = None
+    ) -> Intent:
         """An operator approves a call awaiting approval: it is dispatched once, by its class
-        (by the caller resuming with `wait`, or by any kernel's recovery)."""
+        (by the caller resuming with `wait`, or by any kernel's recovery). A four-eyes call
+        stays awaiting until enough distinct operators approved. `args`: approved with these
+        arguments instead; returns the edited call (docs/approvals.md)."""
+        if args is not None:
+            return _approval.approve_edited(
+                self, intent_id, operator=operator, reason=reason, args=args
+            )
         return operator_decide_approval(
             self._engine.store, intent_id, approve=True, operator=operator, reason=reason
         )
@@ -745,7 +778,7 @@ class Kernel:
         rule = self._approvals.get(t.id)
         if rule is None or not rule.needed(t.id, json.loads(d.args)):
             return None
-        return _protocol.Approval(None if rule.ttl is None else d.now + rule.ttl)
+        return _protocol.Approval(None if rule.ttl is None else d.now + rule.ttl, rule.approvers)
 
     async def alaunch(self, *, background: bool = True) -> RecoveryReport:
         """`launch` for async applications (the pass runs off the event loop)."""

@@ -285,9 +285,13 @@ class ObservedStore:
         return it
 
     def record_awaiting(
-        self, d: NewDispatch, note: NewNotification, expires_at: float | None
+        self,
+        d: NewDispatch,
+        note: NewNotification,
+        expires_at: float | None,
+        approvers: int = 1,
     ) -> tuple[Intent, bool]:
-        it, created = self._inner.record_awaiting(d, note, expires_at)
+        it, created = self._inner.record_awaiting(d, note, expires_at, approvers)
         if created:
             self._obs.emit(ev.ApprovalRequestedEvent(**self._decided(it), expires_at=expires_at))
         return it, created
@@ -301,6 +305,7 @@ class ObservedStore:
         reason: str,
         now: float,
         context: Mapping[str, str] | None = None,
+        edit: tuple[NewDispatch, NewNotification] | None = None,
     ) -> Intent:
         try:
             it = self._inner.decide_approval(
@@ -310,11 +315,14 @@ class ObservedStore:
                 reason=reason,
                 now=now,
                 context=context,
+                edit=edit,
             )
         except ApprovalExpiredError as exc:
             if getattr(exc, "expired_here", False):  # this decision came late and expired it
                 self._obs.emit(ev.ApprovalExpiredEvent(**self._about(intent_id)))
             raise
+        if it.state == IntentState.AWAITING_APPROVAL:  # one approval of several (four eyes)
+            return it
         self._obs.emit(
             ev.ApprovalDecidedEvent(
                 **self._decided(it), approved=approve, operator=operator, reason=reason
@@ -400,6 +408,7 @@ UNOBSERVED = frozenset(
         "list_unfinished",
         "get_intent",
         "get_by_call_id",
+        "unsettled_call",
         "list_intents",
         "search_call_id",
         "attempts",

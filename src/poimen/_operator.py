@@ -386,7 +386,7 @@ def resolve(
     the reason go into the intent's events in the same transaction. Any other state is
     refused (`NotIndeterminateError`); nothing here retries.
     """
-    name, reason, context = _who_and_why("resolve", operator, reason)
+    name, reason, context = who_and_why("resolve", operator, reason)
     if not landed and result is not None:
         raise OperatorInputError("a result makes sense only for a landed call", field="result")
     text = None if result is None else encode_value(result, "result")
@@ -417,7 +417,7 @@ def abandon(
     evidence. Audited like `resolve`; any other state is refused (`NotDispatchedError`),
     and of two operators abandoning at once exactly one wins.
     """
-    name, reason, context = _who_and_why("abandon", operator, reason)
+    name, reason, context = who_and_why("abandon", operator, reason)
     return store.abandon(
         intent_id,
         operator=name,
@@ -434,13 +434,13 @@ def decide_approval(
     """Approve (dispatched once, by its class) or reject (FAILED, nothing sent) a call that
     awaits approval. Audited like `resolve`; any other state is refused
     (`NotAwaitingApprovalError`), and of two operators deciding at once exactly one wins."""
-    name, reason, context = _who_and_why("approve" if approve else "reject", operator, reason)
+    name, reason, context = who_and_why("approve" if approve else "reject", operator, reason)
     return store.decide_approval(
         intent_id, approve=approve, operator=name, reason=reason, now=store.now(), context=context
     )
 
 
-def _who_and_why(
+def who_and_why(
     what: str, operator: str | Identity, reason: Any
 ) -> tuple[str, str, dict[str, str] | None]:
     context = operator.detail() if isinstance(operator, Identity) else None

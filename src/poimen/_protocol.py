@@ -211,16 +211,20 @@ def call_steps(
 
 @dataclass(frozen=True, slots=True)
 class Approval:
-    """This call waits for an operator; it expires (FAILED) at `expires_at`, if set."""
+    """This call waits for `approvers` distinct operators; it expires (FAILED) at
+    `expires_at`, if set."""
 
     expires_at: float | None
+    approvers: int = 1
 
 
 def _await_approval(
     e: Engine, t: Tool, d: NewDispatch, c: CallState, approval: Approval
 ) -> Steps[Outcome]:
     note = approval_note(d, approval.expires_at, e.notifiers)
-    intent, created = yield Block(e.store.record_awaiting, (d, note, approval.expires_at))
+    intent, created = yield Block(
+        e.store.record_awaiting, (d, note, approval.expires_at, approval.approvers)
+    )
     if not created:
         return (yield from existing_steps(e, t, intent, d, c))
     e.notify()

@@ -30,7 +30,7 @@ from poimen._intents import (
 )
 from poimen._keys import JSONValue, args_digest, canonical, check_call_id, encode_args
 from poimen._tools import check_tool_id
-from poimen.call_ids import is_undo, undo_of
+from poimen.call_ids import is_edit, is_undo, undo_of
 from poimen.errors import (
     AlreadyUndoneError,
     ArgumentError,
@@ -323,10 +323,10 @@ _MAKING: ContextVar[str | None] = ContextVar("poimen_undo_making", default=None)
 def check_not_reserved(call_id: str) -> None:
     """Refuse an application's call id under undo's prefix (``undo/``, ``undo#<n>/``): undo
     finds its own calls by those ids and must never take another call for one."""
-    if is_undo(call_id) and _MAKING.get() != call_id:
+    if (is_undo(call_id) or is_edit(call_id)) and _MAKING.get() != call_id:
         raise ReservedCallIdError(
-            f"call id {call_id!r} starts with a prefix reserved for poimen's undo calls "
-            "(undo/, undo#<n>/): choose another call id; nothing was recorded",
+            f"call id {call_id!r} starts with a prefix reserved for poimen's undo and edited "
+            "calls (undo/, undo#<n>/, edit/): choose another call id; nothing was recorded",
             field="call_id",
             call_id=call_id,
         )

@@ -22,7 +22,8 @@ recipient and an order id, say) or use rule 1.
 **Undo calls** (`Kernel.undo`, docs/undo.md) have call ids of their own, derived from the
 original's: the first undo of call id C is ``undo/C``, a later one (after an undo that had no
 effect) ``undo#2/C``, ``undo#3/C``; a C too long to carry is replaced by
-``sha256:<hex of C>``. Call ids starting with ``undo/`` or ``undo#<n>/`` are poimen's: an
+``sha256:<hex of C>``. **Edited calls** (an approver changed the arguments, docs/approvals.md)
+are ``edit/C``. Call ids starting with ``undo/``, ``undo#<n>/`` or ``edit/`` are poimen's: an
 application's own call ids must not.
 """
 
@@ -35,9 +36,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from poimen._keys import MAX_CALL_ID_BYTES, args_digest, encode_args
-from poimen.errors import PoimenError
+from poimen.errors import ArgumentError, PoimenError
 
-__all__ = ["CallIds", "derived", "framework_id", "is_undo", "original_of", "undo_of"]
+__all__ = [
+    "CallIds",
+    "derived",
+    "edit_of",
+    "framework_id",
+    "is_edit",
+    "is_undo",
+    "original_of",
+    "scope_for",
+    "scope_of",
+    "undo_of",
+]
 
 
 def _check_scope(scope: object) -> str:
@@ -62,24 +74,73 @@ def derived(scope: str, tool: str, args: Mapping[str, Any], occurrence: int = 1)
     return f"{_check_scope(scope)}/{tool}/{args_digest(text)[:16]}/{occurrence}"
 
 
+def scope_for(
+    call_id: str, tool: str, args: Mapping[str, Any], given: object, coalesce: bool
+) -> str | None:
+    """The scope in which an identical unsettled call answers this one (`Kernel.call`):
+    `given`, else the scope of a rule-2 call id of this call; None for a tool registered
+    with ``coalesce=False`` and for poimen's own undo and edited calls."""
+    if given is not None and (not isinstance(given, str) or not given):
+        raise ArgumentError(
+            f"scope must be a non-empty string or None, not {given!r}", argument="scope"
+        )
+    if not coalesce or is_undo(call_id) or is_edit(call_id):
+        return None
+    return given if isinstance(given, str) else scope_of(call_id, tool, args)
+
+
+def scope_of(call_id: str, tool: str, args: Mapping[str, Any]) -> str | None:
+    """The scope of `call_id` if it is a rule-2 id of this very call (this tool, these
+    arguments), else None: how `Kernel.call` finds the scope of a call made with `derived`
+    or `CallIds` (docs/design.md section 4)."""
+    _, text = encode_args(args)
+    tail = f"/{tool}/{args_digest(text)[:16]}/"
+    head, sep, occurrence = call_id.rpartition(tail)
+    if not sep or not head or not (occurrence.isascii() and occurrence.isdigit()) or occurrence.startswith("0"):
+        return None
+    return head
+
+
 class CallIds:
     """Rule 2 for one run: each (tool, arguments) gets occurrence 1, 2, ... in call order.
 
     Make one per run with a scope that outlives the process (a conversation or session id),
-    and make it again, with the same scope, when the run restarts."""
+    and make it again, with the same scope, when the run restarts. Tell it what each call
+    was answered (`answered`): a Pending or Indeterminate answer is not a result, so the
+    next identical call is the same call again, never a new one."""
 
     def __init__(self, scope: str) -> None:
         self.scope = _check_scope(scope)
         self._seen: dict[tuple[str, str], int] = {}
+        self._back: dict[tuple[str, str], set[int]] = {}  # occurrences that got no result
+        self._issued: dict[str, tuple[tuple[str, str], int]] = {}
         self._lock = threading.Lock()
 
     def next(self, tool: str, args: Mapping[str, Any]) -> str:
         """The call id of the next call of `tool` with these arguments in this run."""
         _, text = encode_args(args)
+        key = (tool, text)
         with self._lock:
-            n = self._seen.get((tool, text), 0) + 1
-            self._seen[(tool, text)] = n
-        return derived(self.scope, tool, args, n)
+            back = self._back.get(key)
+            if back:
+                n = min(back)
+                back.discard(n)
+            else:
+                n = self._seen.get(key, 0) + 1
+                self._seen[key] = n
+            call_id = derived(self.scope, tool, args, n)
+            self._issued[call_id] = (key, n)
+        return call_id
+
+    def answered(self, call_id: str, outcome: Any) -> None:
+        """What the call `call_id` (from `next`) was answered. Pending or Indeterminate: no
+        result, so the next identical call gets this call id again."""
+        if getattr(outcome, "terminal", True):
+            return
+        with self._lock:
+            issued = self._issued.get(call_id)
+            if issued is not None:
+                self._back.setdefault(issued[0], set()).add(issued[1])
 
 
 _UNDO = re.compile(r"undo(?:#[1-9][0-9]*)?/")
@@ -89,7 +150,21 @@ def undo_of(call_id: str, attempt: int = 1) -> str:
     """The call id of the `attempt`-th undo of the call `call_id`."""
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
         raise PoimenError(f"attempt must be a whole number from 1, not {attempt!r}")
-    head = "undo/" if attempt == 1 else f"undo#{attempt}/"
+    return _under("undo/" if attempt == 1 else f"undo#{attempt}/", call_id)
+
+
+def edit_of(call_id: str) -> str:
+    """The call id of the call an approver made of `call_id` by editing its arguments
+    (docs/approvals.md): ``edit/<call id>``, shortened like an undo's."""
+    return _under("edit/", call_id)
+
+
+def is_edit(call_id: str) -> bool:
+    """Whether `call_id` is an edited call's (``edit/...``)."""
+    return call_id.startswith("edit/")
+
+
+def _under(head: str, call_id: str) -> str:
     out = head + call_id
     if len(out.encode("utf-8", "surrogatepass")) > MAX_CALL_ID_BYTES:
         digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()

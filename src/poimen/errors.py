@@ -144,6 +144,11 @@ class ApprovalExpiredError(NotAwaitingApprovalError):
     (`approval_expired`) and nothing was sent."""
 
 
+class SameApproverError(NotAwaitingApprovalError):
+    """The call needs the approval of more than one operator (four eyes) and this operator
+    has approved it already: another operator must. `intent_id`, `operator`."""
+
+
 class ToolCallFailedError(PoimenError):
     """A tool call failed and had no effect (or an operator decided it did not land).
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from poimen import Caps, DefiniteFailure, Kernel, ToolContext, Unsafe
@@ -29,20 +30,27 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
     runs = iter(range(1, 100))
 
     def run(framework: str, tool_call_id: str, *, kill_after_effect: bool = False,
-            naive: bool = False, resume: bool = False, scope: str = "conv-1") -> Any:
+            naive: bool = False, resume: bool = False, scope: str = "conv-1",
+            kill_at: str | None = None, tool: str = "email", reask: bool = False,
+            pending_wait: float = 30.0, wait_bound: float = 5.0,
+            decide: str | None = None) -> Any:
         n = next(runs)
         report, pause = tmp_path / f"report-{n}.json", tmp_path / f"pause-{n}"
         cmd = [sys.executable, "-m", "tests.integrations.runner", framework, "--db", sqlite_url,
                "--provider", provider.url, "--scope", scope, "--tool-call-id", tool_call_id,
                "--report", str(report), "--checkpoint", str(tmp_path / "checkpoints.db")]
-        cmd += ["--naive"] * naive + ["--resume"] * resume
+        cmd += ["--naive"] * naive + ["--resume"] * resume + ["--reask"] * reask
+        cmd += ["--tool", tool, "--pending-wait", str(pending_wait)]
+        cmd += ["--wait-bound", str(wait_bound)] + (["--decide", decide] if decide else [])
         env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
         if kill_after_effect:
-            env |= {"POIMEN_PAUSE_AT": "after_effect", "POIMEN_PAUSE_FILE": str(pause)}
+            kill_at = "after_effect"
+        if kill_at:
+            env |= {"POIMEN_PAUSE_AT": kill_at, "POIMEN_PAUSE_FILE": str(pause)}
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        if kill_after_effect:
-            assert kill_at_pause(proc, pause, timeout=120) == "after_effect"
+        if kill_at:
+            assert kill_at_pause(proc, pause, timeout=120) == kill_at
             return None
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
@@ -53,6 +61,8 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
 
 
 LOST = "mail.lost"  # Unsafe; its request may have gone out when the connection broke
+TWICE = "mail.twice"  # Unsafe, coalesce=False: two identical calls are two emails
+GATED = "mail.gated"  # Unsafe, each call needs an operator's approval
 REFUSED = "mail.refused"  # the provider refuses: a definite failure
 
 
@@ -67,6 +77,16 @@ def kernel(sqlite_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
     def lost(ctx: ToolContext, to: str, subject: str) -> dict[str, str]:
         """Send an email over a connection that breaks."""
         raise ConnectionResetError("the connection broke after the request was sent")
+
+    @k.tool(id=TWICE, effects=Unsafe(), caps=Caps(), timeout=5, coalesce=False)
+    def twice(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email; sending the same one twice is meant."""
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
+
+    @k.tool(id=GATED, effects=Unsafe(), caps=Caps(), timeout=5, requires_approval=True)
+    def gated(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email once an operator approved it."""
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
 
     @k.tool(id=REFUSED, effects=Unsafe(), caps=Caps(), timeout=5)
     def refused(ctx: ToolContext, to: str, subject: str) -> dict[str, str]:

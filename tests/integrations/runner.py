@@ -5,10 +5,14 @@ with that framework's own fake model, and runs one conversation.
         --provider URL --scope S --tool-call-id ID --report PATH [--naive]
         [--checkpoint PATH --resume]
 
-The model asks for one `test_email` (Unsafe: a plain POST to the provider) under the tool-call
-id given, then answers "done"; the report (JSON) holds the tool results the model was given.
-`--naive` uses the model's tool-call id as the call id (the baseline poimen's rule replaces).
-LangGraph runs on a SQLite checkpointer; `--resume` continues the thread from its checkpoint.
+The model asks for one `test_email` (Unsafe: a plain POST to the provider; `--tool ship`:
+`test_ship`, Queryable) under the tool-call id given, then answers "done"; the report (JSON)
+holds the tool results the model was given. `--reask`: told that the call has no result yet
+(Pending, Indeterminate), the model asks for it again once, under `<id>-again`.
+`--pending-wait` bounds the integration's wait for a Pending call. `--naive` uses the model's
+tool-call id as the call id (the baseline poimen's rule replaces). LangGraph runs on a SQLite
+checkpointer; `--resume` continues the thread from its checkpoint, and a thread stopped by an
+interrupt (a Pending call) is resumed once the call has settled.
 """
 
 # No `from __future__ import annotations`: PydanticAI reads the naive tool's annotations.
@@ -24,6 +28,18 @@ from poimen import Completed, Kernel
 from poimen.testing import EMAIL, register_test_tools
 
 TO = {"to": "bob@example.com", "subject": "hello"}
+ARGS = {"email": ("test_email", TO), "ship": ("test_ship", {"order_id": "o-1", "address": "x"}),
+        "gated": ("mail_gated", TO)}
+NO_RESULT = ("This action is still in progress", "The outcome of this action is unknown")
+
+
+def _asks(a: argparse.Namespace, answers: list[str]) -> str | None:
+    """The tool-call id of the model's next call, or None when it is done."""
+    if not answers:
+        return str(a.tool_call_id)
+    if a.reask and len(answers) == 1 and answers[0].startswith(NO_RESULT):
+        return f"{a.tool_call_id}-again"
+    return None
 
 
 def _text(outcome: Any) -> str:
@@ -45,13 +61,16 @@ def run_pydantic_ai(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> s
 
     from poimen.integrations.pydantic_ai import PoimenToolset
 
+    name, args = ARGS[a.tool]
+
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         last = messages[-1]
         returns = [p for p in last.parts if isinstance(p, ToolReturnPart)] if isinstance(
             last, ModelRequest) else []
-        if not returns:
-            return ModelResponse(parts=[ToolCallPart("test_email", TO, tool_call_id=a.tool_call_id)])
         seen.extend(p.model_response_str() for p in returns)
+        ask = _asks(a, seen)
+        if ask is not None and (returns or not seen):
+            return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=ask)])
         return ModelResponse(parts=[TextPart("done")])
 
     toolset: AbstractToolset[Any]
@@ -64,7 +83,7 @@ def run_pydantic_ai(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> s
             args = {"to": to, "subject": subject}
             return _text(await kernel.acall(EMAIL, args, call_id=ctx.tool_call_id))
     else:
-        toolset = PoimenToolset(kernel, scope=a.scope)
+        toolset = PoimenToolset(kernel, scope=a.scope, pending_wait=a.pending_wait)
     agent = Agent(FunctionModel(model), toolsets=[toolset])
     return str(asyncio.run(agent.run("email bob")).output)
 
@@ -78,12 +97,16 @@ def run_openai_agents(kernel: Kernel, a: argparse.Namespace, seen: list[str]) ->
 
     set_tracing_disabled(True)
 
-    def answer(call: ModelCall) -> Any:
-        seen.extend(str(i["output"]) for i in call.input if i.get("type") == "function_call_output")
-        return [assistant_message("done")]
+    name, args = ARGS[a.tool]
 
-    model = ScriptedModel([[function_call("test_email", TO, call_id=a.tool_call_id)],
-                           ModelStep.respond(answer)])
+    def answer(call: ModelCall) -> Any:
+        items = call.input if isinstance(call.input, list) else []
+        outputs = [str(i["output"]) for i in items if i.get("type") == "function_call_output"]
+        seen[:] = outputs
+        ask = _asks(a, seen)
+        return [function_call(name, args, call_id=ask)] if ask else [assistant_message("done")]
+
+    model = ScriptedModel([ModelStep.respond(answer) for _ in range(4)])
     if a.naive:
         async def invoke(ctx: ToolContext[Any], raw: str) -> str:
             return _text(await kernel.acall(EMAIL, json.loads(raw), call_id=ctx.tool_call_id))
@@ -92,7 +115,7 @@ def run_openai_agents(kernel: Kernel, a: argparse.Namespace, seen: list[str]) ->
         tools = [FunctionTool(name="test_email", description="", params_json_schema=schema,
                               on_invoke_tool=invoke)]
     else:
-        tools = list(poimen_tools(kernel, scope=a.scope))
+        tools = list(poimen_tools(kernel, scope=a.scope, pending_wait=a.pending_wait))
     agent = Agent(name="mailer", model=model, tools=tools)
     return str(Runner.run_sync(agent, "email bob").final_output)
 
@@ -101,23 +124,37 @@ def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str
     import sqlite3
 
     from langgraph.checkpoint.sqlite import SqliteSaver
-    from langgraph.graph import MessagesState
+    from langgraph.types import Command
 
     from poimen.integrations.langgraph import poimen_tools
     from tests.integrations.fake_chat import build_graph
 
+    name, args = ARGS[a.tool]
+
     def script(messages: list[Any]) -> dict[str, Any]:
         if messages[-1].type != "tool":
-            return {"content": "", "tool_calls": [{"name": "test_email", "args": TO, "id": a.tool_call_id}]}
+            return {"content": "", "tool_calls": [{"name": name, "args": args, "id": a.tool_call_id}]}
         seen.append(str(messages[-1].content))
         return {"content": "done"}
 
     conn = sqlite3.connect(a.checkpoint, check_same_thread=False)
     try:
-        graph = build_graph(script, poimen_tools(kernel), SqliteSaver(conn))
+        graph = build_graph(script, poimen_tools(kernel, pending_wait=a.pending_wait),
+                            SqliteSaver(conn))
         config: Any = {"configurable": {"thread_id": a.scope}}
-        state: MessagesState = graph.invoke(
+        state: Any = graph.invoke(
             None if a.resume else {"messages": [("user", "email bob")]}, config)
+        while state.get("__interrupt__"):
+            [i] = state["__interrupt__"]
+            seen.append(f"interrupt: {i.value['poimen']['reason']}")
+            if i.value["poimen"]["reason"] == "awaiting_approval":
+                if not a.decide:
+                    break  # the approver is asked: this run ends here
+                answer: Any = {"decision": a.decide, "operator": "ann", "reason": "checked"}
+            else:  # a Pending call: resumed once it has settled
+                kernel.wait_sync(i.value["poimen"]["call_id"], timeout=120)
+                answer = True
+            state = graph.invoke(Command(resume=answer), config)
         return str(state["messages"][-1].content)
     finally:
         conn.close()
@@ -125,6 +162,19 @@ def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str
 
 RUN = {"pydantic-ai": run_pydantic_ai, "openai-agents": run_openai_agents,
        "langgraph": run_langgraph}
+
+
+def _gated(kernel: Kernel, provider: str) -> None:
+    import httpx
+
+    from poimen import Caps, ToolContext, Unsafe, _crashpoints
+
+    @kernel.tool(id="mail.gated", effects=Unsafe(), caps=Caps(), timeout=5,
+                 requires_approval=True)
+    def gated(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email once an operator approved it."""
+        _crashpoints.hit("mid_call")
+        return httpx.post(f"{provider}/plain", json={"to": to, "subject": subject}).json()
 
 
 def main(argv: list[str]) -> int:
@@ -138,9 +188,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--naive", action="store_true")
     p.add_argument("--checkpoint")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--tool", choices=sorted(ARGS), default="email")
+    p.add_argument("--reask", action="store_true")
+    p.add_argument("--pending-wait", type=float, default=30.0)
+    p.add_argument("--wait-bound", type=float, default=5.0)
+    p.add_argument("--decide", choices=("approve", "reject"))
     a = p.parse_args(argv)
-    kernel = Kernel(a.db, notifiers=[])
+    kernel = Kernel(a.db, notifiers=[], wait_bound=a.wait_bound)
     register_test_tools(kernel, a.provider)
+    _gated(kernel, a.provider)
     try:
         kernel.launch()  # the restart scan: settles what a killed run left unfinished
         seen: list[str] = []

@@ -157,3 +157,61 @@ def test_a_thread_killed_after_the_effect_and_resumed_sends_one_email(
         assert isinstance(outcome, Indeterminate) and seen == outcome.for_model()
     finally:
         k.close()
+
+
+# Approvals through LangGraph's interrupt, bound to the intent asked about.
+
+def approval_graph(kernel: Kernel, saver: Any) -> Any:
+    return build_graph(Script(("mail_gated", BOB, "c1")), poimen_tools(kernel), saver)
+
+
+def asked(state: Any) -> dict[str, Any]:
+    [pending] = state["__interrupt__"]
+    details: dict[str, Any] = pending.value["poimen"]
+    return details
+
+
+def test_an_approval_is_asked_through_interrupt_and_the_decision_resumes_the_thread(
+    kernel: Kernel, saver: SqliteSaver, ledger: ProviderClient
+) -> None:
+    from langgraph.types import Command
+
+    graph = approval_graph(kernel, saver)
+    state = graph.invoke({"messages": [("user", "email bob")]}, THREAD)
+    details = asked(state)
+    assert details["reason"] == "awaiting_approval" and details["args"] == BOB
+    assert details["call_id"] == call_ids.framework_id("th-1", "c1") and ledger.count() == 0
+    decision = {"decision": "approve", "operator": "ann", "reason": "checked"}
+    state = graph.invoke(Command(resume=decision), THREAD)
+    assert state["messages"][-1].content == "done" and ledger.count() == 1
+    done = kernel.outcome(details["call_id"])
+    assert isinstance(done, Completed)
+    [approved] = [e for e in kernel.store.events(details["intent_id"]) if e.kind == "approved"]
+    assert approved.actor == "ann"
+    # Resumed again from the stale checkpoint taken before the approval: no second email.
+    before = next(s for s in graph.get_state_history(THREAD) if s.interrupts)
+    graph.invoke(Command(resume=decision), before.config)
+    assert ledger.count() == 1
+
+
+def test_an_edit_through_interrupt_sends_the_edited_call_and_a_reject_sends_nothing(
+    kernel: Kernel, saver: SqliteSaver, ledger: ProviderClient
+) -> None:
+    from langgraph.types import Command
+
+    graph = approval_graph(kernel, saver)
+    details = asked(graph.invoke({"messages": [("user", "email bob")]}, THREAD))
+    eve = {"to": "eve@example.com", "subject": "hello"}
+    edit = {"decision": "edit", "operator": "ann", "reason": "eve, not bob", "args": eve}
+    state = graph.invoke(Command(resume=edit), THREAD)
+    out = kernel.outcome(details["call_id"])
+    assert isinstance(out, Completed) and out.intent_id != details["intent_id"]
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve@example.com"]
+    assert state["messages"][-2].artifact["intent_id"] == out.intent_id
+
+    other = {"configurable": {"thread_id": "th-2"}}
+    details = asked(graph.invoke({"messages": [("user", "email bob")]}, other))
+    no = {"decision": "reject", "operator": "ann", "reason": "not now"}
+    state = graph.invoke(Command(resume=no), other)
+    assert state["messages"][-2].status == "error" and "rejected by ann" in state["messages"][-2].content
+    assert ledger.count() == 1

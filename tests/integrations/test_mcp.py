@@ -508,3 +508,42 @@ def test_the_example_runs_offline(tmp_path: Path) -> None:
                for line in lines), done.stdout
     assert sum(line.startswith("call ") and "completed" in line for line in lines) == 2
     assert "effects: 1 receipt in example.outbox.jsonl" in lines, done.stdout
+
+
+# Approvals asked of the client's user by MCP elicitation.
+
+def test_an_approval_is_elicited_from_the_client_and_bound_to_the_call(
+    kernel: Kernel, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    import httpx
+
+    @kernel.tool(id="gated", effects=Unsafe(), caps=Caps(), timeout=5, requires_approval=True)
+    def gated(ctx: ToolContext, to: str) -> Any:
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": "x"}).json()
+
+    answers: list[dict[str, Any]] = [
+        {"decision": "approve", "operator": "ann", "reason": "checked"},
+        {"decision": "edit", "operator": "ann", "reason": "eve", "args": '{"to": "eve"}'},
+        {"decision": "reject", "operator": "ann", "reason": "no"},
+    ]
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content=answers.pop(0))
+
+    async def body() -> list[types.CallToolResult]:
+        async with Client(mcp_server(kernel), elicitation_callback=elicit, mode="legacy") as c:
+            return [await c.call_tool("gated", {"to": to}, meta={CALL_ID_META: f"g-{n}"})
+                    for n, to in enumerate(("bob", "joe", "zed"))]
+
+    approved, edited, rejected = asyncio.run(body())
+    assert len(asked) == 3 and "'gated'" in asked[0]
+    assert meta(approved)[OUTCOME_META] == "completed" and not approved.is_error
+    assert meta(edited)[OUTCOME_META] == "completed"
+    assert rejected.is_error and "rejected by ann" in rejected.content[0].text  # type: ignore[union-attr]
+    assert sorted(e["body"]["to"] for e in ledger.entries(kind="plain")) == ["bob", "eve"]
+    # Asked again with the same call id: the log answers, nobody is asked, nothing is sent.
+    again = run(mcp_server(kernel), lambda c: c.call_tool("gated", {"to": "bob"},
+                                                          meta={CALL_ID_META: "g-0"}))
+    assert meta(again)[OUTCOME_META] == "completed" and ledger.count(kind="plain") == 2

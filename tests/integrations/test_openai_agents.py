@@ -59,7 +59,7 @@ def test_the_model_sees_the_kernels_tools(kernel: Kernel) -> None:
     # Strict where every parameter is required (test.charge's `note` has a default).
     assert {t.name: t.strict_json_schema for t in script.tools} == {
         "test_charge": False, "test_ship": True, "test_email": True, "mail_lost": True,
-        "mail_refused": True}
+        "mail_refused": True, "mail_twice": True, "mail_gated": True}
 
 
 def test_a_completed_call_gives_the_model_its_result(kernel: Kernel, ledger: ProviderClient) -> None:
@@ -95,8 +95,19 @@ def test_refused_arguments_are_told_and_record_nothing(kernel: Kernel) -> None:
     assert kernel.outcome(call_ids.derived("s-1", EMAIL, {"to": "bob@example.com"}, 1)) is None
 
 
-def test_the_same_call_twice_in_one_run_is_two_calls(kernel: Kernel, ledger: ProviderClient) -> None:
+def test_the_same_call_twice_in_one_run_is_one_call_while_the_first_is_unsettled(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
     script = Script([("test_email", BOB, "c1"), ("test_email", BOB, "c2")])
+    run(kernel, script)
+    assert ledger.count(kind="plain") == 1 and len(script.seen) == 2
+    assert script.seen[0] == script.seen[1]
+
+
+def test_a_tool_that_means_repeats_sends_the_same_call_twice_in_one_run(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    script = Script([("mail_twice", BOB, "c1"), ("mail_twice", BOB, "c2")])
     run(kernel, script)
     assert ledger.count(kind="plain") == 2
 
@@ -146,3 +157,58 @@ def test_without_the_rule_the_same_kill_sends_two_emails(
     run_agent("openai-agents", "call_first", kill_after_effect=True, naive=True)
     run_agent("openai-agents", "call_second", naive=True)
     assert ledger.count(kind="plain") == 2
+
+
+# Approvals through the SDK's needs_approval and RunState interruptions.
+
+def test_an_approval_interrupts_the_run_and_the_decision_resumes_it_once(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from agents import RunState
+
+    from poimen.integrations.openai_agents import decide
+
+    script = Script([("mail_gated", BOB, "c1")])
+    agent = Agent(name="mailer", model=script.model(),
+                  tools=list(poimen_tools(kernel, scope="s-1")))
+    first = asyncio.run(Runner.run(agent, "email bob"))
+    [item] = first.interruptions
+    assert ledger.count() == 0
+    saved = first.to_state().to_string()  # the application keeps the pre-approval state
+
+    async def resume(decision: str, **kw: Any) -> Any:
+        state = await RunState.from_string(agent, saved)
+        [pending] = state.get_interruptions()
+        await decide(kernel, state, pending, scope="s-1", decision=decision, operator="ann",
+                     reason="checked", **kw)
+        return await Runner.run(agent, state)
+
+    done = asyncio.run(resume("approve"))
+    assert done.final_output == "done" and ledger.count() == 1
+    call_id = call_ids.derived("s-1", "mail.gated", BOB, 1)
+    assert isinstance(kernel.outcome(call_id), Completed)
+    # The stale pre-approval state resumed again: no second email.
+    asyncio.run(resume("approve"))
+    assert ledger.count() == 1
+    assert item.tool_name == "mail_gated"
+
+
+def test_an_edit_sends_the_edited_call_and_a_rejection_sends_nothing(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from poimen.integrations.openai_agents import decide
+
+    eve = {"to": "eve@example.com", "subject": "hello"}
+    for n, (decision, extra) in enumerate((("edit", {"args": eve}), ("reject", {}))):
+        script = Script([("mail_gated", BOB, f"c{n}")])
+        scope = f"s-{n}"
+        agent = Agent(name="mailer", model=script.model(),
+                      tools=list(poimen_tools(kernel, scope=scope)))
+        first = asyncio.run(Runner.run(agent, "email bob"))
+        state = first.to_state()
+        [item] = state.get_interruptions()
+        asyncio.run(decide(kernel, state, item, scope=scope, decision=decision, operator="ann",
+                           reason="eve, not bob", **extra))
+        asyncio.run(Runner.run(agent, state))
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve@example.com"]
+    assert any("rejected by ann" in s for s in script.seen)

@@ -110,10 +110,20 @@ def test_refused_arguments_let_the_model_correct_them_and_record_nothing(
     assert kernel.outcome(call_ids.derived("conv-1", EMAIL, BOB, 1)) is not None
 
 
-def test_the_same_call_twice_in_one_response_is_two_calls(
+def test_the_same_call_twice_in_one_response_is_one_call_while_the_first_is_unsettled(
     kernel: Kernel, ledger: ProviderClient
 ) -> None:
     script = Script([("test_email", BOB, "t1"), ("test_email", BOB, "t2")])
+    run(agent(kernel, script), "email bob twice")
+    assert ledger.count(kind="plain") == 1
+    first, second = script.seen
+    assert first.model_response_str() == second.model_response_str()
+
+
+def test_a_tool_that_means_repeats_sends_the_same_call_twice_in_one_response(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    script = Script([("mail_twice", BOB, "t1"), ("mail_twice", BOB, "t2")])
     run(agent(kernel, script), "email bob twice")
     assert ledger.count(kind="plain") == 2
 
@@ -214,3 +224,60 @@ def test_without_the_rule_the_same_kill_sends_two_emails(
     run_agent("pydantic-ai", "call_first", kill_after_effect=True, naive=True)
     run_agent("pydantic-ai", "call_second", naive=True)
     assert ledger.count(kind="plain") == 2
+
+
+# Approvals as PydanticAI's deferred tools, bound to the intent asked about.
+
+def test_an_approval_ends_the_run_and_the_decision_resumes_it_once(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from pydantic_ai import DeferredToolResults
+
+    from poimen.integrations.pydantic_ai import decide
+
+    script = Script([("mail_gated", BOB, "t1")])
+    a = agent(kernel, script, defer=True)
+    first = run(a, "email bob")
+    requests = first.output
+    assert isinstance(requests, DeferredToolRequests) and ledger.count() == 0
+    assert [c.tool_call_id for c in requests.approvals] == ["t1"]
+    details = requests.metadata["t1"]["poimen"]
+    assert details["reason"] == "awaiting_approval" and details["args"] == BOB
+    results = DeferredToolResults()
+    asyncio.run(decide(kernel, results, requests, "t1", decision="approve", operator="ann",
+                       reason="checked"))
+    second = run(a, message_history=first.all_messages(), deferred_tool_results=results)
+    assert second.output == "done" and ledger.count() == 1
+    assert isinstance(kernel.outcome(details["call_id"]), Completed)
+    # The stale pre-approval state resumed again, decision and all: no second email.
+    again = DeferredToolResults()
+    asyncio.run(decide(kernel, again, requests, "t1", decision="approve", operator="ann",
+                       reason="checked"))
+    run(a, message_history=first.all_messages(), deferred_tool_results=again)
+    assert ledger.count() == 1
+
+
+def test_an_edit_sends_the_edited_call_and_a_rejection_sends_nothing(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from pydantic_ai import DeferredToolResults
+
+    from poimen.integrations.pydantic_ai import decide
+
+    eve = {"to": "eve@example.com", "subject": "hello"}
+    script = Script([("mail_gated", BOB, "t1")], [("mail_gated", eve, "t2")])
+    a = agent(kernel, script, defer=True)
+    first = run(a, "email bob")
+    results = DeferredToolResults()
+    asyncio.run(decide(kernel, results, first.output, "t1", decision="edit", operator="ann",
+                       reason="eve, not bob", args=eve))
+    run(a, message_history=first.all_messages(), deferred_tool_results=results)
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve@example.com"]
+
+    third = run(a, "email eve")
+    results = DeferredToolResults()
+    asyncio.run(decide(kernel, results, third.output, "t2", decision="reject", operator="ann",
+                       reason="sent already"))
+    run(a, message_history=third.all_messages(), deferred_tool_results=results)
+    assert ledger.count() == 1
+    assert any("rejected by ann" in p.model_response_str() for p in script.seen)

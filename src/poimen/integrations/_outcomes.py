@@ -4,10 +4,29 @@ an exception)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
-from poimen import Completed, Failed, Indeterminate, Outcome, Pending, Resolved
-from poimen.errors import OutcomeUnknownError, ToolCallFailedError
+from poimen import (
+    Completed,
+    Failed,
+    Indeterminate,
+    Kernel,
+    Outcome,
+    Pending,
+    Resolved,
+    _crashpoints,
+)
+from poimen._operator import OperatorInputError
+from poimen.errors import (
+    NotAwaitingApprovalError,
+    OutcomeUnknownError,
+    SameApproverError,
+    ToolCallFailedError,
+)
+
+log = logging.getLogger("poimen")
 
 
 def refusal(error: Exception) -> str:
@@ -43,3 +62,86 @@ def value_or_raise(outcome: Outcome, call_id: str) -> Any:
                 call_id=call_id, intent_id=intent_id, outcome=kind, reason=reason,
             )
     raise TypeError(f"not an outcome: {outcome!r}")
+
+
+#: How long an integration waits, by default, for a Pending call to settle (its deadline, a
+#: lookup, a takeover of a gone owner) before answering Pending through its framework.
+PENDING_WAIT = 30.0
+
+
+def unsettled(outcome: Outcome) -> bool:
+    """Pending (not a sandbox's final Pending) or Indeterminate: no result for the caller, so
+    a model asking again is the same call, never a new one."""
+    return isinstance(outcome, Indeterminate) or (
+        isinstance(outcome, Pending) and not outcome.terminal
+    )
+
+
+def waitable(outcome: Outcome) -> bool:
+    """Pending on its way to an outcome (not waiting for an operator)."""
+    return (
+        isinstance(outcome, Pending)
+        and not outcome.terminal
+        and outcome.reason != "awaiting_approval"
+    )
+
+
+async def settle(kernel: Kernel, call_id: str, outcome: Outcome, wait: float) -> Outcome:
+    """`outcome`, or for a Pending call the outcome after waiting up to `wait` seconds."""
+    if waitable(outcome) and wait > 0:
+        return await kernel.wait(call_id, timeout=wait)
+    return outcome
+
+
+def settle_sync(kernel: Kernel, call_id: str, outcome: Outcome, wait: float) -> Outcome:
+    """`settle` for a caller without an event loop."""
+    if waitable(outcome) and wait > 0:
+        return kernel.wait_sync(call_id, timeout=wait)
+    return outcome
+
+
+def request(call_id: str, tool_id: str, args: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
+    """What a framework's human-in-the-loop shows of a call poimen holds back: an approval
+    asked for (``reason: awaiting_approval``), or a call still Pending."""
+    return {
+        "call_id": call_id,
+        "intent_id": outcome.intent_id,
+        "tool": tool_id,
+        "args": dict(args),
+        "outcome": type(outcome).__name__,
+        "reason": getattr(outcome, "reason", None),
+    }
+
+
+def apply_decision(kernel: Kernel, intent_id: str, decision: Any) -> None:
+    """An approver's decision given through a framework's human-in-the-loop, applied to the
+    intent the framework asked about: ``{"decision": "approve" | "reject" | "edit",
+    "operator": ..., "reason": ..., "args": {...} (edit)}``. A decision on a call decided
+    already (a stale saved state resumed again) changes nothing: the log answers."""
+    if not isinstance(decision, Mapping):
+        raise OperatorInputError(
+            f"an approval decision is a mapping with 'decision', 'operator' and 'reason', not "
+            f"{decision!r}",
+            field="decision",
+        )
+    kind = decision.get("decision")
+    operator, reason = str(decision.get("operator") or ""), str(decision.get("reason") or "")
+    try:
+        if kind == "approve":
+            kernel.approve(intent_id, operator=operator, reason=reason)
+        elif kind == "edit":
+            args = decision.get("args")
+            if not isinstance(args, Mapping):
+                raise OperatorInputError("an edit needs the edited 'args'", field="args")
+            kernel.approve(intent_id, operator=operator, reason=reason, args=args)
+        elif kind == "reject":
+            kernel.reject(intent_id, operator=operator, reason=reason)
+        else:
+            raise OperatorInputError(
+                f"decision must be 'approve', 'edit' or 'reject', not {kind!r}", field="decision"
+            )
+    except NotAwaitingApprovalError as exc:
+        if isinstance(exc, SameApproverError):
+            raise
+        log.info("intent %s was decided already: %s", intent_id, exc)
+    _crashpoints.hit("after_approval")

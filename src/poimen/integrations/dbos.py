@@ -62,7 +62,10 @@ class DbosStep:
 
         def call(**args: Any) -> Any:
             call_id = step_call_id()
-            return value_or_raise(kernel.call(tool_id, args, call_id=call_id), call_id)
+            scope = f"dbos/{DBOS.workflow_id}"  # an identical unsettled call answers this one
+            return value_or_raise(
+                kernel.call(tool_id, args, call_id=call_id, scope=scope), call_id
+            )
 
         def wait(call_id: str, timeout: float | None = None) -> Any:
             return value_or_raise(kernel.wait_sync(call_id, timeout=timeout), call_id)

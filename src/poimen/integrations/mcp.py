@@ -11,7 +11,17 @@ class. A client that sends ``_meta: {"poimen/call_id": "..."}`` with a call name
 recorded outcome instead of running the tool twice. Without it, the call id is derived
 (`poimen.call_ids.CallIds`) within the server's scope. Every result carries the call id and
 the outcome in its ``_meta``; an Indeterminate call is not an error of the call: it answers
-the standard text (``outcome.for_model()``) with ``poimen/outcome: "indeterminate"``.
+the standard text (``outcome.for_model()``) with ``poimen/outcome: "indeterminate"``. The
+server's scope (or the session's) is the calls' scope: a call identical to one still unsettled
+there gets its outcome instead of a second dispatch. A Pending call is waited for up to
+`pending_wait` seconds; still Pending, it is an error result the client retries with the same
+``poimen/call_id`` (``_meta``: ``poimen/outcome: "pending"``, the call id to send again).
+
+A call awaiting an operator's approval is asked of the client's user by MCP elicitation
+(`APPROVAL_FORM`: decision, operator, reason, edited arguments as JSON); the answer is applied
+to the call's intent, audited. It needs a connection the server can send requests on (stdio,
+a session with a back-channel); a client that cannot be asked (the stateless per-request path)
+gets Pending until an operator decides elsewhere.
 
 Import a remote server's tools::
 
@@ -25,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import logging
 import secrets
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, cast
@@ -51,6 +63,7 @@ from poimen import (
     Failed,
     Kernel,
     Outcome,
+    Pending,
     Resolved,
     ToolContext,
     ToolRegistration,
@@ -68,18 +81,23 @@ from poimen.errors import (
     RegistrationError,
     UnknownToolError,
 )
+from poimen.integrations._outcomes import PENDING_WAIT, apply_decision, settle, waitable
 
 __all__ = [
+    "APPROVAL_FORM",
     "CALL_ID_META",
     "INTENT_META",
     "OUTCOME_META",
     "REASON_META",
     "RETRYABLE_META",
+    "RETRY_CALL_ID_META",
     "annotations_for",
     "import_mcp_tools",
     "mcp_server",
     "run_stdio",
 ]
+
+log = logging.getLogger("poimen")
 
 #: A request's ``_meta`` key naming the call; a result's, naming the call it answers.
 CALL_ID_META = "poimen/call_id"
@@ -90,6 +108,9 @@ OUTCOME_META = "poimen/outcome"
 INTENT_META = "poimen/intent_id"
 REASON_META = "poimen/reason"
 RETRYABLE_META = "poimen/retryable"
+#: A still Pending call's error result: the client's call id to send again (as
+#: ``poimen/call_id``); without one, the same arguments are the same call.
+RETRY_CALL_ID_META = "poimen/retry_call_id"
 
 # Serving.
 
@@ -116,6 +137,7 @@ def mcp_server(
     scope: str | None = None,
     name: str = "poimen",
     tools: Iterable[str] | None = None,
+    pending_wait: float = PENDING_WAIT,
 ) -> Server[Any]:
     """An MCP server listing `kernel`'s tools (or only `tools`, by id or name) and calling
     them through the kernel.
@@ -146,14 +168,64 @@ def mcp_server(
             raise MCPError(types.INVALID_PARAMS, f"no tool is named {params.name!r}")
         args = params.arguments or {}
         try:
-            call_id = ids.call_id(ctx, params.meta, tool_id, args)
-            outcome = await kernel.acall(tool_id, args, call_id=call_id)
+            call_id, scope = ids.call_id(ctx, params.meta, tool_id, args)
+            outcome = await kernel.acall(tool_id, args, call_id=call_id, scope=scope)
         except (ArgumentError, CallIdMismatchError) as exc:
             # Refused before anything was recorded: the model may correct the input.
             return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
-        return _result(outcome, call_id)
+        if isinstance(outcome, Pending) and outcome.reason == "awaiting_approval":
+            outcome = await _elicited(kernel, ctx, call_id, tool_id, args, outcome)
+        outcome = await settle(kernel, call_id, outcome, pending_wait)
+        ids.answered(scope, call_id, outcome)
+        given = (params.meta or {}).get(CALL_ID_META)
+        return _result(outcome, call_id, given if isinstance(given, str) else None)
 
     return Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+# What a client's user answers when asked to approve a call (MCP elicitation, form mode).
+APPROVAL_FORM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "decision": {"type": "string", "enum": ["approve", "edit", "reject"]},
+        "operator": {"type": "string", "description": "who decides (audited)"},
+        "reason": {"type": "string"},
+        "args": {"type": "string", "description": "edit: the arguments to use, as JSON"},
+    },
+    "required": ["decision", "operator", "reason"],
+}
+
+
+async def _elicited(
+    kernel: Kernel,
+    ctx: ServerRequestContext[Any],
+    call_id: str,
+    tool_id: str,
+    args: Mapping[str, Any],
+    outcome: Outcome,
+) -> Outcome:
+    """Ask the client's user to approve the call (elicitation), and apply the decision to its
+    intent. A client that cannot be asked, or a user who declines to answer, leaves it
+    awaiting an operator's decision."""
+    message = (
+        f"Approve the call of {tool_id!r} with {json.dumps(dict(args), sort_keys=True)} "
+        f"(intent {outcome.intent_id})?"
+    )
+    try:
+        answer = await ctx.session.elicit_form(message, cast(Any, APPROVAL_FORM))
+    except Exception as exc:  # no back-channel, or a client without elicitation
+        log.info("call %s: its approval could not be asked over MCP: %s", call_id, exc)
+        return outcome
+    if answer.action != "accept" or not answer.content:
+        return outcome
+    decision: dict[str, Any] = dict(answer.content)
+    if decision.get("decision") == "edit":
+        try:
+            decision["args"] = json.loads(str(decision.get("args") or ""))
+        except ValueError as exc:
+            raise ArgumentError(f"the edited arguments are not JSON: {exc}") from exc
+    await asyncio.to_thread(apply_decision, kernel, outcome.intent_id, decision)
+    return kernel.outcome(call_id) or outcome
 
 
 def run_stdio(server: Server[Any]) -> None:
@@ -180,7 +252,13 @@ class _ServerCallIds:
         meta: Mapping[str, Any] | None,
         tool_id: str,
         args: Mapping[str, Any],
-    ) -> str:
+    ) -> tuple[str, str]:
+        """The call id and the call's scope: the server's scope, else the session's (or this
+        server's run when the transport has no session)."""
+        scope = self.scope
+        if scope is None:
+            session = _session_id(ctx)
+            scope = f"mcp/{session}" if session else self.run
         given = (meta or {}).get(CALL_ID_META)
         if given is not None:
             if not isinstance(given, str) or not given:
@@ -188,15 +266,16 @@ class _ServerCallIds:
                     types.INVALID_PARAMS,
                     f"_meta {CALL_ID_META!r} must be a non-empty string, not {given!r}",
                 )
-            return call_ids.framework_id(self.scope or "mcp", given)
-        scope = self.scope
-        if scope is None:
-            session = _session_id(ctx)
-            scope = f"mcp/{session}" if session else self.run
+            return call_ids.framework_id(self.scope or "mcp", given), scope
         ids = self.derived.get(scope)
         if ids is None:
             ids = self.derived[scope] = call_ids.CallIds(scope)
-        return ids.next(tool_id, args)
+        return ids.next(tool_id, args), scope
+
+    def answered(self, scope: str, call_id: str, outcome: Outcome) -> None:
+        ids = self.derived.get(scope)
+        if ids is not None:
+            ids.answered(call_id, outcome)
 
 
 def _session_id(ctx: ServerRequestContext[Any]) -> str | None:
@@ -216,7 +295,7 @@ def _tool(spec: ToolSpec) -> types.Tool:
     )
 
 
-def _result(outcome: Outcome, call_id: str) -> types.CallToolResult:
+def _result(outcome: Outcome, call_id: str, given: str | None = None) -> types.CallToolResult:
     meta: dict[str, Any] = {
         CALL_ID_META: call_id,
         INTENT_META: outcome.intent_id,
@@ -228,10 +307,19 @@ def _result(outcome: Outcome, call_id: str) -> types.CallToolResult:
         meta[REASON_META] = reason
     landed = isinstance(outcome, Completed) or (isinstance(outcome, Resolved) and outcome.landed)
     value = outcome.result if isinstance(outcome, Completed | Resolved) else None
+    text = outcome.for_model()
+    if waitable(outcome):  # still Pending: an error the client retries with the call id
+        again = "the same arguments"
+        if given is not None:
+            meta[RETRY_CALL_ID_META] = given
+            again = f"_meta {{{CALL_ID_META!r}: {given!r}}}"
+        text = f"{text} Call this tool again with {again} to get its outcome; it never runs twice."
     return types.CallToolResult(
-        content=[types.TextContent(text=outcome.for_model())],
+        content=[types.TextContent(text=text)],
         structured_content=value if landed and isinstance(value, dict) else None,
-        is_error=isinstance(outcome, Failed) or (isinstance(outcome, Resolved) and not landed),
+        is_error=isinstance(outcome, Failed)
+        or (isinstance(outcome, Resolved) and not landed)
+        or waitable(outcome),
         _meta=meta,
     )
 

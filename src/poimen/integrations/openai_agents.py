@@ -8,13 +8,24 @@ asks the model again, which mints new call ids. So the call id is rule 2 of `poi
 tool with the same arguments that got an output in the run's input (the session's history)
 and those made earlier in the same run: a restarted process given the same history counts the
 same, so a re-issued call gets the recorded outcome, and a call made again on purpose in a
-later turn is a new call.
+later turn is a new call. An output that told the model the call is Pending or Indeterminate
+is no result: the model asking again is the same call. The session is the call's scope too:
+an identical call while one is unsettled gets its outcome.
 
-The model gets the text of `Outcome.for_model()`: for Completed, the result as JSON.
+The model gets the text of `Outcome.for_model()`: for Completed, the result as JSON. A Pending
+call is waited for up to `pending_wait` seconds first.
+
+A tool registered with `requires_approval` asks through the SDK's own `needs_approval`: the
+call is recorded awaiting approval and the run stops with an interruption
+(`result.interruptions`); `decide(kernel, state, item, ...)` records the approver's decision on
+that call's intent (approve, edit, reject; audited) and approves or rejects the item in the
+`RunState` that resumes the run. A stale saved state resumed after the decision answers from
+the log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import weakref
@@ -24,22 +35,32 @@ from typing import Any
 from poimen.errors import MissingExtraError
 
 try:
-    from agents import FunctionTool
+    from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
     from agents.exceptions import UserError
     from agents.strict_schema import ensure_strict_json_schema
     from agents.tool_context import ToolContext
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.openai_agents", "openai-agents", exc) from exc
 
-from poimen import Kernel, ToolSpec, call_ids
+from poimen import Failed, Indeterminate, Kernel, Outcome, Pending, ToolSpec, call_ids
 from poimen.errors import ArgumentError, PoimenError
-from poimen.integrations._outcomes import refusal
+from poimen.integrations._outcomes import (
+    PENDING_WAIT,
+    apply_decision,
+    refusal,
+    settle,
+    unsettled,
+)
 
-__all__ = ["poimen_tools"]
+__all__ = ["decide", "poimen_tools"]
 
 
 def poimen_tools(
-    kernel: Kernel, *, scope: str, tools: Sequence[str] | None = None
+    kernel: Kernel,
+    *,
+    scope: str,
+    tools: Sequence[str] | None = None,
+    pending_wait: float = PENDING_WAIT,
 ) -> list[FunctionTool]:
     """`FunctionTool`s for the kernel's tools (all, or those named in `tools`).
 
@@ -49,23 +70,43 @@ def poimen_tools(
     wanted = None if tools is None else {kernel.tool_id(t) for t in tools}
     counter = _RunCounter(scope)
     return [
-        _function_tool(kernel, spec, counter)
+        _function_tool(kernel, spec, counter, pending_wait)
         for spec in kernel.specs()
         if wanted is None or spec.id in wanted
     ]
 
 
-def _function_tool(kernel: Kernel, spec: ToolSpec, counter: _RunCounter) -> FunctionTool:
+def _function_tool(
+    kernel: Kernel, spec: ToolSpec, counter: _RunCounter, pending_wait: float
+) -> FunctionTool:
     async def invoke(ctx: ToolContext[Any], raw: str) -> str:
         try:
-            args = json.loads(raw) if raw else {}
-            if not isinstance(args, dict):
-                raise ArgumentError(f"arguments must be a JSON object, not {raw!r}")
-            call_id = counter.call_id(ctx, spec.id, args)
-            outcome = await kernel.acall(spec.id, args, call_id=call_id)
+            args = _args(raw)
+            call_id = counter.call_id(ctx, ctx.tool_name, ctx.tool_call_id, spec.id, args)
+            outcome = await kernel.acall(spec.id, args, call_id=call_id, scope=counter.scope)
         except (ArgumentError, json.JSONDecodeError) as e:  # nothing was recorded
             return refusal(e)
+        if isinstance(outcome, Failed):  # approved with edited arguments: the edited call
+            outcome = kernel.outcome(call_id) or outcome
+        outcome = await settle(kernel, call_id, outcome, pending_wait)
+        counter.answered(ctx, call_id, outcome)
         return outcome.for_model()
+
+    rule = kernel._approvals.get(spec.id)
+
+    async def needs_approval(
+        ctx: RunContextWrapper[Any], params: dict[str, Any], sdk_call_id: str
+    ) -> bool:
+        """True while poimen holds the call for an operator: recorded now if its rule asks."""
+        try:
+            call_id = counter.call_id(ctx, spec.name, sdk_call_id, spec.id, params)
+            _, d, _ = kernel._prepare(spec.id, params, call_id, counter.scope)
+            if rule is None or not rule.needed(spec.id, json.loads(d.args)):
+                return False
+            outcome = await kernel.acall(spec.id, params, call_id=call_id, scope=counter.scope)
+        except ArgumentError:
+            return False  # refused when the tool runs, before anything is recorded
+        return isinstance(outcome, Pending) and outcome.reason == "awaiting_approval"
 
     schema, strict = _schema(spec.parameters)
     return FunctionTool(
@@ -74,7 +115,50 @@ def _function_tool(kernel: Kernel, spec: ToolSpec, counter: _RunCounter) -> Func
         params_json_schema=schema,
         on_invoke_tool=invoke,
         strict_json_schema=strict,
+        needs_approval=needs_approval if rule is not None else False,
     )
+
+
+def _args(raw: str) -> dict[str, Any]:
+    args = json.loads(raw) if raw else {}
+    if not isinstance(args, dict):
+        raise ArgumentError(f"arguments must be a JSON object, not {raw!r}")
+    return args
+
+
+async def decide(
+    kernel: Kernel,
+    state: RunState[Any],
+    item: ToolApprovalItem,
+    *,
+    scope: str,
+    decision: str,
+    operator: str,
+    reason: str,
+    args: dict[str, Any] | None = None,
+) -> None:
+    """An operator's decision on an interruption of the session `scope`: recorded on the
+    call's intent in the log (audited) and given to `state`, which resumes the run:
+    ``"approve"``; ``"edit"`` with the edited `args` (a new call bound to them; the original
+    is rejected with a link to it); ``"reject"`` (nothing is sent). A call decided already
+    (a stale saved state) keeps its decision: the resumed run answers from the log."""
+    raw = item.raw_item
+    name = item.tool_name or _field(raw, "name")
+    params = _args(_field(raw, "arguments") or "")
+    tool_id = kernel.tool_id(str(name))
+    _, d, _ = kernel._prepare(tool_id, params, "poimen-decide", scope)
+    intent = kernel.store.unsettled_call(scope, tool_id, d.args_hash)
+    if intent is not None:
+        choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
+        await asyncio.to_thread(apply_decision, kernel, intent.id, choice)
+        outcome = kernel.outcome(intent.call_id)
+        if decision == "reject" and outcome is not None:
+            state.reject(item, rejection_message=outcome.for_model())
+            return
+    if decision == "reject":
+        state.reject(item)
+    else:
+        state.approve(item)
 
 
 def _schema(parameters: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -89,6 +173,19 @@ def _schema(parameters: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         return parameters, False
 
 
+class _Run:
+    """One run's own calls: occurrences per (tool, arguments), and those given back by a
+    Pending or Indeterminate answer (the model asking again is the same call)."""
+
+    __slots__ = ("back", "issued", "ref", "seen")
+
+    def __init__(self, ref: weakref.ref[object]) -> None:
+        self.ref = ref
+        self.seen: dict[str, int] = {}
+        self.back: dict[str, set[int]] = {}
+        self.issued: dict[str, tuple[str, int]] = {}
+
+
 class _RunCounter:
     """Occurrences per run. The SDK gives every tool call of one run the same `usage` object
     and a new one to the next run; a run's own calls are counted here, earlier runs' calls
@@ -96,25 +193,57 @@ class _RunCounter:
 
     def __init__(self, scope: str) -> None:
         self.scope = scope
-        # id(usage) -> (a weak reference to it, counts); `Usage` is not hashable.
-        self._runs: dict[int, tuple[weakref.ref[object], dict[str, int]]] = {}
+        # id(usage) -> the run; `Usage` is not hashable.
+        self._runs: dict[int, _Run] = {}
+        self._sdk: dict[str, tuple[str, str]] = {}  # the SDK's call id -> (call, call id)
         self._lock = threading.Lock()
 
-    def call_id(self, ctx: ToolContext[Any], tool_id: str, args: Mapping[str, Any]) -> str:
-        same = call_ids.derived(self.scope, tool_id, args)
-        earlier = _answered(self.scope, ctx.turn_input, ctx.tool_name, tool_id, same)
+    def _run(self, ctx: RunContextWrapper[Any]) -> _Run:
         run, key = ctx.usage, id(ctx.usage)
+        entry = self._runs.get(key)
+        if entry is None or entry.ref() is not run:
+            runs = self._runs
+            # The callback takes no lock: it may run in a collection inside this block.
+            entry = _Run(weakref.ref(run, lambda _: runs.pop(key, None)))
+            self._runs[key] = entry
+        return entry
+
+    def call_id(
+        self,
+        ctx: RunContextWrapper[Any],
+        name: str,
+        sdk_call_id: str,
+        tool_id: str,
+        args: Mapping[str, Any],
+    ) -> str:
+        """The call id of the SDK's call `sdk_call_id`; the same when asked again for it (its
+        approval check, then its run)."""
+        same = call_ids.derived(self.scope, tool_id, args)
+        earlier = _answered(self.scope, ctx.turn_input, name, tool_id, same)
         with self._lock:
-            entry = self._runs.get(key)
-            if entry is None or entry[0]() is not run:
-                runs = self._runs
-                # The callback takes no lock: it may run in a collection inside this block.
-                entry = (weakref.ref(run, lambda _: runs.pop(key, None)), {})
-                self._runs[key] = entry
-            seen = entry[1]
-            seen[same] = seen.get(same, 0) + 1
-            n = earlier + seen[same]
-        return call_ids.derived(self.scope, tool_id, args, n)
+            known = self._sdk.get(sdk_call_id)
+            if known is not None and known[0] == same:
+                return known[1]
+            run = self._run(ctx)
+            back = run.back.get(same)
+            if back:
+                own = min(back)
+                back.discard(own)
+            else:
+                own = run.seen[same] = run.seen.get(same, 0) + 1
+            call_id = call_ids.derived(self.scope, tool_id, args, earlier + own)
+            run.issued[call_id] = (same, own)
+            self._sdk[sdk_call_id] = (same, call_id)
+        return call_id
+
+    def answered(self, ctx: ToolContext[Any], call_id: str, outcome: Outcome) -> None:
+        if not unsettled(outcome):
+            return
+        with self._lock:
+            run = self._run(ctx)
+            issued = run.issued.get(call_id)
+            if issued is not None:
+                run.back.setdefault(issued[0], set()).add(issued[1])
 
 
 def _field(item: Any, name: str) -> Any:
@@ -124,7 +253,9 @@ def _field(item: Any, name: str) -> Any:
 def _answered(scope: str, items: Sequence[Any], name: str, tool_id: str, same: str) -> int:
     """Calls of this tool with these arguments in the run's input that have an output."""
     outputs = {
-        _field(i, "call_id") for i in items if _field(i, "type") == "function_call_output"
+        _field(i, "call_id")
+        for i in items
+        if _field(i, "type") == "function_call_output" and not _no_result(_field(i, "output"))
     }
     n = 0
     for i in items:
@@ -140,3 +271,19 @@ def _answered(scope: str, items: Sequence[Any], name: str, tool_id: str, same: s
             except (ValueError, PoimenError):
                 continue
     return n
+
+
+# What poimen tells a model of a call that has no result yet (`Outcome.for_model()`): the SDK
+# keeps only the output text, so it is recognised by its opening words.
+_NO_RESULT = tuple(
+    o.for_model()[:40]
+    for o in (
+        Pending("-", "in_flight"),
+        Pending("-", "awaiting_approval"),
+        Indeterminate("-", "-"),
+    )
+)
+
+
+def _no_result(output: Any) -> bool:
+    return isinstance(output, str) and output.startswith(_NO_RESULT)

@@ -8,16 +8,22 @@ again asks the model again, which mints new tool-call ids. So the call id is rul
 in the run's message history (calls of the same tool with the same arguments that got a result,
 and those earlier in the same model response), not in this process: a restarted process given
 the same history counts the same, so a re-issued call gets the recorded outcome, and a call
-made again on purpose in a later turn is a new call.
+made again on purpose in a later turn is a new call. A Pending or Indeterminate answer is no
+result (its return part says so in its metadata): the model asking again is the same call. The
+scope is the call's scope too: an identical call while one is unsettled gets its outcome.
 
 Completed gives the model the tool's result; Failed a failed tool result; every other outcome
-the text of `Outcome.for_model()`. With ``defer=True``, Indeterminate and Pending end the run
-with PydanticAI's `DeferredToolRequests` instead; `deferred_results` turns the operator's
-decisions into the `DeferredToolResults` that resume it.
+the text of `Outcome.for_model()`. A Pending call is waited for up to `pending_wait` seconds
+first. With ``defer=True``, Indeterminate and Pending end the run with PydanticAI's
+`DeferredToolRequests` instead; `deferred_results` turns the outcomes, once settled, into the
+`DeferredToolResults` that resume it. A call awaiting an operator's approval always ends the
+run as an approval request (`ApprovalRequired`); `decide` records the operator's decision
+(approve, edit, reject) and adds it to the results that resume the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -25,13 +31,17 @@ from poimen.errors import MissingExtraError
 
 try:
     from pydantic_ai import (
+        ApprovalRequired,
         CallDeferred,
         DeferredToolRequests,
         DeferredToolResults,
         ModelRetry,
         RunContext,
+        ToolApproved,
         ToolDefinition,
+        ToolDenied,
         ToolFailed,
+        ToolReturn,
     )
     from pydantic_ai.messages import (
         ModelMessage,
@@ -47,9 +57,16 @@ except ImportError as exc:  # the extra is missing: say which one
 
 from poimen import Completed, Failed, Indeterminate, Kernel, Outcome, Pending, call_ids
 from poimen.errors import ArgumentError, PoimenError
-from poimen.integrations._outcomes import refusal
+from poimen.integrations._outcomes import (
+    PENDING_WAIT,
+    apply_decision,
+    refusal,
+    request,
+    settle,
+    unsettled,
+)
 
-__all__ = ["METADATA_KEY", "PoimenToolset", "deferred_results"]
+__all__ = ["METADATA_KEY", "PoimenToolset", "decide", "deferred_results"]
 
 METADATA_KEY = "poimen"
 """Where a deferred call's poimen details are, in `DeferredToolRequests.metadata[tool_call_id]`."""
@@ -77,11 +94,13 @@ class PoimenToolset(AbstractToolset[Any]):
         defer: bool = False,
         id: str | None = None,
         max_retries: int = 1,
+        pending_wait: float = PENDING_WAIT,
     ) -> None:
         call_ids.derived(scope, "-", {})  # refuses a bad scope now, not at the first call
         self.kernel = kernel
         self.scope = scope
         self.defer = defer
+        self.pending_wait = pending_wait
         self.max_retries = max_retries
         self._tools = None if tools is None else [kernel.tool_id(t) for t in tools]
         self._id = id
@@ -110,15 +129,37 @@ class PoimenToolset(AbstractToolset[Any]):
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
         tool_id = self.kernel.tool_id(name)
+        given = _given(ctx)
         try:
-            n = _occurrence(self.scope, ctx.messages, ctx.tool_call_id, name, tool_id, tool_args)
-            call_id = call_ids.derived(self.scope, tool_id, tool_args, n)
-            outcome = await self.kernel.acall(tool_id, tool_args, call_id=call_id)
+            if given is not None:  # resumed after an approval: the call asked about
+                call_id = given["call_id"]
+                outcome = await self.kernel.wait(call_id, timeout=0)
+            else:
+                n = _occurrence(
+                    self.scope, ctx.messages, ctx.tool_call_id, name, tool_id, tool_args
+                )
+                call_id = call_ids.derived(self.scope, tool_id, tool_args, n)
+                outcome = await self.kernel.acall(
+                    tool_id, tool_args, call_id=call_id, scope=self.scope
+                )
         except ArgumentError as e:  # refused before anything was recorded: the model may fix it
             raise ModelRetry(refusal(e)) from e
-        if self.defer and isinstance(outcome, Indeterminate | Pending):
+        outcome = await settle(self.kernel, call_id, outcome, self.pending_wait)
+        if isinstance(outcome, Pending) and outcome.reason == "awaiting_approval":
+            raise ApprovalRequired(
+                metadata={METADATA_KEY: request(call_id, tool_id, tool_args, outcome)}
+            )
+        if self.defer and isinstance(outcome, Indeterminate | Pending) and not outcome.terminal:
             raise CallDeferred(metadata={METADATA_KEY: _details(call_id, outcome)})
         return _for_model(outcome)
+
+
+def _given(ctx: RunContext[Any]) -> dict[str, Any] | None:
+    """The poimen details of an approved call the run resumes with (from `decide`)."""
+    if not ctx.tool_call_approved or not isinstance(ctx.tool_call_metadata, dict):
+        return None
+    details = ctx.tool_call_metadata.get(METADATA_KEY)
+    return details if isinstance(details, dict) and "call_id" in details else None
 
 
 def _details(call_id: str, outcome: Indeterminate | Pending) -> dict[str, str]:
@@ -135,12 +176,21 @@ def _for_model(outcome: Outcome) -> Any:
         return outcome.result
     if isinstance(outcome, Failed):
         raise ToolFailed(outcome.for_model())
+    if unsettled(outcome):  # marked: no result, so not counted when the model asks again
+        meta = {METADATA_KEY: {"outcome": type(outcome).__name__}}
+        return ToolReturn(return_value=outcome.for_model(), metadata=meta)
     return outcome.for_model()
 
 
 # Results of calls that reached the log; a retried (refused) or denied call did not, and an
 # interrupted one may have: counting it could send again what may have gone out.
 _RECORDED = ("success", "failed")
+
+
+def _no_result(part: ToolReturnPart) -> bool:
+    """A return part that told the model the call is Pending or Indeterminate."""
+    meta = part.metadata.get(METADATA_KEY) if isinstance(part.metadata, dict) else None
+    return isinstance(meta, dict) and meta.get("outcome") in ("Pending", "Indeterminate")
 
 
 def _occurrence(
@@ -160,7 +210,7 @@ def _occurrence(
         for m in messages
         if isinstance(m, ModelRequest)
         for p in m.parts
-        if isinstance(p, ToolReturnPart) and p.outcome in _RECORDED
+        if isinstance(p, ToolReturnPart) and p.outcome in _RECORDED and not _no_result(p)
     }
     same = call_ids.derived(scope, tool_id, args)
     n = 1
@@ -212,3 +262,33 @@ async def deferred_results(
         except ToolFailed as failed:
             results.calls[call.tool_call_id] = failed
     return results
+
+
+async def decide(
+    kernel: Kernel,
+    results: DeferredToolResults,
+    requests: DeferredToolRequests,
+    tool_call_id: str,
+    *,
+    decision: str,
+    operator: str,
+    reason: str,
+    args: dict[str, Any] | None = None,
+) -> None:
+    """An operator's decision on a call that ended the run awaiting approval, recorded in the
+    log (audited, bound to that call's intent) and added to `results`, which resume the run:
+    ``"approve"``; ``"edit"`` with the edited `args` (a new call bound to them; the original
+    is rejected with a link to it); ``"reject"`` (nothing is sent). A call decided already
+    (a stale saved run) keeps its decision: the resumed run answers from the log."""
+    details = requests.metadata.get(tool_call_id, {}).get(METADATA_KEY)
+    if not isinstance(details, dict) or "intent_id" not in details:
+        raise PoimenError(f"tool call {tool_call_id!r} is not a poimen approval request")
+    choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
+    await asyncio.to_thread(apply_decision, kernel, details["intent_id"], choice)
+    outcome = kernel.outcome(details["call_id"])
+    if decision == "reject" or isinstance(outcome, Failed):
+        text = outcome.for_model() if outcome is not None else "The call was rejected."
+        results.approvals[tool_call_id] = ToolDenied(text)
+        return
+    results.approvals[tool_call_id] = ToolApproved()
+    results.metadata[tool_call_id] = {METADATA_KEY: details}

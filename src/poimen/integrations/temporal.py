@@ -89,7 +89,8 @@ def temporal_activity(
     @activity.defn(name=name or tool_id)
     async def run(args: dict[str, Any]) -> Any:
         call_id = activity_call_id()
-        return _value(await kernel.acall(tool_id, args, call_id=call_id), call_id)
+        scope = call_id.rpartition("/")[0]  # the run: an identical unsettled call answers it
+        return _value(await kernel.acall(tool_id, args, call_id=call_id, scope=scope), call_id)
 
     return run
 

@@ -42,6 +42,9 @@ class NewDispatch:
     timeout_s: float
     deadline_at: float
     now: float
+    # The call's scope: within one, an identical call (tool, arguments) finds an unsettled
+    # intent instead of dispatching again (docs/design.md section 4). None: no such rule.
+    scope: str | None = None
 
 
 #: The notifier a notification is written for when its writer had none: any kernel that
@@ -175,7 +178,11 @@ class Store(Protocol):
         notifiers: tuple[str, ...] = (),
     ) -> Intent: ...
     def record_awaiting(
-        self, d: NewDispatch, note: NewNotification, expires_at: float | None
+        self,
+        d: NewDispatch,
+        note: NewNotification,
+        expires_at: float | None,
+        approvers: int = 1,
     ) -> tuple[Intent, bool]: ...
     def decide_approval(
         self,
@@ -186,6 +193,7 @@ class Store(Protocol):
         reason: str,
         now: float,
         context: Mapping[str, str] | None = None,
+        edit: tuple[NewDispatch, NewNotification] | None = None,
     ) -> Intent: ...
     def expire_approvals(
         self, now: float, limit: int = 500, intent_id: str | None = None
@@ -201,6 +209,7 @@ class Store(Protocol):
     ) -> bool: ...
     def get_intent(self, intent_id: str) -> Intent | None: ...
     def get_by_call_id(self, call_id: str) -> Intent | None: ...
+    def unsettled_call(self, scope: str, tool_id: str, args_hash: str) -> Intent | None: ...
     def list_intents(
         self,
         *,

@@ -190,6 +190,7 @@ class Retention:
             f"(SELECT id FROM outbox WHERE {cond})",
             kept,
         )
+        ex.execute(f"DELETE FROM call_aliases WHERE {cond}", kept)
         # What the deletes return is what the log held: it must be what was archived.
         rows = [
             ex.execute(f"DELETE FROM {table} WHERE {cond} RETURNING {cols}", kept).fetchall()

@@ -25,12 +25,11 @@ from poimen._intents import (
 )
 from poimen.errors import (
     AlreadyUndoneError,
-    ApprovalExpiredError,
     IntentNotFoundError,
-    NotAwaitingApprovalError,
     NotDispatchedError,
     NotIndeterminateError,
 )
+from poimen.store._approvals import Approvals, Awaiting
 from poimen.store._base import (
     DELIVERY_COLUMNS,
     DENIAL_COLUMNS,
@@ -62,6 +61,7 @@ from poimen.store._statements import (
     Sql,
     _where,
     claim_event_params,
+    dispatch_params,
     event_params,
     retry_attempt_params,
 )
@@ -70,7 +70,7 @@ T = TypeVar("T")
 S = IntentState
 
 
-class SqlStore(Retention):
+class SqlStore(Retention, Approvals):
     """The methods both backends run the same way. Each write's `op(ex, retrying)` gets
     `retrying=True` only on PostgreSQL, on a try after one whose answer was lost."""
 
@@ -471,170 +471,66 @@ class SqlStore(Retention):
 
         return self._tx("abandon", op)
 
-    # Approval before acting.
+    # Identical calls in a scope (docs/design.md section 4).
 
-    def record_awaiting(
-        self, d: NewDispatch, note: NewNotification, expires_at: float | None
+    def _serialize(self, ex: Executor, key: str) -> None:
+        """Hold, until this transaction ends, a lock that every transaction naming the same
+        `key` takes. SQLite needs none: its one writer runs one transaction at a time."""
+
+    def _record_scoped(
+        self, d: NewDispatch, awaiting: Awaiting | None
     ) -> tuple[Intent, bool]:
-        """Record a call that waits for an operator's approval: nothing is dispatched, an
-        operator is notified in the same transaction. The call id is unique, as for a
-        dispatch: (the recorded intent, False) if it exists."""
+        return self._tx("record_dispatch", self._scoped_op(d, awaiting))
+
+    def _scoped_op(
+        self, d: NewDispatch, awaiting: Awaiting | None
+    ) -> Callable[[Executor, bool], tuple[Intent, bool]]:
+        """A scoped call's first commit. Its call id known (as an intent's or an alias's):
+        (that intent, False). Else an unsettled intent of the same tool and arguments in the
+        scope: this call id becomes its alias, and (that intent, False): nothing is
+        dispatched. Else the call is recorded (dispatched, or awaiting approval)."""
+        assert d.scope is not None
+        scope = d.scope
 
         def op(ex: Executor, retrying: bool) -> tuple[Intent, bool]:
-            cur = ex.execute(
-                self._sql.insert_awaiting,
-                (
-                    d.intent_id,
-                    d.call_id,
-                    d.tool_id,
-                    d.effect,
-                    d.args,
-                    d.args_hash,
-                    d.key,
-                    d.request_id,
-                    d.timeout_s,
-                    expires_at,
-                    d.now,
-                    d.now,
-                ),
-            )
-            if cur.rowcount == 0:
-                row = ex.execute(self._sql.intent_by_call_id, (d.call_id,)).fetchone()
-                it = intent_from_row(row)
-                return it, retrying and it.id == d.intent_id
-            self._event(
-                ex,
-                d.intent_id,
-                d.now,
-                "awaiting_approval",
-                None,
-                S.AWAITING_APPROVAL,
-                d.owner.worker_id,
-                {"expires_at": expires_at},
-            )
-            self._insert_note(ex, d.intent_id, note, d.now)
+            # Every scoped write of this (scope, tool, arguments), of this call id too, in
+            # turn: a reader of "none unsettled" inserts before the next one reads.
+            self._serialize(ex, json.dumps([scope, d.tool_id, d.args_hash]))
+            known = self._by_call_id(ex, d.call_id)
+            if known is not None:
+                return known, retrying and known.id == d.intent_id
+            row = ex.execute(self._sql.unsettled_same, (scope, d.tool_id, d.args_hash)).fetchone()
+            if row is not None:
+                first = intent_from_row(row)
+                ex.execute(self._sql.insert_alias, (d.call_id, first.id, d.now))
+                self._spill(ex, first.id)
+                self._event(
+                    ex, first.id, d.now, "coalesced", None, None, d.owner.worker_id,
+                    {"call_id": d.call_id},
+                )
+                return first, False
+            ex.execute(self._sql.drop_alias, (d.call_id,))  # its intent was pruned
+            if awaiting is not None:
+                return self._insert_awaiting(ex, d, awaiting, retrying)
+            ex.execute(self._sql.insert_scoped_intent, (*dispatch_params(d), scope))
             made = self._intent_or_none(ex, d.intent_id)
             assert made is not None
             return made, True
 
-        return self._tx("record_awaiting", op)
+        return op
 
-    def decide_approval(
-        self,
-        intent_id: str,
-        *,
-        approve: bool,
-        operator: str,
-        reason: str,
-        now: float,
-        context: Mapping[str, str] | None = None,
-    ) -> Intent:
-        """AWAITING_APPROVAL -> DISPATCHED (approved: any kernel with the tool then runs it
-        once) or FAILED (rejected: nothing was sent); audited; of two deciding at once
-        exactly one wins. Only within the approval window: a decision at or after its end
-        expires the call instead, in the same transaction, and is refused
-        (`ApprovalExpiredError`)."""
-        target = S.DISPATCHED if approve else S.FAILED
-        check_transition(S.AWAITING_APPROVAL, target)
-        late = {"refused": "approve" if approve else "reject", "operator": operator}
+    def unsettled_call(self, scope: str, tool_id: str, args_hash: str) -> Intent | None:
+        """The one unsettled intent of this tool and argument set in the scope, if any."""
+        rows = self._read(self._sql.unsettled_same, (scope, tool_id, args_hash))
+        return intent_from_row(rows[0]) if rows else None
 
-        def op(ex: Executor, retrying: bool) -> tuple[Intent, bool]:
-            it = self._intent_or_none(ex, intent_id)
-            if it is None:
-                raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
-            if it.state == S.FAILED and it.reason == "approval_expired":
-                return it, retrying and it.updated_at == now
-            if retrying and it.state == target and it.updated_at == now:
-                return it, False  # our own earlier try, whose answer the lost connection swallowed
-            if it.state == S.AWAITING_APPROVAL:
-                fence = it.fence
-                if approve:
-                    cur = ex.execute(self._sql.approve, (now, intent_id, fence, now))
-                else:
-                    error = f"rejected by {operator}: {reason}"
-                    cur = ex.execute(self._sql.reject, (error, now, intent_id, fence, now))
-                if cur.rowcount == 1:
-                    self._event(
-                        ex,
-                        intent_id,
-                        now,
-                        "approved" if approve else "rejected",
-                        S.AWAITING_APPROVAL,
-                        target,
-                        operator,
-                        {
-                            **(context or {}),
-                            "operator": operator,
-                            "reason": reason,
-                            "fence": fence + 1,
-                        },
-                    )
-                    done = self._intent_or_none(ex, intent_id)
-                    assert done is not None
-                    return done, False
-                if self._expire(ex, it, now, late):  # its window is over
-                    done = self._intent_or_none(ex, intent_id)
-                    assert done is not None
-                    return done, True
-                it = self._intent_or_none(ex, intent_id) or it  # another decision won
-                if it.state == S.FAILED and it.reason == "approval_expired":
-                    return it, False
-            raise NotAwaitingApprovalError(
-                f"intent {intent_id!r} is {it.state}; only a call awaiting approval can be "
-                "approved or rejected",
-                intent_id=intent_id,
-                state=it.state.value,
-            )
+    def _by_call_id(self, ex: Executor, call_id: str) -> Intent | None:
+        row = ex.execute(self._sql.intent_by_call_id, (call_id,)).fetchone()
+        if row is None:
+            row = ex.execute(self._sql.intent_by_alias, (call_id,)).fetchone()
+        return None if row is None else intent_from_row(row)
 
-        it, expired_here = self._tx("decide_approval", op)
-        if it.state == S.DISPATCHED or it.reason != "approval_expired":
-            return it
-        raise ApprovalExpiredError(
-            f"intent {intent_id!r}: its approval window ended before this decision; it failed "
-            "(approval_expired) and nothing was sent",
-            intent_id=intent_id,
-            state=it.state.value,
-            expired_here=expired_here,
-        )
-
-    def expire_approvals(
-        self, now: float, limit: int = 500, intent_id: str | None = None
-    ) -> list[str]:
-        """Calls whose approval window passed (all, up to `limit`, or the one `intent_id`):
-        FAILED, nothing was sent. Returns those this call expired."""
-        done: list[str] = []
-        if intent_id is None:
-            rows = self._read(self._sql.expired_approvals, (now, limit))
-        else:
-            rows = self._read(self._sql.expired_approval, (now, intent_id))
-        for row in rows:
-            it = intent_from_row(row)
-
-            def op(ex: Executor, _retrying: bool, it: Intent = it) -> bool:
-                return self._expire(ex, it, now)
-
-            if self._tx("expire_approval", op):
-                done.append(it.id)
-        return done
-
-    def _expire(
-        self, ex: Executor, it: Intent, now: float, late: Mapping[str, str] | None = None
-    ) -> bool:
-        """FAILED (approval_expired) if its window ended by `now`, on the fence read."""
-        cur = ex.execute(self._sql.expire, (now, it.id, it.fence, now))
-        if cur.rowcount != 1:
-            return False
-        self._event(
-            ex,
-            it.id,
-            now,
-            "approval_expired",
-            S.AWAITING_APPROVAL,
-            S.FAILED,
-            "kernel",
-            {"fence": it.fence + 1, **({"late_decision": dict(late)} if late else {})},
-        )
-        return True
+    # Approval before acting: `_approvals.Approvals`.
 
     def record_event(
         self, intent_id: str, kind: str, *, actor: str, detail: dict[str, Any], now: float
@@ -698,7 +594,10 @@ class SqlStore(Retention):
         return intent_from_row(rows[0]) if rows else None
 
     def get_by_call_id(self, call_id: str) -> Intent | None:
-        rows = self._read(self._sql.intent_by_call_id, (call_id,))
+        """The intent of this call id: its own, or the one it is an alias of."""
+        rows = self._read(self._sql.intent_by_call_id, (call_id,)) or self._read(
+            self._sql.intent_by_alias, (call_id,)
+        )
         return intent_from_row(rows[0]) if rows else None
 
     def list_intents(

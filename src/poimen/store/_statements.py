@@ -191,11 +191,34 @@ class Sql:
             "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
         )
         # Approval: a call recorded before anything is dispatched, decided by an operator.
+        # Identical calls in a scope (version 8): the scoped insert, the unsettled intent
+        # of the same call, and the call ids that answer with another call's intent.
+        self.insert_scoped_intent = q(
+            "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
+            "request_id, state, fence, owner_id, owner_host, owner_pid, owner_start, "
+            "lease_expires_at, timeout_s, deadline_at, next_check_at, unknown_count, "
+            "attempts, created_at, updated_at, inline_history, scope) VALUES "
+            "(?,?,?,?,?,?,?,?,'DISPATCHED',1,?,?,?,?,?,?,?,NULL,0,1,?,?,1,?) "
+            "ON CONFLICT (call_id) DO NOTHING"
+        )
+        self.unsettled_same = q(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE scope = ? AND tool_id = ? "
+            "AND args_hash = ? AND state IN ('DISPATCHED', 'AWAITING_APPROVAL', 'INDETERMINATE')"
+        )
+        self.intent_by_alias = q(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = "
+            "(SELECT intent_id FROM call_aliases WHERE call_id = ?)"
+        )
+        self.insert_alias = q(
+            "INSERT INTO call_aliases (call_id, intent_id, created_at) VALUES (?,?,?) "
+            "ON CONFLICT (call_id) DO NOTHING"
+        )
+        self.drop_alias = q("DELETE FROM call_aliases WHERE call_id = ?")
         self.insert_awaiting = q(
             "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, key, "
             "request_id, state, fence, timeout_s, deadline_at, next_check_at, unknown_count, "
-            "attempts, created_at, updated_at) VALUES "
-            "(?,?,?,?,?,?,?,?,'AWAITING_APPROVAL',1,?,NULL,?,0,0,?,?) "
+            "attempts, created_at, updated_at, scope) VALUES "
+            "(?,?,?,?,?,?,?,?,'AWAITING_APPROVAL',1,?,NULL,?,0,0,?,?,?) "
             "ON CONFLICT (call_id) DO NOTHING"
         )
         # An operator's decision holds only within the window (next_check_at, when set);
@@ -211,6 +234,21 @@ class Sql:
             "error = ?, reason = 'rejected', updated_at = ? "
             "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' "
             "AND (next_check_at IS NULL OR next_check_at > ?)"
+        )
+        # Approve with edit: the call fails, naming the edited call recorded with it.
+        self.edited = q(
+            "UPDATE intents SET state = 'FAILED', fence = fence + 1, next_check_at = NULL, "
+            "error = ?, reason = 'edited', updated_at = ? "
+            "WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' "
+            "AND (next_check_at IS NULL OR next_check_at > ?)"
+        )
+        self.scope_of_intent = q("SELECT scope FROM intents WHERE id = ?")
+        # Four eyes: how many operators a call needs, and who approved it so far.
+        self.awaiting_detail = q(
+            "SELECT detail FROM events WHERE intent_id = ? AND kind = 'awaiting_approval'"
+        )
+        self.approvals_given = q(
+            "SELECT DISTINCT actor FROM events WHERE intent_id = ? AND kind = 'approval_given'"
         )
         self.expire = q(
             "UPDATE intents SET state = 'FAILED', fence = fence + 1, next_check_at = NULL, "

@@ -333,6 +333,10 @@ class PostgresStore(SqlStore):
     def _prefix_match(self, prefix: str) -> tuple[str, tuple[Any, ...]]:
         return "starts_with(call_id, %s)", (prefix,)
 
+    def _serialize(self, ex: Executor, key: str) -> None:
+        # Until the transaction ends; a hash collision only serializes two unrelated calls.
+        ex.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
+
     def close(self) -> None:
         if self._closed:
             return
@@ -437,6 +441,8 @@ class PostgresStore(SqlStore):
         raise AssertionError("unreachable")
 
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
+        if d.scope is not None:
+            return self._record_scoped(d, None)
         params = dispatch_params(d)
 
         def op(cur: Cursor, retrying: bool) -> tuple[Intent, bool]:

@@ -529,10 +529,15 @@ class SqliteStore(SqlStore):
     # The call path.
 
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
+        if d.scope is not None:
+            return self._record_scoped(d, None)
         return self._writer_open().run(self._dispatch_op(d), _merge_dispatches, d)
 
     def arecord_dispatch(self, d: NewDispatch) -> asyncio.Future[tuple[Intent, bool]]:
         """`record_dispatch` for a caller on an event loop, without a thread of its own."""
+        if d.scope is not None:
+            op = self._scoped_op(d, None)
+            return self._writer_open().submit(lambda conn: op(conn, False))
         return self._writer_open().submit(self._dispatch_op(d), _merge_dispatches, d)
 
     def _dispatch_op(self, d: NewDispatch) -> Callable[[sqlite3.Connection], tuple[Intent, bool]]:

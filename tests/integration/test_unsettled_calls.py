@@ -1,0 +1,235 @@
+"""An identical call in a scope is never a second dispatch while the first is unsettled
+(docs/design.md section 4): it gets the first call's outcome, whatever its call id, and its
+call id answers with that call from then on. Effects are counted by the witness provider;
+the race is run by real processes on both backends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from poimen import (
+    Caps,
+    Completed,
+    Indeterminate,
+    Kernel,
+    Pending,
+    Resolved,
+    ToolContext,
+    Unsafe,
+    call_ids,
+)
+from poimen.errors import ArgumentError
+from poimen.testing import ProviderClient, ProviderProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+LOST, SEND, REPEAT, GATED = "mail.lost", "mail.send", "mail.repeat", "mail.gated"
+BOB = {"to": "bob"}
+
+
+def make_kernel(store_url: str, provider: str) -> Kernel:
+    k = Kernel(store_url, notifiers=[], wait_bound=0.2)
+    client = httpx.Client(base_url=provider, timeout=5)
+    k.on_close(client.close)
+
+    def post(ctx: ToolContext, to: str) -> Any:
+        return client.post("/plain", json={"to": to, "call_id": ctx.call_id}).json()
+
+    @k.tool(id=LOST, effects=Unsafe(), caps=Caps(), timeout=5)
+    def lost(ctx: ToolContext, to: str) -> Any:
+        """Sends, then the connection breaks before the answer."""
+        post(ctx, to)
+        raise ConnectionResetError("the connection broke after the request was sent")
+
+    @k.tool(id=SEND, effects=Unsafe(), caps=Caps(), timeout=5)
+    def send(ctx: ToolContext, to: str) -> Any:
+        return post(ctx, to)
+
+    @k.tool(id=REPEAT, effects=Unsafe(), caps=Caps(), timeout=5, coalesce=False)
+    def repeat(ctx: ToolContext, to: str) -> Any:
+        post(ctx, to)
+        raise ConnectionResetError("the connection broke after the request was sent")
+
+    @k.tool(id=GATED, effects=Unsafe(), caps=Caps(), timeout=5, requires_approval=True)
+    def gated(ctx: ToolContext, to: str) -> Any:
+        return post(ctx, to)
+
+    return k
+
+
+@pytest.fixture
+def kernel(store_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
+    k = make_kernel(store_url, provider.url)
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def sent(ledger: ProviderClient) -> int:
+    return ledger.count(kind="plain")
+
+
+def test_an_identical_call_while_the_first_is_indeterminate_gets_its_outcome(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    first = kernel.call(LOST, BOB, call_id="thread-1/call_a", scope="thread-1")
+    assert isinstance(first, Indeterminate) and sent(ledger) == 1
+    # The model asked again, under a new tool-call id: the same call, not a second send.
+    again = kernel.call(LOST, BOB, call_id="thread-1/call_b", scope="thread-1")
+    assert again == first and sent(ledger) == 1
+    assert kernel.outcome("thread-1/call_b") == first
+    # Settled: the alias answers with the decision, and is never dispatched.
+    kernel.resolve(first.intent_id, landed=True, result={"id": 7}, operator="ann",
+                   reason="in the sent folder")
+    decided = kernel.call(LOST, BOB, call_id="thread-1/call_b", scope="thread-1")
+    assert decided == Resolved(first.intent_id, True, {"id": 7}) and sent(ledger) == 1
+    assert kernel.outcome("thread-1/call_b") == decided
+    # Once the first is settled, an identical call is a new call, as before.
+    later = kernel.call(LOST, BOB, call_id="thread-1/call_c", scope="thread-1")
+    assert later.intent_id != first.intent_id and sent(ledger) == 2
+    events = [e.kind for e in kernel.store.events(first.intent_id)]
+    assert events.count("coalesced") == 1
+
+
+def test_other_scopes_other_arguments_and_calls_without_a_scope_are_new_calls(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    first = kernel.call(LOST, BOB, call_id="a/1", scope="a")
+    assert kernel.call(LOST, BOB, call_id="b/1", scope="b").intent_id != first.intent_id
+    assert kernel.call(LOST, {"to": "eve"}, call_id="a/2", scope="a").intent_id != first.intent_id
+    assert kernel.call(LOST, BOB, call_id="plain-1").intent_id != first.intent_id
+    assert sent(ledger) == 4
+
+
+def test_a_rule_2_call_id_carries_its_scope(kernel: Kernel, ledger: ProviderClient) -> None:
+    ids = call_ids.CallIds("conv-1")
+    first = kernel.call(LOST, BOB, call_id=ids.next(LOST, BOB))
+    second = kernel.call(LOST, BOB, call_id=ids.next(LOST, BOB))  # occurrence 2
+    assert second == first and sent(ledger) == 1
+    assert call_ids.scope_of(call_ids.derived("conv/x", LOST, BOB, 3), LOST, BOB) == "conv/x"
+    assert call_ids.scope_of(call_ids.derived("conv", LOST, BOB, 3), LOST, {"to": "x"}) is None
+    assert call_ids.scope_of("conv/thread-1/call_a", LOST, BOB) is None
+
+
+def test_a_tool_registered_with_coalesce_false_repeats(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    first = kernel.call(REPEAT, BOB, call_id="r/1", scope="r")
+    second = kernel.call(REPEAT, BOB, call_id="r/2", scope="r")
+    assert first.intent_id != second.intent_id and sent(ledger) == 2
+
+
+def test_a_pending_or_indeterminate_answer_is_not_counted_as_a_result() -> None:
+    ids = call_ids.CallIds("conv-1")
+    one = ids.next(SEND, BOB)
+    ids.answered(one, Pending("in_1", "in_flight"))
+    assert ids.next(SEND, BOB) == one  # asked again: the same call
+    ids.answered(one, Indeterminate("in_1", "unsafe_unknown_outcome"))
+    assert ids.next(SEND, BOB) == one
+    ids.answered(one, Completed("in_1", {}))
+    assert ids.next(SEND, BOB) == call_ids.derived("conv-1", SEND, BOB, 2)
+
+
+def test_an_identical_call_awaiting_approval_is_the_same_call(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    first = kernel.call(GATED, BOB, call_id="g/1", scope="g")
+    assert first == Pending(first.intent_id, "awaiting_approval")
+    assert kernel.call(GATED, BOB, call_id="g/2", scope="g") == first
+    kernel.approve(first.intent_id, operator="ann", reason="fine")
+    done = kernel.wait_sync("g/2", timeout=30)
+    assert isinstance(done, Completed) and done.intent_id == first.intent_id
+    assert kernel.wait_sync("g/1", timeout=30) == done and sent(ledger) == 1
+
+
+def test_a_bad_scope_is_refused_before_anything_is_recorded(kernel: Kernel) -> None:
+    with pytest.raises(ArgumentError, match="scope"):
+        kernel.call(SEND, BOB, call_id="x/1", scope="")
+    assert kernel.outcome("x/1") is None
+
+
+def child(store_url: str, provider: str, release: Path, call_id: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")]))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.unsettled_app", "--db", store_url,
+         "--provider", provider, "--release", str(release), "--call-id", call_id,
+         "--scope", "race"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_processes_racing_with_one_call_under_many_call_ids_send_once(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient, tmp_path: Path
+) -> None:
+    # Whichever process records the call first holds it unsettled (its tool waits for the
+    # release file); every other one, whenever it comes, must find it and not send.
+    release = tmp_path / "release"
+    procs = [child(store_url, provider.url, release, f"race/call_{n}") for n in range(4)]
+    answers: list[dict[str, Any]] = []
+    waiting = list(procs)
+    end = time.monotonic() + 240
+    while len(answers) < 3 and time.monotonic() < end:
+        for p in list(waiting):
+            if p.poll() is not None:
+                out, err = p.communicate()
+                assert p.returncode == 0, err
+                answers.append(json.loads(out.strip().splitlines()[-1]))
+                waiting.remove(p)
+        time.sleep(0.05)
+    assert len(answers) == 3 and len(waiting) == 1
+    assert sent(ledger) == 1
+    assert {a["type"] for a in answers} == {"Pending"}
+    assert len({a["intent_id"] for a in answers}) == 1
+    release.touch()
+    out, err = waiting[0].communicate(timeout=120)
+    assert waiting[0].returncode == 0, err
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["type"] == "Completed" and last["intent_id"] == answers[0]["intent_id"]
+    assert sent(ledger) == 1
+
+
+def test_threads_racing_with_one_call_under_many_call_ids_send_once(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    # Released together, each thread's first commit races the others' (on PostgreSQL, each
+    # in a transaction of its own): one records the call, every other one finds it. Each
+    # round is one call (its own arguments); the rounds make a lost race likely to show.
+    import threading
+
+    k = make_kernel(store_url, provider.url)
+    rounds, width = 12, 8
+    got: dict[tuple[int, int], Any] = {}
+
+    def one(r: int, n: int, start: threading.Barrier) -> None:
+        start.wait(timeout=60)
+        try:
+            got[r, n] = k.call(LOST, {"to": f"bob{r}"}, call_id=f"t/{r}/{n}", scope="t")
+        except Exception as exc:  # reported below
+            got[r, n] = exc
+
+    try:
+        for r in range(rounds):
+            start = threading.Barrier(width)
+            threads = [threading.Thread(target=one, args=(r, n, start)) for n in range(width)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+    finally:
+        k.close()
+    assert len(got) == rounds * width
+    assert [v for v in got.values() if isinstance(v, Exception)] == []
+    for r in range(rounds):
+        assert len({got[r, n].intent_id for n in range(width)}) == 1
+    assert sent(ledger) == rounds

@@ -1,0 +1,112 @@
+"""What models and applications do between runs, with real agent processes SIGKILLed and a
+provider process counting effects in its own ledger (issue 22): a restart that asks the model
+again, which mints new tool-call ids; a model asking again after a Pending answer; a Pending
+call that ends inside the run. One effect each, never a second."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from poimen import Completed, Kernel, call_ids
+from poimen.testing import SHIP, ProviderClient
+from tests.integrations.conftest import KILL_TIMEOUT, RunAgent
+
+SHIP_ARGS = {"order_id": "o-1", "address": "x"}
+NO_RESULT = ("This action is still in progress", "The outcome of this action is unknown")
+
+
+@KILL_TIMEOUT
+def test_a_langgraph_restart_with_inputs_asks_the_model_again_and_sends_one_email(
+    run_agent: RunAgent, ledger: ProviderClient
+) -> None:
+    assert run_agent("langgraph", "call_first", kill_after_effect=True) is None
+    assert ledger.count() == 1
+    # invoke(inputs, config) instead of invoke(None, config): the model is asked again and
+    # mints call_second for the same email, while the first is unsettled in the thread.
+    report = run_agent("langgraph", "call_second")
+    assert report is not None and report["output"] == "done"
+    assert ledger.count() == 1
+    [seen] = report["seen"]
+    assert seen.startswith("The outcome of this action is unknown")
+
+
+@KILL_TIMEOUT
+@pytest.mark.parametrize("framework", ["pydantic-ai", "openai-agents"])
+def test_a_model_asking_again_after_pending_is_the_same_call(
+    framework: str, run_agent: RunAgent, ledger: ProviderClient, sqlite_url: str,
+    provider: Any,
+) -> None:
+    # Killed before the request left: the restarted run finds the call Pending (its deadline
+    # not passed), is told so (no wait here), and the model asks again. The Pending answer is
+    # no result: the re-ask is the same call, and the request lands once when it settles.
+    assert run_agent(framework, "call_first", kill_at="mid_call", tool="ship") is None
+    assert ledger.count() == 0
+    report = run_agent(framework, "call_second", tool="ship", reask=True, pending_wait=0,
+                       wait_bound=0.1)
+    assert report is not None
+    first, again = report["seen"]
+    assert first.startswith(NO_RESULT) and again.startswith(NO_RESULT)
+    call_id = call_ids.derived("conv-1", SHIP, SHIP_ARGS, 1)
+    from poimen.testing import register_test_tools
+
+    with Kernel(sqlite_url, notifiers=[], worker_id="later") as k:
+        register_test_tools(k, provider.url)
+        assert isinstance(k.wait_sync(call_id, timeout=120), Completed)
+        assert [i.call_id for i in k.store.list_intents()] == [call_id]
+    assert ledger.count() == 1
+
+
+@KILL_TIMEOUT
+def test_a_langgraph_restart_while_the_call_is_pending_interrupts_and_resumes_once(
+    run_agent: RunAgent, ledger: ProviderClient
+) -> None:
+    assert run_agent("langgraph", "call_first", kill_at="mid_call", tool="ship") is None
+    # Asked again (a new id), the call is the unsettled one: Pending, so the thread stops on
+    # LangGraph's interrupt and is resumed once the call has settled.
+    report = run_agent("langgraph", "call_second", tool="ship", pending_wait=0, wait_bound=0.1)
+    assert report is not None and report["output"] == "done"
+    assert report["seen"][0].startswith("interrupt:")
+    assert '"status"' in report["seen"][-1] or "request_id" in report["seen"][-1]
+    assert ledger.count() == 1
+
+
+@KILL_TIMEOUT
+@pytest.mark.parametrize("framework", ["pydantic-ai", "openai-agents", "langgraph"])
+def test_a_pending_call_ends_inside_the_run(
+    framework: str, run_agent: RunAgent, ledger: ProviderClient
+) -> None:
+    # The integration waits for the Pending call (its deadline, the lookup, the retry): the
+    # model gets its result in the same run.
+    assert run_agent(framework, "call_first", kill_at="mid_call", tool="ship") is None
+    report = run_agent(framework, "call_second", tool="ship", pending_wait=60)
+    assert report is not None and report["output"] == "done"
+    assert not any(s.startswith(NO_RESULT) or s.startswith("interrupt") for s in report["seen"])
+    assert ledger.count() == 1
+
+
+# A LangGraph thread asking for an approval through interrupt, its process killed after the
+# decision was applied (before the call ran) or after the email went out, then resumed from
+# its checkpoint taken before the approval, decision and all.
+
+@KILL_TIMEOUT
+@pytest.mark.parametrize("kill_at", ["after_approval", "after_effect"])
+def test_a_thread_killed_after_its_approval_and_resumed_from_the_stale_state_sends_once(
+    kill_at: str, run_agent: RunAgent, ledger: ProviderClient, sqlite_url: str
+) -> None:
+    asked = run_agent("langgraph", "call_1", tool="gated")
+    assert asked is not None and asked["seen"] == ["interrupt: awaiting_approval"]
+    assert ledger.count() == 0
+    assert run_agent("langgraph", "call_1", tool="gated", resume=True, decide="approve",
+                     kill_at=kill_at) is None
+    assert ledger.count() == (1 if kill_at == "after_effect" else 0)
+    report = run_agent("langgraph", "call_1", tool="gated", resume=True, decide="approve")
+    assert report is not None and report["output"] == "done"
+    assert ledger.count() == 1
+    with Kernel(sqlite_url, notifiers=[], worker_id="later") as k:
+        out = k.outcome(call_ids.framework_id("conv-1", "call_1"))
+    if kill_at == "after_effect":  # Unsafe, its process died after sending: an operator decides
+        assert report["seen"][-1].startswith("The outcome of this action is unknown")
+    else:
+        assert isinstance(out, Completed)
