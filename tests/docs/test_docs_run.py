@@ -46,6 +46,12 @@ MARKER = re.compile(r"<!--\s*(?P<kind>fragment of|example:)\s*(?P<path>\S+)\s*--
 INCLUDE = re.compile(r'^--8<--\s+"(?P<path>[^":]+)(?::(?P<section>[\w-]+))?"\s*$')
 SHELL = {"sh", "bash", "console"}
 TEXT = {"text"}
+# The approval examples: a refund approved, one edited to half, one rejected; the provider's
+# ledger took the first two, the edited one at its edited amount.
+REFUNDS_1_2_2 = (("refunds the provider took: 1", 1), ("refunds the provider took: 2", 2),
+                 ("refunds the provider took: 3", 0),
+                 "the provider's ledger: [{'cents': 25000, 'refund': 'o-1'}, "
+                 "{'cents': 12500, 'refund': 'o-2'}]")
 # What an example prints when it did what its page says (the provider's ledger is the witness).
 # A text, or (a text, how many times exactly).
 EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
@@ -60,6 +66,14 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
     "hooks.py": ("paged: send_email call run-7/step-1 is Indeterminate: unsafe_unknown_outcome",
                  "calls finished: run-7/step-1", "'indeterminate': 1"),
     "langgraph_agent.py": ('The tool said: {"sent": true', "emails sent: 1"),
+    "langgraph_approval.py": ("refund {'order_id': 'o-1', 'amount_cents': 25000}: Pending "
+                              "(awaiting_approval)", "approve by ann: Completed",
+                              "edit by ann: Completed", "reject by ann: Failed",
+                              *REFUNDS_1_2_2),
+    "langgraph_pending.py": ("the thread stopped: book_courier is Pending (awaiting_deadline)",
+                             "the tool node answered from the log: Completed",
+                             'the agent: The tool said: {"entry_id": 1',
+                             ("bookings the courier took: 1", 1)),
     "mcp_import.py": ("crm.send_campaign: Completed", "the same call id again: Completed",
                       "crm.tag_contact    idempotent", "crm.send_campaign  unsafe",
                       "the CRM received: send_campaign {'tag': 'new'}\n"),
@@ -68,6 +82,13 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
     "notify_operator.py": ("the call: Indeterminate",
                            "the webhook: indeterminate ops.post_hook unsafe_unknown_outcome",
                            "link: https://poimen-console.internal/intents/in_"),
+    "openai_agents_approval.py": (
+        "refund of o-1: the run stopped, ['refund'] awaiting approval",
+        'approve by ann: the agent: The tool said: {"cents": 25000',
+        'edit by ann: the agent: The tool said: {"cents": 12500',
+        "reject by ann: the agent: The tool said: The action failed and had no effect: rejected",
+        *REFUNDS_1_2_2,
+    ),
     "openai_agents_agent.py": ("the agent: Bob knows his order shipped.", "emails sent: 1",
                                "the call in poimen's log: session-42/send_email/"),
     "postgres.py": ("api-1 calls: Completed(", "api-2 finds it in the log: Completed("),
@@ -77,6 +98,13 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
         ("emails sent: 1", 2),
         ("emails sent: 2", 0),
         "An operator confirmed that the action took effect",
+    ),
+    "pydantic_ai_approval.py": (
+        "refund of o-1: the run ended, ['refund'] awaiting approval",
+        'approve by ann: the agent: The tool said: {"cents":25000',
+        'edit by ann: the agent: The tool said: {"cents":12500',
+        "reject by ann: the agent: The tool said: The action failed and had no effect: rejected",
+        *REFUNDS_1_2_2,
     ),
     "pydantic_ai_deferred.py": ("send_email is Indeterminate",
                                 "the run resumed: Tool said: An operator confirmed",
