@@ -27,6 +27,7 @@ from poimen import _health as health
 from poimen import _operator as op
 from poimen._kernel import Kernel
 from poimen._prune import prune
+from poimen.cli import _aids as aids
 from poimen.cli import _render as render
 from poimen.cli._parser import _parser
 from poimen.errors import (
@@ -132,6 +133,8 @@ def _emit(ns: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
 
 def cmd_status(ns: argparse.Namespace, store: Store) -> int:
     st = op.status(store)
+    if ns.older_than is not None:
+        return aids.status_older(ns, store, st)
     _emit(ns, st.to_json(), lambda: render.status_text(st))
     return INDETERMINATE if ns.fail_if_indeterminate and st.indeterminate else OK
 
@@ -226,6 +229,17 @@ def _by(who: op.Identity, reason: str) -> str:
 
 
 def cmd_resolve(ns: argparse.Namespace, store: Store) -> int:
+    if ns.filter or ns.from_csv:
+        return aids.cmd_bulk(ns, store)
+    if ns.dry_run:
+        raise CliError("--dry-run goes with --filter or --from-csv", code=USAGE)
+    if ns.intent is None or not (ns.landed or ns.not_landed):
+        raise CliError(
+            "resolve needs an intent and --landed or --not-landed (or --filter/--from-csv)",
+            code=USAGE,
+        )
+    if not ns.reason or not ns.reason.strip():
+        raise CliError("resolve needs --reason: what you checked", code=USAGE)
     if ns.result is not None and not ns.landed:
         raise CliError("--result goes only with --landed", code=USAGE)
     result = None if ns.result is None else op.parse_result(ns.result)
@@ -632,6 +646,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 store.close()
         if ns.cmd == "recover":
             return cmd_recover(ns)
+        if ns.cmd == "evidence":
+            return aids.cmd_evidence(ns)
         if ns.cmd == "undo":
             return cmd_undo(ns)
         if ns.cmd == "migrate":
