@@ -80,7 +80,8 @@ class Suggestion:
 @dataclass(frozen=True, slots=True)
 class RecordedCall:
     """The call as recorded, handed to an evidence function and its rule: its arguments
-    (as recorded, not redacted), key or request id, attempts with their times and errors."""
+    (as recorded, not redacted), key or request id, its tool's timeout when it was made,
+    attempts with their times and errors."""
 
     intent_id: str
     call_id: str
@@ -92,6 +93,7 @@ class RecordedCall:
     key: str | None
     request_id: str | None
     created_at: float
+    timeout: float
     error: str | None
     attempts: tuple[Attempt, ...]
 
@@ -185,6 +187,7 @@ def recorded_call(intent: Intent, attempts: Sequence[Attempt]) -> RecordedCall:
         key=intent.key,
         request_id=intent.request_id,
         created_at=intent.created_at,
+        timeout=intent.timeout_s,
         error=intent.error,
         attempts=tuple(attempts),
     )
@@ -344,6 +347,7 @@ class Gatherer:
         self._lock = threading.Lock()
         self._checked: set[str] = set()  # have an evidence event (or just got one)
         self._pending: list[Intent] = []
+        self._busy: set[str] = set()  # being gathered by the delivery duty right now
         self._stuck: list[_Run] = []
         self._closing = threading.Event()
 
@@ -359,12 +363,14 @@ class Gatherer:
         notifications wait for it (a bounded while)."""
         found: list[Intent] = []
         listed: set[str] = set()
+        with self._lock:
+            skip = self._checked | self._busy
         for tool_id in list(self.rules):
             for it in self.store.list_intents(
                 state=IntentState.INDETERMINATE, tool_id=tool_id, limit=SCAN_LIMIT
             ):
                 listed.add(it.id)
-                if it.id in self._checked:
+                if it.id in skip:
                     continue
                 if any(e.kind == EVIDENCE for e in self.store.events(it.id)):
                     self._checked.add(it.id)
@@ -373,13 +379,21 @@ class Gatherer:
         with self._lock:
             self._checked &= listed
             self._pending = found
-        return {i.id for i in found}
+            return {i.id for i in found} | self._busy
 
     def gather_pending(self) -> bool:
         """Gather the next few pending intents at once, each within its timeout, and record
         what was found; False when none was pending."""
         with self._lock:
             batch, self._pending = self._pending[:WORKERS], self._pending[WORKERS:]
+            self._busy.update(i.id for i in batch)
+        try:
+            return self._gather(batch)
+        finally:
+            with self._lock:
+                self._busy.difference_update(i.id for i in batch)
+
+    def _gather(self, batch: list[Intent]) -> bool:
         if not batch:
             return False
         started = []
