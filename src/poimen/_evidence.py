@@ -513,7 +513,11 @@ def found(event: Event) -> Found | None:
     if not isinstance(d, dict):
         return None
     d = redact(d)
-    facts = d.get("facts") if isinstance(d.get("facts"), list) else []
+    facts = [
+        {**f, "link": f.get("link") if _shown_link(f.get("link")) else None}
+        for f in (d.get("facts") if isinstance(d.get("facts"), list) else [])
+        if isinstance(f, dict)
+    ]
     s = d.get("suggestion")
     ok = isinstance(s, dict) and isinstance(s.get("landed"), bool) and isinstance(
         s.get("reason"), str
@@ -523,12 +527,17 @@ def found(event: Event) -> Found | None:
         at=event.at,
         actor=event.actor,
         trigger=str(d.get("trigger", "")),
-        facts=tuple(f for f in facts if isinstance(f, dict)),
+        facts=tuple(facts),
         suggestion={"landed": s["landed"], "reason": s["reason"]} if ok else None,
         error=d.get("error") if isinstance(d.get("error"), str) else None,
         suggest_error=d.get("suggest_error") if isinstance(d.get("suggest_error"), str) else None,
         omitted=int(d.get("omitted") or 0) if isinstance(d.get("omitted"), int) else 0,
     )
+
+
+def _shown_link(link: object) -> bool:
+    # Checked when recorded; again when shown, for a row written by other means.
+    return isinstance(link, str) and link.lower().startswith(("http://", "https://"))
 
 
 def latest(events: Sequence[Event]) -> Found | None:

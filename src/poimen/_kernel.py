@@ -771,10 +771,13 @@ class Kernel:
             self.resolve, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
 
-    def deliver_notifications(self) -> int:
+    def deliver_notifications(self, *, gather: bool = False) -> int:
         """Deliver the notifications due to this kernel's notifiers now; returns how many
         deliveries were made. Those of calls whose evidence is still to be gathered wait
-        for it (the delivery duty gathers it, within `Evidence.timeout`)."""
+        for it: the delivery duty gathers it (each within its `Evidence.timeout`), or, with
+        `gather`, this call does first (for a process that exits next)."""
+        if gather:
+            self._delivery_round()
         with self._deliver_lock:
             if self._renotifier is not None:
                 self._renotifier.maybe_run(self.store, self.notifiers)
@@ -782,6 +785,16 @@ class Kernel:
 
     def _delivery_round(self) -> None:
         self._aids.round(self.deliver_notifications, lambda: self._closed)
+
+    @property
+    def evidence_tools(self) -> frozenset[str]:
+        """The tools that declare `evidence=`."""
+        return frozenset(self._aids.gatherer.rules)
+
+    @property
+    def escalations(self) -> dict[str, float]:
+        """Each tool's ``escalate_after``, in seconds."""
+        return dict(self._aids.ageing.thresholds)
 
     def evidence(self, intent_id: str, *, operator: str | Identity | None = None) -> Found | None:
         """Gather the evidence of one call now (by intent id or call id) with its tool's

@@ -12,9 +12,20 @@ from typing import Any
 from poimen import _ageing
 from poimen import _operator as op
 from poimen import _reconcile as rc
+from poimen._kernel import Kernel
 from poimen.cli import _main as m
 from poimen.cli import _render as render
 from poimen.store import Store
+
+
+def console_options(kernel: Kernel) -> dict[str, Any]:
+    """What the console takes from the app besides its checks: the evidence functions (run
+    from the intent page) and the tools' escalation thresholds (the overdue badge)."""
+    return {
+        "evidence": kernel.evidence,
+        "evidence_tools": kernel.evidence_tools,
+        "escalations": kernel.escalations,
+    }
 
 
 def cmd_evidence(ns: argparse.Namespace) -> int:

@@ -363,6 +363,7 @@ def cmd_recover(ns: argparse.Namespace) -> int:
         report = kernel.recover(progress=bar.update if bar else None)
         if bar:
             bar.finish(report.scanned)
+        kernel.deliver_notifications(gather=True)  # a one-shot process: no delivery duty
     finally:
         kernel.close()
     data = asdict(report)
@@ -507,6 +508,7 @@ def cmd_console(ns: argparse.Namespace) -> int:
         undo=None if kernel is None else kernel.undo,
         recording=ns.recording,
         metrics_token=ns.metrics_token or os.environ.get("POIMEN_METRICS_TOKEN") or None,
+        **({} if kernel is None else aids.console_options(kernel)),
     )
     check_setup(ns.host, token, options)
     if ns.recording:  # refused now, not on the first visit of the diff page
