@@ -131,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Operate the poimen intent log: status, find, Indeterminate intents, abandon, audit, "
         "recovery, undo.",
         epilog="exit codes: 0 ok, 1 nothing found or refused, 2 usage, 3 store unavailable, "
-        "4 unexpected error, 5 INDETERMINATE intents (status --fail-if-indeterminate), "
+        "4 unexpected error, 5 INDETERMINATE intents (status --fail-if-indeterminate), or calls "
+        "waiting longer (status --older-than), "
         "6 verify found a problem",
     )
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)
