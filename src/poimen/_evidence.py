@@ -355,8 +355,9 @@ class Gatherer:
         self._closing.set()
 
     def after_fork(self) -> None:
+        """In a forked child: the parent's gatherings and their threads are not ours."""
         self._lock = threading.Lock()
-        self._stuck = []
+        self._stuck, self._pending, self._busy = [], [], set()
 
     def scan(self) -> set[str]:
         """The INDETERMINATE intents of tools with evidence that have none yet: their

@@ -123,19 +123,19 @@ def test_a_csv_from_the_sent_log_resolves_hundreds_in_one_audited_batch(
 def test_a_filter_resolves_the_outage_window_after_a_dry_run(
     store_url: str, provider: ProviderProcess
 ) -> None:
-    old = outage(store_url, provider.url, 40, prefix="old", now=time.time() - 7200)
+    old = outage(store_url, provider.url, 200, prefix="old", now=time.time() - 7200)
     new = outage(store_url, provider.url, 20, prefix="new")
     terms = "tool=mail.send,reason=unsafe_unknown_outcome,created<1h"
     dry = poimen("resolve", "--filter", terms, "--not-landed", "--dry-run", db=store_url)
     assert dry.returncode == 0, dry.stderr
-    assert "would resolve 40; nothing was changed" in dry.stdout
+    assert "would resolve 200; nothing was changed" in dry.stdout
     assert all(i.id in dry.stdout for i in old) and not any(i.id in dry.stdout for i in new)
     assert {s for s, _ in states(store_url, old + new).values()} == {S.INDETERMINATE}
 
     r = poimen("resolve", "--filter", terms, "--not-landed", "--operator", "ana", "--reason",
                "the provider was down from 10:00 to 11:00; nothing went out", db=store_url)
     assert r.returncode == 0, r.stderr
-    assert "resolved 40 by ana" in r.stdout
+    assert "resolved 200 by ana" in r.stdout
     batch = r.stdout.split()[1]
     for call_id, (state, events) in states(store_url, old).items():
         assert state == S.RESOLVED_NOT_LANDED, call_id

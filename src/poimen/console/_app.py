@@ -8,7 +8,7 @@ operator's own (``--operators``: the session carries their name, and ends at the
 request once their line leaves the file) or one shared token (the name is typed into each
 decision). Behind an authenticating proxy (``--trust-user-header``) the proxy's header
 names the operator instead, and each name gets its own session. State changes (resolve,
-abandon, undo, logout) are POSTs that must carry the session's CSRF token and, if the browser
+resolve many, abandon, undo, gather evidence, logout) are POSTs that must carry the session's CSRF token and, if the browser
 sends an Origin, come from this console's own origin. Requests naming another host than the console's are
 refused before routing. Anything else is refused before a store method is called.
 """
