@@ -56,11 +56,16 @@ class Aids:
             wake()
         return done
 
-    def round(self, deliver_now: Callable[[], object], closed: Callable[[], bool]) -> None:
+    def round(
+        self, deliver_now: Callable[[], object], closed: Callable[[], bool], *, finish: bool
+    ) -> None:
         """The delivery duty's round: deliver, gather the evidence notifications wait for (a
-        few at a time, each within its timeout), deliver what it let go."""
+        few at a time, each within its timeout), deliver what it let go. With `finish`
+        (a process about to exit), also wait for gatherings another thread has in flight."""
         deliver_now()
-        while not closed() and self.gatherer.gather_pending():
+        while not closed():
+            if not self.gatherer.gather_pending() and not (finish and self.gatherer.wait_idle()):
+                return
             deliver_now()
 
     def evidence(self, intent_id: str, operator: str | Identity | None) -> _evidence.Found | None:

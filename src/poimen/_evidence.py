@@ -345,6 +345,7 @@ class Gatherer:
         self.tools = tools
         self.rules: dict[str, Evidence] = {}
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._checked: set[str] = set()  # have an evidence event (or just got one)
         self._pending: list[Intent] = []
         self._busy: set[str] = set()  # being gathered by the delivery duty right now
@@ -357,6 +358,7 @@ class Gatherer:
     def after_fork(self) -> None:
         """In a forked child: the parent's gatherings and their threads are not ours."""
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._stuck, self._pending, self._busy = [], [], set()
 
     def scan(self) -> set[str]:
@@ -393,6 +395,17 @@ class Gatherer:
         finally:
             with self._lock:
                 self._busy.difference_update(i.id for i in batch)
+                self._idle.notify_all()
+
+    def wait_idle(self) -> bool:
+        """Wait for the gatherings another thread has in flight (each is bounded by its
+        timeout); True if there were any."""
+        longest = max((r.timeout for r in self.rules.values()), default=0.0)
+        with self._lock:
+            if not self._busy:
+                return False
+            self._idle.wait_for(lambda: not self._busy or self._closing.is_set(), longest + 5)
+            return True
 
     def _gather(self, batch: list[Intent]) -> bool:
         if not batch:

@@ -777,14 +777,14 @@ class Kernel:
         for it: the delivery duty gathers it (each within its `Evidence.timeout`), or, with
         `gather`, this call does first (for a process that exits next)."""
         if gather:
-            self._delivery_round()
+            self._aids.round(self.deliver_notifications, lambda: self._closed, finish=True)
         with self._deliver_lock:
             if self._renotifier is not None:
                 self._renotifier.maybe_run(self.store, self.notifiers)
             return self._aids.deliver(self.notifiers, self._upkeep.delivery, self._upkeep.notify_soon)
 
     def _delivery_round(self) -> None:
-        self._aids.round(self.deliver_notifications, lambda: self._closed)
+        self._aids.round(self.deliver_notifications, lambda: self._closed, finish=False)
 
     @property
     def evidence_tools(self) -> frozenset[str]:

@@ -31,6 +31,7 @@ from poimen import (
     WebhookNotifier,
 )
 from poimen.errors import RegistrationError
+from poimen.store import open_store
 from poimen.testing import ProviderClient, ProviderProcess
 from tests.integration.operator_app import poimen, poimen_json
 from tests.integration.outage_app import MAIL, crash_mail, register_mail
@@ -326,3 +327,30 @@ def test_a_bad_declaration_is_refused_at_registration(sqlite_url: str) -> None:
         with pytest.raises(RegistrationError, match="escalate_after must be a positive"):
             k.tool(id="t.x", effects=Unsafe(), caps=Caps(), timeout=1, escalate_after=-1)(tool)
         assert k.registered() == {}  # nothing half registered
+
+
+def test_a_process_about_to_exit_finishes_the_gathering_in_flight(
+    sqlite_url: str, provider: ProviderProcess
+) -> None:
+    """What `poimen recover` does before it closes its kernel: the delivery duty is gathering
+    when the command is done; it waits for that gathering (bounded) instead of dropping it."""
+    entered = threading.Event()
+
+    def takes_a_while(ctx: ToolContext, call: RecordedCall) -> list[Fact]:
+        entered.set()
+        time.sleep(3)  # the gathering's own work, not a wait for something to happen
+        return [Fact("looked, slowly")]
+
+    k = Kernel(sqlite_url, notifiers=[])
+    register_mail(k, provider.url, evidence=Evidence(takes_a_while, timeout=60))
+    out = k.call(MAIL, {"to": "h@example.com", "subject": "s", "land": False},
+                 call_id="run-8/mail")
+    assert entered.wait(60)  # the delivery duty is gathering it now
+    k.deliver_notifications(gather=True)
+    k.close()
+    store = open_store(sqlite_url, migrate=False)
+    try:
+        [event] = [e for e in store.events(out.intent_id) if e.kind == "evidence"]
+    finally:
+        store.close()
+    assert json.loads(event.detail or "{}")["facts"][0]["text"] == "looked, slowly"

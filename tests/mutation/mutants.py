@@ -333,6 +333,10 @@ MUTANTS: list[Mutant] = [
            "        hold = self.gatherer.scan() if self.gatherer.rules else set()\n"
            "        while self.gatherer.gather_pending():\n            hold = set()\n",
            ("tests/integration/test_evidence.py", "-k", "never_holds")),
+    Mutant("exit-drops-evidence", "a process about to exit finishes the gathering in flight",
+           "poimen/_aids.py", "not (finish and self.gatherer.wait_idle())",
+           "not (False and self.gatherer.wait_idle())",
+           ("tests/integration/test_evidence.py", "-k", "about_to_exit")),
     Mutant("evidence-not-awaited", "an intent's notifications wait for its evidence",
            "poimen/_notify.py", "        if n.intent_id in hold:\n            continue\n", "",
            ("tests/integration/test_evidence.py", "-k", "killed_email and sqlite")),
