@@ -388,7 +388,10 @@ class Gatherer:
         """Gather the next few pending intents at once, each within its timeout, and record
         what was found; False when none was pending."""
         with self._lock:
-            batch, self._pending = self._pending[:WORKERS], self._pending[WORKERS:]
+            # A scan that read before another thread took an intent may list it again.
+            taken = self._busy | self._checked
+            ready = [i for i in self._pending if i.id not in taken]
+            batch, self._pending = ready[:WORKERS], ready[WORKERS:]
             self._busy.update(i.id for i in batch)
         try:
             return self._gather(batch)
