@@ -14,6 +14,7 @@ from poimen._effects import (
     Unknown,
     Unsafe,
 )
+from poimen._evidence import Evidence, Fact, RecordedCall, Suggestion
 from poimen._handles import AsyncHttpHandle, HttpHandle, SinkHandle
 from poimen._intents import (
     Attempt,
@@ -53,6 +54,8 @@ __all__ = [
     "Denial",
     "EffectClass",
     "Event",
+    "Evidence",
+    "Fact",
     "Failed",
     "HttpHandle",
     "Idempotent",
@@ -72,12 +75,14 @@ __all__ = [
     "Pending",
     "Queryable",
     "ReadOnly",
+    "RecordedCall",
     "RecoveryReport",
     "RequestIdLookup",
     "Resolved",
     "Retry",
     "Sink",
     "SinkHandle",
+    "Suggestion",
     "ToolContext",
     "ToolHandle",
     "ToolRegistration",

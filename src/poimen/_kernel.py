@@ -24,13 +24,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from poimen import _approval, _guard, _observe, _protocol, _runners, _sandbox, _undo, call_ids
+from poimen._aids import Aids
 from poimen._approval import ApprovalRule, approval_due, approval_rule
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
+from poimen._evidence import Evidence, Found, Gather
 from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
-from poimen._notify import LogNotifier, Notifier, Renotifier, deliver, notifier_names
+from poimen._notify import LogNotifier, Notifier, Renotifier, notifier_names
 from poimen._observe import logging_wanted
 from poimen._operator import Identity
 from poimen._operator import abandon as operator_abandon
@@ -108,6 +110,8 @@ class Kernel:
             the delivery of due notifications.
         renotify_after: Remind the notifiers of an Indeterminate call that is still open this
             long after its latest notification; None (default): no reminders.
+        escalate_to: Notifiers that hear only of overdue calls (older than their tool's
+            ``escalate_after``), besides `notifiers`: a second line, such as a pager.
         recording: In replay mode, the recorded log (a URL or a `Store`), opened read-only.
         live: In shadow mode, the live run's log (a URL or a `Store`), opened read-only;
             without it, every call but a read is "would have called".
@@ -139,6 +143,7 @@ class Kernel:
         wait_bound: float = 5.0,
         recover_interval: float = 5.0,
         renotify_after: float | None = None,
+        escalate_to: Sequence[Notifier] = (),
         recording: str | Store | None = None,
         live: str | Store | None = None,
         scope: str | None = None,
@@ -169,7 +174,8 @@ class Kernel:
             non_negative={"deadline_margin": deadline_margin, "wait_bound": wait_bound},
             counts={"max_attempts": max_attempts, "lookup_limit": lookup_limit},
         )
-        notifier_names(notifiers or ())  # one name each: refused here, not mid-recovery
+        # One name each (escalation notifiers too): refused here, not mid-recovery.
+        notifier_names([*(notifiers or ()), *escalate_to])
         self._given_worker_id = worker_id
         self._given_host = host
         owner = current_owner(worker_id, host)
@@ -213,10 +219,12 @@ class Kernel:
             notify=self._notify_soon,
             notifiers=self.notifiers,
         )
+        # Evidence, ageing, escalation: gathered and sent by the delivery duty (poimen._aids).
+        self._aids = Aids(self.store, self._issuer, self._engine.tools, escalate_to)
         self._upkeep = Upkeep(
             renew=self._renew,
             recover=self.recover,
-            deliver=self.deliver_notifications,
+            deliver=self._delivery_round,
             lease_ttl=lease_ttl,
             recover_interval=recover_interval,
         )
@@ -277,6 +285,8 @@ class Kernel:
         undo: str | None = None,
         undo_args: UndoArgs | None = None,
         coalesce: bool = True,
+        evidence: Evidence | Gather | None = None,
+        escalate_after: float | None = None,
     ) -> Callable[[Callable[Concatenate[ToolContext, P], R]], ToolHandle[P, R]]:
         """Register the decorated function; returns a `ToolHandle` (the function, callable as
         before, with typed `call`/`acall`). Every argument but `retry` and `description` is
@@ -289,7 +299,10 @@ class Kernel:
         tool that reverses a call (`Kernel.undo`), `undo_args` derives its arguments from the
         call's recorded arguments and result (a pure function; default: the same arguments);
         `@handle.undo(...)` registers an undo function directly. `coalesce=False`: an identical
-        call made while one is unsettled is a new call (docs/design.md section 4)."""
+        call made while one is unsettled is a new call (docs/design.md section 4). `evidence`
+        gathers facts for the operator when a call becomes Indeterminate (`Evidence`);
+        `escalate_after` seconds after it was made, a call still Indeterminate or awaiting
+        approval is notified again, to `escalate_to` as well."""
         registration = ToolRegistration(id=id, effects=effects, caps=caps, timeout=timeout)
 
         def decorate(fn: Callable[Concatenate[ToolContext, P], R]) -> ToolHandle[P, R]:
@@ -304,6 +317,8 @@ class Kernel:
                 undo=undo,
                 undo_args=undo_args,
                 coalesce=coalesce,
+                evidence=evidence,
+                escalate_after=escalate_after,
             )
             return ToolHandle(self, registration.id, fn)
 
@@ -322,6 +337,8 @@ class Kernel:
         undo: str | None = None,
         undo_args: UndoArgs | None = None,
         coalesce: bool = True,
+        evidence: Evidence | Gather | None = None,
+        escalate_after: float | None = None,
     ) -> Tool:
         """Register `fn` under `registration` (what `tool` does); returns the built tool."""
         if not isinstance(coalesce, bool):
@@ -357,6 +374,7 @@ class Kernel:
             _guard.install()
         rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
         undo_rule = _undo.rule(registration.id, undo, undo_args)
+        aids = self._aids.register(registration.id, evidence, escalate_after)
         if description is not None and not isinstance(description, str):
             raise RegistrationError(
                 f"tool {registration.id!r}: description must be text", tool_id=registration.id
@@ -373,6 +391,7 @@ class Kernel:
             self._undos[registration.id] = undo_rule
         if not coalesce:
             self._repeating.add(registration.id)
+        aids()
         self._names[name] = registration.id
         self._specs[registration.id] = spec
         return tool
@@ -521,6 +540,7 @@ class Kernel:
         if self._closed:
             return
         self._closed = True
+        self._aids.gatherer.close()
         self._upkeep.stop(within=10.0)
         _runners.wait_continuations(self._engine, within=30.0)
         while self._on_close:
@@ -563,6 +583,7 @@ class Kernel:
             e.observer.after_fork()
         self._deliver_lock = threading.Lock()
         self._issuer.after_fork()
+        self._aids.gatherer.after_fork()
         after_fork = getattr(self.store, "after_fork", None)
         if after_fork is not None:
             after_fork()
@@ -796,13 +817,37 @@ class Kernel:
             self.resolve, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
 
-    def deliver_notifications(self) -> int:
+    def deliver_notifications(self, *, gather: bool = False) -> int:
         """Deliver the notifications due to this kernel's notifiers now; returns how many
-        deliveries were made."""
+        deliveries were made. Those of calls whose evidence is still to be gathered wait
+        for it: the delivery duty gathers it (each within its `Evidence.timeout`), or, with
+        `gather`, this call does first (for a process that exits next)."""
+        if gather:
+            self._aids.round(self.deliver_notifications, lambda: self._closed, finish=True)
         with self._deliver_lock:
             if self._renotifier is not None:
                 self._renotifier.maybe_run(self.store, self.notifiers)
-            return deliver(self.store, self.notifiers)
+            return self._aids.deliver(self.notifiers, self._upkeep.delivery, self._upkeep.notify_soon)
+
+    def _delivery_round(self) -> None:
+        self._aids.round(self.deliver_notifications, lambda: self._closed, finish=False)
+
+    @property
+    def evidence_tools(self) -> frozenset[str]:
+        """The tools that declare `evidence=`."""
+        return frozenset(self._aids.gatherer.rules)
+
+    @property
+    def escalations(self) -> dict[str, float]:
+        """Each tool's ``escalate_after``, in seconds."""
+        return dict(self._aids.ageing.thresholds)
+
+    def evidence(self, intent_id: str, *, operator: str | Identity | None = None) -> Found | None:
+        """Gather the evidence of one call now (by intent id or call id) with its tool's
+        `Evidence`, within its timeout; recorded as an ``evidence`` event naming who asked
+        (`operator`), and returned as recorded (`poimen evidence`, the console). Facts
+        only: it never decides, and a failure is recorded, not raised."""
+        return self._aids.evidence(intent_id, operator)
 
     def _notify_soon(self) -> None:
         """The outbox row is committed: have the delivery duty deliver it, so a slow webhook

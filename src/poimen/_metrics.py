@@ -12,8 +12,9 @@ import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from poimen._ageing import Oldest, oldest_by_tool
 from poimen._intents import IntentState
 from poimen.store._base import Store
 
@@ -29,6 +30,8 @@ class Snapshot:
     counts: Mapping[tuple[str, str], int]
     oldest_indeterminate_age: float
     outbox_backlog: int
+    # Per tool, the oldest waiting call's age.
+    oldest: Oldest = field(default_factory=lambda: Oldest({}, {}))
 
     def by_tool(self, state: IntentState) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -47,6 +50,7 @@ def snapshot(store: Store) -> Snapshot:
         counts=counts,
         oldest_indeterminate_age=max(0.0, now - oldest[0].created_at) if oldest else 0.0,
         outbox_backlog=backlog,
+        oldest=oldest_by_tool(store, counts, now),
     )
 
 
@@ -149,6 +153,18 @@ def store_families(store: Store, denials: DenialCounter) -> list[Family]:
             "gauge",
             "Age of the oldest INDETERMINATE intent (0 when there is none).",
             (({}, snap.oldest_indeterminate_age),),
+        ),
+        Family(
+            "poimen_indeterminate_oldest_seconds",
+            "gauge",
+            "Per tool, how long the oldest INDETERMINATE intent has existed (since its call).",
+            tuple(({"tool": t}, age) for t, age in sorted(snap.oldest.indeterminate.items())),
+        ),
+        Family(
+            "poimen_approval_oldest_seconds",
+            "gauge",
+            "Per tool, how long the oldest call awaiting approval has waited.",
+            tuple(({"tool": t}, age) for t, age in sorted(snap.oldest.approval.items())),
         ),
         Family(
             "poimen_intents_unfinished",

@@ -14,12 +14,13 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import httpx
 
+from poimen._evidence import with_evidence
 from poimen._intents import Intent, IntentState, Notification
 from poimen._operator import redact_url, redact_urls
 from poimen.errors import PoimenError
@@ -126,21 +127,32 @@ def deliver(
     limit: int = 100,
     backoff: float = 1.0,
     max_backoff: float = 300.0,
+    hold: Collection[str] = (),
+    escalate_to: Sequence[Notifier] = (),
 ) -> int:
     """Deliver what is due to these notifiers; returns how many deliveries were made.
 
     Each notifier's delivery is marked only after it accepted the notification, so a crash
     in between delivers it again: at least once, never zero times. A notification written
     for any notifier is delivered to all of these, and marked once all of them accepted it.
-    Without notifiers nothing is delivered and nothing is marked.
+    Without notifiers nothing is delivered and nothing is marked. The notifications of the
+    intents in `hold` (their evidence is being gathered) wait for a later round; each goes
+    out with its intent's latest evidence. `escalate_to` deliver what was written for them
+    by name (overdue calls), never what was written for any notifier.
     """
-    by_name = dict(zip(notifier_names(notifiers), notifiers, strict=True))
+    primary = dict(zip(notifier_names(notifiers), notifiers, strict=True))
+    by_name = dict(zip(notifier_names([*notifiers, *escalate_to]), [*notifiers, *escalate_to],
+                       strict=True))
     if not by_name:
         return 0
     delivered = 0
     now = store.now()
-    for n, d in store.due_deliveries([*by_name, ANY_NOTIFIER], now, limit):
-        targets = list(by_name.values()) if d.notifier == ANY_NOTIFIER else [by_name[d.notifier]]
+    names = [*by_name, *([ANY_NOTIFIER] if primary else [])]
+    for n, d in store.due_deliveries(names, now, limit):
+        if n.intent_id in hold:
+            continue
+        targets = list(primary.values()) if d.notifier == ANY_NOTIFIER else [by_name[d.notifier]]
+        n = with_evidence(store, n)
         try:
             for notifier in targets:
                 notifier.notify(n)
@@ -310,6 +322,7 @@ class WebhookNotifier:
                 "link": f"{self.console_url}/intents/{intent_id}" if self.console_url else None,
             },
             "reminder": payload.get("reminder"),
+            "evidence": payload.get("evidence"),
             "queued_at": notification.created_at,
             "sent_at": now,
         }

@@ -240,7 +240,7 @@ class ObservedStore:
         operator: str,
         reason: str,
         now: float,
-        context: Mapping[str, str] | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> Intent:
         it = self._inner.resolve(
             intent_id,

@@ -10,9 +10,11 @@ from __future__ import annotations
 import getpass
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from poimen import _evidence
 from poimen._intents import (
     TERMINAL,
     Attempt,
@@ -243,6 +245,8 @@ class IntentDetail:
             "result": self.result,
             "age_s": self.now - self.intent.created_at,
             "undone_by": self.undone_by,
+            "evidence": None if self.evidence is None else self.evidence.to_json(),
+            "suggestion": self.suggestion,
             "undoes": None if self.undoes is None else intent_summary(self.undoes),
             "attempts": [attempt_json(a) for a in self.attempts],
             "events": [event_json(e) for e in self.events],
@@ -250,6 +254,21 @@ class IntentDetail:
                 notification_json(n, self.deliveries_of(n)) for n in self.notifications
             ],
         }
+
+    @property
+    def evidence(self) -> _evidence.Found | None:
+        """The latest evidence gathered for this call (redacted), if any."""
+        return _evidence.latest(self.events)
+
+    @property
+    def suggestion(self) -> dict[str, Any] | None:
+        """What the tool's rule concludes from that evidence, while the call is undecided:
+        ``{"decision": "landed" | "not_landed", "reason": ...}``; a person still decides."""
+        found = self.evidence
+        if not self.resolvable or found is None or found.suggestion is None:
+            return None
+        landed = found.suggestion["landed"]
+        return {"decision": "landed" if landed else "not_landed", **found.suggestion}
 
     def deliveries_of(self, n: Notification) -> list[Delivery]:
         """The per-notifier deliveries of one of the intent's notifications."""
@@ -379,17 +398,25 @@ def resolve(
     result: Any = None,
     operator: str | Identity,
     reason: str,
+    batch: Mapping[str, Any] | None = None,
 ) -> Intent:
     """Decide an INDETERMINATE intent: landed (with an optional result) or not landed.
 
     Terminal and audited: the operator (with how poimen knows them, for an `Identity`) and
-    the reason go into the intent's events in the same transaction. Any other state is
-    refused (`NotIndeterminateError`); nothing here retries.
+    the reason go into the intent's events in the same transaction, with the suggestion of
+    the call's latest evidence, if any (and whether the decision followed it), and `batch`
+    (a bulk resolution's id and source). Any other state is refused
+    (`NotIndeterminateError`); nothing here retries.
     """
     name, reason, context = who_and_why("resolve", operator, reason)
     if not landed and result is not None:
         raise OperatorInputError("a result makes sense only for a landed call", field="result")
     text = None if result is None else encode_value(result, "result")
+    context = {
+        **(context or {}),
+        **(batch or {}),
+        **_evidence.audit_of(store.events(intent_id), landed),
+    }
     return store.resolve(
         intent_id,
         landed=landed,

@@ -57,6 +57,10 @@ class Duty:
         th = self._thread
         return th is not None and th.is_alive()
 
+    def is_current(self) -> bool:
+        """Whether the caller runs on this duty's thread."""
+        return self._thread is threading.current_thread()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self._period())

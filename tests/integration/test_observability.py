@@ -539,6 +539,9 @@ def test_console_metrics_endpoint_serves_prometheus_text_to_its_token_only(
     assert v("poimen_outbox_backlog") == 1
     assert v("poimen_denials_total", tool="t.rogue") == 1
     assert v("poimen_indeterminate_oldest_age_seconds") > 0
+    # One Indeterminate call: its tool's oldest is the oldest, read at the same moment.
+    assert v("poimen_indeterminate_oldest_seconds", tool="t.boom") == v(
+        "poimen_indeterminate_oldest_age_seconds")
     assert ids["boom"] not in r.text  # counts, never intents
 
     # Without --metrics-token there is no such page.

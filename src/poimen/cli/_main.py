@@ -28,6 +28,7 @@ from poimen import _health as health
 from poimen import _operator as op
 from poimen._kernel import Kernel
 from poimen._prune import prune
+from poimen.cli import _aids as aids
 from poimen.cli import _render as render
 from poimen.cli._parser import _parser
 from poimen.errors import (
@@ -133,6 +134,8 @@ def _emit(ns: argparse.Namespace, data: Any, text: Callable[[], str]) -> None:
 
 def cmd_status(ns: argparse.Namespace, store: Store) -> int:
     st = op.status(store)
+    if ns.older_than is not None:
+        return aids.status_older(ns, store, st)
     _emit(ns, st.to_json(), lambda: render.status_text(st))
     return INDETERMINATE if ns.fail_if_indeterminate and st.indeterminate else OK
 
@@ -227,6 +230,17 @@ def _by(who: op.Identity, reason: str) -> str:
 
 
 def cmd_resolve(ns: argparse.Namespace, store: Store) -> int:
+    if ns.filter or ns.from_csv:
+        return aids.cmd_bulk(ns, store)
+    if ns.dry_run:
+        raise CliError("--dry-run goes with --filter or --from-csv", code=USAGE)
+    if ns.intent is None or not (ns.landed or ns.not_landed):
+        raise CliError(
+            "resolve needs an intent and --landed or --not-landed (or --filter/--from-csv)",
+            code=USAGE,
+        )
+    if not ns.reason or not ns.reason.strip():
+        raise CliError("resolve needs --reason: what you checked", code=USAGE)
     if ns.result is not None and not ns.landed:
         raise CliError("--result goes only with --landed", code=USAGE)
     result = None if ns.result is None else op.parse_result(ns.result)
@@ -350,6 +364,7 @@ def cmd_recover(ns: argparse.Namespace) -> int:
         report = kernel.recover(progress=bar.update if bar else None)
         if bar:
             bar.finish(report.scanned)
+        kernel.deliver_notifications(gather=True)  # a one-shot process: no delivery duty
     finally:
         kernel.close()
     data = asdict(report)
@@ -494,6 +509,7 @@ def cmd_console(ns: argparse.Namespace) -> int:
         undo=None if kernel is None else kernel.undo,
         recording=ns.recording,
         metrics_token=ns.metrics_token or os.environ.get("POIMEN_METRICS_TOKEN") or None,
+        **({} if kernel is None else aids.console_options(kernel)),
     )
     check_setup(ns.host, token, options)
     if ns.recording:  # refused now, not on the first visit of the diff page
@@ -660,6 +676,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 store.close()
         if ns.cmd == "recover":
             return cmd_recover(ns)
+        if ns.cmd == "evidence":
+            return aids.cmd_evidence(ns)
         if ns.cmd == "undo":
             return cmd_undo(ns)
         if ns.cmd == "migrate":

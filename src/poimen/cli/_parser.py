@@ -95,6 +95,48 @@ def _agent_parsers(sub: Any) -> None:
                    help="skip files or directories matching GLOB (repeatable)")
 
 
+def _aid_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """What helps an operator decide: `evidence`, bulk `resolve`, `status --older-than`
+    (docs/email-outage.md)."""
+    s = sub.add_parser(
+        "evidence",
+        parents=[common],
+        help="gather a call's evidence now with its tool's evidence function (facts, never a "
+        "decision); recorded in its events",
+    )
+    s.add_argument("intent", help="intent id or call id")
+    s.add_argument(
+        "--app", required=True, help="module:kernel of the application (its evidence functions)"
+    )
+    s.add_argument("--operator", help="who asks (or POIMEN_OPERATOR; default: the os account)")
+
+    r = sub.choices["resolve"]
+    r.add_argument(
+        "--filter",
+        action="append",
+        metavar="TERMS",
+        help="resolve every INDETERMINATE intent matching tool=T,reason=R,call_id=PREFIX,"
+        "created<TIME,created>TIME (TIME: 2h ago, ISO 8601, epoch) in one batch",
+    )
+    r.add_argument(
+        "--from-csv",
+        metavar="FILE",
+        help="resolve the calls a CSV names (intent_id, call_id, request_id or key, and "
+        "outcome landed|not_landed; optional result) in one batch",
+    )
+    r.add_argument(
+        "--dry-run", action="store_true", help="with --filter or --from-csv: list what would "
+        "change, change nothing"
+    )
+
+    sub.choices["status"].add_argument(
+        "--older-than",
+        metavar="DURATION",
+        help="list the calls waiting for a person (INDETERMINATE, AWAITING_APPROVAL) created "
+        "longer ago than this (90s, 15m, 2h, 7d); exit 5 when there is one",
+    )
+
+
 # The parser.
 
 _OPERATOR_HELP = (
@@ -129,7 +171,8 @@ def _parser() -> argparse.ArgumentParser:
         "recovery, undo.",
         epilog="exit codes: 0 ok (an empty listing too), 1 no such intent, refused, the runs "
         "differ (diff) or a --fail-if-... flag held, 2 usage, 3 store unavailable, "
-        "4 unexpected error, 5 INDETERMINATE intents (status --fail-if-indeterminate), "
+        "4 unexpected error, 5 INDETERMINATE intents (status --fail-if-indeterminate), or calls "
+        "waiting longer (status --older-than), "
         "6 verify found a problem",
     )
     p.add_argument("--version", action="version", version=f"poimen {_version()}")
@@ -168,13 +211,13 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "resolve", parents=[common], help="decide an INDETERMINATE intent (never retries it)"
     )
-    s.add_argument("intent", help="intent id or call id")
-    g = s.add_mutually_exclusive_group(required=True)
+    s.add_argument("intent", nargs="?", help="intent id or call id (or --filter, --from-csv)")
+    g = s.add_mutually_exclusive_group()
     g.add_argument("--landed", action="store_true", help="the effect happened")
     g.add_argument("--not-landed", action="store_true", help="the effect did not happen")
     s.add_argument("--result", help="JSON result of a landed call (optional)")
-    _operator_option(s)
-    s.add_argument("--reason", required=True, help="why: what you checked")
+    s.add_argument("--operator", help=_OPERATOR_HELP)
+    s.add_argument("--reason", help="why: what you checked (required to decide)")
 
     s = sub.add_parser(
         "abandon",
@@ -318,6 +361,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _diff_parser(sub, common)
     _agent_parsers(sub)
+    _aid_parsers(sub, common)
 
     s = sub.add_parser("operators", help="the console's operators file: add, remove, list")
     ops: Any = s.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from poimen._evidence import Found
 from poimen._intents import Delivery, Denial, Intent, IntentState, Notification
 from poimen._operator import (
     IntentDetail,
@@ -127,6 +128,8 @@ def detail_text(d: IntentDetail) -> str:
     out += ["", "arguments (secrets redacted):", _indent(_pretty(d.args))]
     if d.result is not None:
         out += ["result:", _indent(_pretty(d.result))]
+    if d.evidence is not None:
+        out += ["", *evidence_lines(d.evidence, d.suggestion)]
     out += ["", f"attempts ({len(d.attempts)}):"]
     out.append(
         _indent(
@@ -196,6 +199,35 @@ def detail_text(d: IntentDetail) -> str:
             f"{i.id} --landed|--not-landed --operator NAME --reason TEXT",
         ]
     return "\n".join(out)
+
+
+def evidence_lines(f: Found, suggestion: Mapping[str, Any] | None = None) -> list[str]:
+    """A gathering as `poimen show` and `poimen evidence` print it: facts, links, the
+    rule's suggestion (or the failure)."""
+    out = [
+        f"evidence (gathered {fmt_time(f.at)} by {escape_text(f.actor)}, "
+        f"{escape_text(f.trigger)}; facts, not a decision):"
+    ]
+    for fact in f.facts:
+        out.append(f"  - {escape_text(str(fact.get('text', '')))}")
+        if fact.get("link"):
+            out.append(f"    {escape_text(str(fact['link']))}")
+        if fact.get("data") is not None:
+            out.append(f"    {safe_json(fact['data'])}")
+    if f.omitted:
+        out.append(f"  ({f.omitted} more facts not kept)")
+    if f.error:
+        out.append(f"  failed: {escape_text(f.error)}")
+    elif not f.facts:
+        out.append("  (nothing found)")
+    if f.suggest_error:
+        out.append(f"  the rule failed: {escape_text(f.suggest_error)}")
+    if suggestion is not None:
+        out.append(
+            f"  suggested: {suggestion['decision'].replace('_', ' ')}: "
+            f"{escape_text(str(suggestion['reason']))} (a person decides: poimen resolve)"
+        )
+    return out
 
 
 def _whole(n: Notification) -> Delivery:

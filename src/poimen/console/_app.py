@@ -8,7 +8,7 @@ operator's own (``--operators``: the session carries their name, and ends at the
 request once their line leaves the file) or one shared token (the name is typed into each
 decision). Behind an authenticating proxy (``--trust-user-header``) the proxy's header
 names the operator instead, and each name gets its own session. State changes (resolve,
-abandon, undo, logout) are POSTs that must carry the session's CSRF token and, if the browser
+resolve many, abandon, undo, gather evidence, logout) are POSTs that must carry the session's CSRF token and, if the browser
 sends an Origin, come from this console's own origin. Requests naming another host than the console's are
 refused before routing. Anything else is refused before a store method is called.
 """
@@ -28,9 +28,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from poimen import _metrics, sandbox
+from poimen import _ageing, _metrics, sandbox
 from poimen import _operator as op
 from poimen._intents import Intent, IntentState
+from poimen.console import _aids
 from poimen.console._session import (
     COOKIE,
     LOCAL_HOSTS,
@@ -173,7 +174,9 @@ def create_app(
     async def overview(request: Request) -> Response:
         st = await _io(op.status, store)
         queue = await _io(op.list_intents, store, state=IntentState.INDETERMINATE, limit=500)
-        return c.page(request, "overview.html", st=st, queue=queue, states=states)
+        overdue = {i.id for i in queue if _ageing.is_overdue(i, options.escalations, st.now)}
+        return c.page(request, "overview.html", st=st, queue=queue, states=states,
+                      overdue=overdue)
 
     async def intents(request: Request) -> Response:
         q = request.query_params
@@ -224,6 +227,8 @@ def create_app(
             check=options.checks.get(d.intent.tool_id),
             done=request.query_params.get("done", ""),
             can_undo=options.undo is not None,
+            can_gather=options.evidence is not None
+            and d.intent.tool_id in options.evidence_tools,
         )
 
     async def _current(request: Request, form: Any) -> Intent | Response:
@@ -284,6 +289,7 @@ def create_app(
                 result_text=raw,
                 operator=operator,
                 reason=reason,
+                suggestion=(await _io(op.show, store, current.id)).suggestion,
             )
         try:
             await _io(
@@ -455,6 +461,7 @@ def create_app(
         Route("/intents/{intent_id}/resolve", guarded(resolve), methods=["POST"]),
         Route("/intents/{intent_id}/abandon", guarded(abandon), methods=["POST"]),
         Route("/undo", guarded(undo), methods=["GET", "POST"]),
+        *_aids.routes(c, store, options, guarded, _decided),
         Route("/audit", guarded(audit)),
         Route("/diff", guarded(_diff_page(c, store))),
         Route("/login", login, methods=["GET", "POST"]),

@@ -58,7 +58,9 @@ class ConsoleOptions:
     `recording` is the log URL the intent diff page compares this log with (default: this
     log itself, one run's call-id prefix with another's).
     `metrics_token` serves ``/metrics`` (Prometheus text) to requests that carry it as a
-    Bearer token, and to nobody else: no operator's token or session opens it."""
+    Bearer token, and to nobody else: no operator's token or session opens it.
+    `evidence` is the application's `Kernel.evidence`, for the tools in `evidence_tools`;
+    `escalations` maps a tool id to its ``escalate_after`` (the overview's overdue badge)."""
 
     session_ttl: float = 12 * 3600.0
     trust_proxy: bool = False
@@ -70,6 +72,9 @@ class ConsoleOptions:
     undo: Undoer | None = None
     recording: str | None = None
     metrics_token: str | None = None
+    evidence: Callable[..., Any] | None = None
+    evidence_tools: frozenset[str] = frozenset()
+    escalations: Mapping[str, float] = field(default_factory=dict)
 
     def with_hosts(self, *hosts: str) -> ConsoleOptions:
         return replace(self, allowed_hosts=(*self.allowed_hosts, *hosts))

@@ -165,7 +165,7 @@ class Store(Protocol):
         operator: str,
         reason: str,
         now: float,
-        context: Mapping[str, str] | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> Intent: ...
     def abandon(
         self,

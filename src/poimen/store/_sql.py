@@ -181,7 +181,7 @@ class SqlStore(Retention, Approvals):
         operator: str,
         reason: str,
         now: float,
-        context: Mapping[str, str] | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> None:
         self._event(
             ex,

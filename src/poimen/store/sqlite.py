@@ -668,7 +668,7 @@ class SqliteStore(SqlStore):
         operator: str,
         reason: str,
         now: float,
-        context: Mapping[str, str] | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> Intent:
         target = S.RESOLVED_LANDED if landed else S.RESOLVED_NOT_LANDED
 
