@@ -30,7 +30,8 @@ from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
 from poimen import _guard
-from poimen._capability import ToolContext
+from poimen._capability import AttemptRecord, ToolContext
+from poimen._effects import ReadOnly
 from poimen._intents import Attempt, Event, Intent, IntentState, Notification
 from poimen._keys import canonical, to_json_value
 from poimen._present import redact, redact_store_url
@@ -217,11 +218,15 @@ class _Run:
             self.done.set()
 
 
-def _start(issuer: Issuer, tool: Tool, rule: Evidence, call: RecordedCall) -> _Run:
+def _start(issuer: Issuer, tool: Tool, rule: Evidence, call: RecordedCall, intent: Intent) -> _Run:
     caps = rule.caps if rule.caps is not None else tool.registration.caps
-    # The ReadOnly scope: every write through a handle, and out of band, is denied.
+    # The ReadOnly scope: every write through a handle, and out of band, is denied; the send
+    # gate judges its requests as a ReadOnly call's, whatever the call's own class.
     scope = issuer.scope(tool.id, call.intent_id, max(len(call.attempts), 1), "", caps,
                          read_only=True)
+    record = AttemptRecord(
+        issuer, tool.id, dataclasses.replace(intent, effect="readonly"), ReadOnly(), rule.timeout
+    )
     ctx = ToolContext(
         tool_id=tool.id,
         intent_id=call.intent_id,
@@ -232,6 +237,7 @@ def _start(issuer: Issuer, tool: Tool, rule: Evidence, call: RecordedCall) -> _R
         issuer=issuer,
         scope=scope,
         timeout=rule.timeout,
+        record=record,
     )
     gather = rule.gather
 
@@ -419,7 +425,7 @@ class Gatherer:
             if tool is None or rule is None:
                 continue
             call = recorded_call(it, self.store.attempts(it.id))
-            started.append((it, rule, call, self._begin(tool, rule, call)))
+            started.append((it, rule, call, self._begin(tool, rule, call, it)))
         for it, rule, call, run in started:
             if run is None:
                 detail = _refused(rule)
@@ -446,7 +452,7 @@ class Gatherer:
                 tool_id=intent.tool_id,
             )
         call = recorded_call(intent, self.store.attempts(intent.id))
-        run = self._begin(tool, rule, call)
+        run = self._begin(tool, rule, call, intent)
         if run is None:
             detail = _refused(rule)
         else:
@@ -454,12 +460,14 @@ class Gatherer:
             detail = self._end(run, rule, call, waited)
         return record(self.store, intent, "operator", {**(context or {}), **detail}, actor=actor)
 
-    def _begin(self, tool: Tool, rule: Evidence, call: RecordedCall) -> _Run | None:
+    def _begin(
+        self, tool: Tool, rule: Evidence, call: RecordedCall, intent: Intent
+    ) -> _Run | None:
         with self._lock:
             self._stuck = [r for r in self._stuck if not r.done.is_set()]
             if len(self._stuck) >= MAX_STUCK:
                 return None
-        return _start(self.issuer, tool, rule, call)
+        return _start(self.issuer, tool, rule, call, intent)
 
     def _end(self, run: _Run, rule: Evidence, call: RecordedCall, waited: bool) -> dict[str, Any]:
         if not waited:
