@@ -428,11 +428,11 @@ def test_the_shell_reader_splits_a_cron_line() -> None:
     assert command_problem(["poimen", "status", "--fail-if-indet"]) is not None  # abbreviated
     assert command_problem(["pip", "install", "poimen[no-such-extra]"]) is not None
     # An operator named by the environment, as the CLI allows; without it --operator is needed.
-    resolve = ["poimen", "resolve", "in_1", "--not-landed", "--reason", "r"]
-    assert command_problem(["POIMEN_OPERATOR=ann", *resolve]) is None
+    abandon = ["poimen", "abandon", "in_1", "--reason", "r"]
+    assert command_problem(["POIMEN_OPERATOR=ann", *abandon]) is None
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("POIMEN_OPERATOR", raising=False)
-        assert command_problem(resolve) is not None
+        assert command_problem(abandon) is not None
 
 
 # Data blocks parse; every block says what it is.

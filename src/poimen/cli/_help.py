@@ -110,6 +110,13 @@ _ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
         "class each needs. Exit 1 on a finding at --fail-on or worse.",
         ("poimen scan src/", "poimen scan agent/ --sarif poimen.sarif --fail-on warning"),
     ),
+    "evidence": (
+        "Run a tool's evidence function for one INDETERMINATE call now (it runs by itself when "
+        "the call becomes INDETERMINATE): the facts an operator needs to decide, recorded as "
+        "an event and printed, never a decision. Needs the application (--app).",
+        ("poimen evidence run-9/mail --app myagent.app:kernel",
+         "poimen evidence in_18ec... --app myagent.app:kernel --json"),
+    ),
     "operators": (
         "The console's operators file: each operator's own token, stored hashed.",
         ("poimen operators add ana --file ops.tokens", "poimen operators list --file ops.tokens"),

@@ -216,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--landed", action="store_true", help="the effect happened")
     g.add_argument("--not-landed", action="store_true", help="the effect did not happen")
     s.add_argument("--result", help="JSON result of a landed call (optional)")
-    s.add_argument("--operator", help=_OPERATOR_HELP)
+    s.add_argument("--operator", help=_OPERATOR_HELP + "; not for --dry-run")
     s.add_argument("--reason", help="why: what you checked (required to decide)")
 
     s = sub.add_parser(
