@@ -45,6 +45,7 @@ from poimen.store._base import (
     intent_from_row,
     notification_from_row,
 )
+from poimen.store._chain import Chain
 from poimen.store._inline import (
     attempt_row,
     event_row,
@@ -70,7 +71,7 @@ T = TypeVar("T")
 S = IntentState
 
 
-class SqlStore(Retention, Approvals):
+class SqlStore(Retention, Approvals, Chain):
     """The methods both backends run the same way. Each write's `op(ex, retrying)` gets
     `retrying=True` only on PostgreSQL, on a try after one whose answer was lost."""
 
