@@ -392,6 +392,7 @@ class Report:
     finding: Finding | None
     published: str | None = None  # ok | differs | missing | ahead | pruned
     note: str | None = None  # why there is nothing to check
+    archived: int = 0  # archived rows checked against the chain
 
     @property
     def ok(self) -> bool:
@@ -406,10 +407,11 @@ class Report:
         if self.published not in (None, "ok"):
             return _PUBLISHED[self.published or ""]
         pub = "; the published head is a link of it" if self.published == "ok" else ""
+        arch = f"; {self.archived} archived rows match it" if self.archived else ""
         return (
             f"the audit chain holds: {self.rows} rows up to position {self.head.seq}"
             f"{f', {self.pruned} positions pruned' if self.pruned else ''}; head "
-            f"{self.head.token()}{pub}"
+            f"{self.head.token()}{pub}{arch}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -423,6 +425,7 @@ class Report:
             "pruned": self.pruned,
             "finding": None if f is None else {"what": f.what, "seq": f.seq, "message": f.message},
             "published": self.published,
+            "archived": self.archived,
             "message": self.line(),
         }
 
@@ -435,18 +438,23 @@ _PUBLISHED = {
 }
 
 
-def verify(store: Any, *, published: str | None = None) -> Report:
+def verify(
+    store: Any, *, published: str | None = None, archived: Sequence[Link] = ()
+) -> Report:
     """Walk the log's chain (`walk`) in one snapshot; `published` (``SEQ:HASH`` or ``HASH``):
-    a head published earlier, which must be a link of it."""
+    a head published earlier, which must be a link of it; `archived`: the rows of prune
+    archives (`archive_links`), which must be the links the chain removed."""
     want = None if published is None else parse_published(published)
     if store.schema_version() < 9:
         return Report(None, 0, 0, None, note="the log's schema is older than version 9 "
                       "(`poimen migrate` adds the chain)")
     with store.audit_chain() as view:
-        return check_view(view, want)
+        return check_view(view, want, archived)
 
 
-def check_view(view: Any, want: tuple[int | None, str] | None = None) -> Report:
+def check_view(
+    view: Any, want: tuple[int | None, str] | None = None, archived: Sequence[Link] = ()
+) -> Report:
     """`verify` over a store's `ChainView` (`poimen.store._chain`)."""
     head = view.head
     if head is None:
@@ -460,4 +468,64 @@ def check_view(view: Any, want: tuple[int | None, str] | None = None) -> Report:
         stray = next(iter(view.unlinked()), None)
         if stray is not None:
             finding = unchained_finding(stray)
-    return Report(head, w.rows, w.pruned, finding, w.published)
+    checked = 0
+    if finding is None and archived:
+        checked, finding = check_archived(archived, ranges, view.links())
+    return Report(head, w.rows, w.pruned, finding, w.published, archived=checked)
+
+
+def archive_links(paths: Sequence[Any]) -> list[Link]:
+    """The links a prune archive carries (its lines' ``chain``), in position order."""
+    out: dict[tuple[int, str], Link] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    for c in json.loads(line).get("chain", ()):
+                        kind = c["kind"]
+                        values = tuple(c["row"].get(name) for name, _ in COLUMNS[kind])
+                        x = Link(int(c["seq"]), str(c["hash"]), kind, values)
+                        out[(x.seq, x.hash)] = x  # a batch archived twice is the same
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    raise ValueError(f"{path}: line {n} is not an archive line ({exc})") from None
+    return sorted(out.values(), key=lambda x: x.seq)
+
+
+def check_archived(
+    archived: Sequence[Link], ranges: list[Pruned], links: Iterable[Link]
+) -> tuple[int, Finding | None]:
+    """Each archived row must be the link the chain removed at its position: its hash
+    follows the one before it (in the log, the archives, or a prune record), and the prune
+    record's hash where its run ended. Returns the rows checked and the first finding."""
+    gaps = _Ranges(ranges)
+    need = {x.seq - 1 for x in archived}
+    seqs = {x.seq for x in archived}
+    known: dict[int, str] = {0: GENESIS}
+    for p in ranges:
+        known[p.last] = p.hash
+    in_log: dict[int, str] = {}
+    for y in links:
+        if y.seq in need:
+            known[y.seq] = y.hash
+        if y.seq in seqs:
+            in_log[y.seq] = y.hash
+    by_seq: dict[int, Link] = {}
+    for x in archived:
+        if x.seq in by_seq:
+            return 0, Finding("edited", x.seq, f"edited: the archives hold two rows for chain "
+                              f"position {x.seq}: {by_seq[x.seq].label()} and {x.label()}")
+        by_seq[x.seq] = x
+        known.setdefault(x.seq, x.hash)
+    for x in archived:
+        r = gaps.at(x.seq)
+        if r is None and in_log.get(x.seq) != x.hash:
+            return 0, Finding("edited", x.seq, f"edited: the archived {x.label()} claims chain "
+                              f"position {x.seq}, which the log neither holds nor pruned")
+        if r is not None and r.last == x.seq and r.hash != x.hash:
+            return 0, Finding("edited", x.seq, f"edited: the archived {x.label()} is not the "
+                              f"row pruned at chain position {x.seq}")
+        prev = known.get(x.seq - 1)
+        if prev is not None and link(prev, x.kind, x.values) != x.hash:
+            return 0, Finding("edited", x.seq, f"edited: the archived {x.label()} at chain "
+                              f"position {x.seq} does not match its hash")
+    return len(archived), None

@@ -38,7 +38,11 @@ def _parse_head(text: str | None) -> str | None:
 def run(ns: argparse.Namespace, store: Store) -> int:
     """An action on the log at --db."""
     if ns.audit_cmd == "verify":
-        report = _audit.verify(store, published=_parse_head(ns.head))
+        try:
+            archived = _audit.archive_links(ns.archive)
+        except (OSError, ValueError) as exc:
+            raise op.OperatorInputError(f"--archive: {exc}", field="archive") from None
+        report = _audit.verify(store, published=_parse_head(ns.head), archived=archived)
         _emit(ns, report.to_json(), report.line(), err=not report.ok)
         return OK if report.ok else VERIFY_FAILED
     if ns.audit_cmd == "head":

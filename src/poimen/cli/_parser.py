@@ -151,6 +151,11 @@ def _audit_parsers(audit: argparse.ArgumentParser, common: argparse.ArgumentPars
         help="a head published earlier (poimen audit head): it must be a link of this chain, "
         "or the chain was rewritten",
     )
+    s.add_argument(
+        "--archive", action="append", default=[], metavar="FILE",
+        help="a prune archive (poimen prune --archive): its rows must be the links the chain "
+        "removed (repeatable)",
+    )
     s = sub.add_parser("head", parents=[common], help="the chain's head, to publish elsewhere")
     s = sub.add_parser(
         "export", parents=[common], help="write the chain as signed JSON Lines (Ed25519)"
