@@ -345,14 +345,20 @@ class PostgresStore(SqlStore):
                 conn.transaction(),
             ):
                 conn.execute(_SNAPSHOT)
+                opened: list[psycopg.ServerCursor[Any]] = []
 
                 def query(sql: str, params: Sequence[Any] = ()) -> Iterator[Any]:
                     cur = conn.cursor(name=f"poimen_stream_{next(names)}")
+                    opened.append(cur)
                     cur.itersize = 2000
                     cur.execute(sql, params)
                     return iter(cur)
 
-                yield query
+                try:
+                    yield query
+                finally:
+                    for cur in opened:
+                        cur.close()
         except (*_TRANSIENT, psycopg.Error) as exc:
             raise StoreError(f"read failed: {_first_line(exc)}", url=self._where) from exc
 
