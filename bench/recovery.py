@@ -21,6 +21,7 @@ from typing import Any
 
 from bench._util import child_json
 from bench.single import TOOL, args, noop_kernel
+from poimen._audit import sqlite_link
 from poimen._intents import Owner
 from poimen._liveness import default_host
 from poimen.store._base import latest_version
@@ -78,6 +79,7 @@ def build_settled(path: Path, count: int) -> float:
     noop_kernel(path).close()  # the current schema, by the store's own migrations
     marker.unlink(missing_ok=True)
     conn = sqlite3.connect(path, isolation_level=None)
+    conn.create_function("poimen_link", -1, sqlite_link)  # each settled row joins the chain
     try:
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("PRAGMA cache_size=-200000")
@@ -89,7 +91,7 @@ def build_settled(path: Path, count: int) -> float:
             '\'{"amount_cents":1200,"order_id":"o-\' || x || \'"}\', lower(hex(randomblob(32))), '
             "'pk1_' || lower(hex(randomblob(24))), NULL, 'COMPLETED', 1, 'bench-old', 'old', 1, "
             "'1', NULL, 10.0, :base + x * 0.001 + 10, NULL, 0, 1, 'null', NULL, NULL, "
-            ":base + x * 0.001, :base + x * 0.001, 1, NULL FROM n",
+            ":base + x * 0.001, :base + x * 0.001, 1, NULL, NULL, NULL FROM n",
             {"count": count, "tool": TOOL, "base": base},
         )
         conn.execute("COMMIT")

@@ -26,6 +26,8 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 from poimen import _approval, _guard, _observe, _protocol, _runners, _sandbox, _undo, call_ids
 from poimen._aids import Aids
 from poimen._approval import ApprovalRule, approval_due, approval_rule
+from poimen._audit import Head
+from poimen._audit_head import HeadPublisher
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
 from poimen._evidence import Evidence, Found, Gather
@@ -124,6 +126,9 @@ class Kernel:
             `poimen.otel.OpenTelemetry()`.
         log_events: Log each transition on the ``poimen`` loggers: True, False, or None
             (default) to follow the logging configuration (docs/observability.md).
+        audit_head_every: Publish the head of the log's audit chain every this many seconds
+            after `launch()`, when it moved: a log line, the notifiers, the observers
+            (docs/audit.md). None (default): not published.
     """
 
     def __init__(
@@ -150,6 +155,7 @@ class Kernel:
         on_divergence: Literal["raise", "record"] = "raise",
         observers: Sequence[Observer] | None = None,
         log_events: bool | None = None,
+        audit_head_every: float | None = None,
     ) -> None:
         if not isinstance(store, str) and not callable(getattr(store, "record_dispatch", None)):
             raise PoimenError(
@@ -170,6 +176,7 @@ class Kernel:
                 "lookup_backoff": lookup_backoff,
                 "max_backoff": max_backoff,
                 "recover_interval": recover_interval,
+                **({} if audit_head_every is None else {"audit_head_every": audit_head_every}),
             },
             non_negative={"deadline_margin": deadline_margin, "wait_bound": wait_bound},
             counts={"max_attempts": max_attempts, "lookup_limit": lookup_limit},
@@ -221,12 +228,17 @@ class Kernel:
         )
         # Evidence, ageing, escalation: gathered and sent by the delivery duty (poimen._aids).
         self._aids = Aids(self.store, self._issuer, self._engine.tools, escalate_to)
+        self._heads = HeadPublisher(
+            self.store, lambda: self.notifiers, self._emit, lambda: self.worker_id
+        )
         self._upkeep = Upkeep(
             renew=self._renew,
             recover=self.recover,
             deliver=self._delivery_round,
             lease_ttl=lease_ttl,
             recover_interval=recover_interval,
+            publish=None if audit_head_every is None else self._heads.publish,
+            publish_every=audit_head_every or 3600.0,
         )
         self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
         self._approvals: dict[str, ApprovalRule] = {}
@@ -848,6 +860,16 @@ class Kernel:
         (`operator`), and returned as recorded (`poimen evidence`, the console). Facts
         only: it never decides, and a failure is recorded, not raised."""
         return self._aids.evidence(intent_id, operator)
+
+    def publish_audit_head(self) -> Head | None:
+        """Publish the head of the log's audit chain now, as ``audit_head_every`` does (a log
+        line, the notifiers, the observers); returns it, or None for a log without a chain."""
+        return self._heads.publish(force=True)
+
+    def _emit(self, event: KernelEvent) -> None:
+        obs = self._engine.observer
+        if obs is not None:
+            obs.emit(event)
 
     def _notify_soon(self) -> None:
         """The outbox row is committed: have the delivery duty deliver it, so a slow webhook

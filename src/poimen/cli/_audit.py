@@ -46,7 +46,7 @@ def run(ns: argparse.Namespace, store: Store) -> int:
         _emit(ns, report.to_json(), report.line(), err=not report.ok)
         return OK if report.ok else VERIFY_FAILED
     if ns.audit_cmd == "head":
-        head = store.audit_head()  # type: ignore[attr-defined]
+        head = store.audit_head()
         if head is None:
             _emit(ns, {"head": None}, "this log has no audit chain (schema older than "
                   "version 9, or its head row is gone)", err=True)

@@ -177,16 +177,15 @@ class Retention:
     def _snapshot(self, fn: Callable[[Reader], T]) -> T:
         raise NotImplementedError
 
-    def schema_version(self) -> int:
-        raise NotImplementedError
-
     def now(self) -> float:
         raise NotImplementedError
 
-    def _chained(self) -> bool:
+    @staticmethod
+    def _chained(rows: Callable[[str], Sequence[Any]]) -> bool:
         """Whether the log has the audit chain (schema version 9): a prune then records what
-        it removed from it, and its archive carries the links."""
-        return self.schema_version() >= CHAIN_VERSION
+        it removed from it, and its archive carries the links. Read in the caller's own
+        transaction (`rows`), so it is of the same snapshot as what the caller reads."""
+        return int(rows("SELECT MAX(version) FROM poimen_schema")[0][0] or 0) >= CHAIN_VERSION
 
     def _in(self, column: str, n: int) -> str:
         p = self._sql.p
@@ -213,9 +212,8 @@ class Retention:
         ids = [i.id for i in intents]
         cond = self._in("intent_id", len(ids))
 
-        chain = _LINK if self._chained() else ""
-
         def read(q: Reader) -> list[History]:
+            chain = _LINK if self._chained(q) else ""
             rows = [
                 q(f"SELECT {cols}{chain if table in _LINKED else ''} FROM {table} "
                   f"WHERE {cond}", ids)
@@ -273,7 +271,7 @@ class Retention:
             kept,
         )
         ex.execute(f"DELETE FROM call_aliases WHERE {cond}", kept)
-        chain = _LINK if self._chained() else ""
+        chain = _LINK if self._chained(lambda sql: ex.execute(sql, ()).fetchall()) else ""
         # What the deletes return is what the log held: it must be what was archived.
         rows = [
             ex.execute(
@@ -327,10 +325,10 @@ class Retention:
 
     def prune_denials(self, *, before: float, limit: int) -> int:
         """Denials of no intent (a sandbox's refusals) older than `before`."""
-        chained = self._chained()
 
         def op(ex: Any, _retrying: bool) -> int:
             p = self._sql.p
+            chained = self._chained(lambda sql: ex.execute(sql, ()).fetchall())
             ids = [
                 r[0]
                 for r in ex.execute(

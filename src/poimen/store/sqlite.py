@@ -399,7 +399,7 @@ class SqliteStore(SqlStore):
         # One read transaction: every query of the block sees one snapshot, its rows fetched
         # as they are read (several cursors of one connection may step side by side).
         with self._reader() as conn:
-            conn.execute("BEGIN")
+            conn.execute("BEGIN")  # the first read fixes the snapshot
 
             def query(sql: str, params: Sequence[Any] = ()) -> Iterator[Any]:
                 return iter(conn.execute(sql, params))
