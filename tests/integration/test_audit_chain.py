@@ -409,3 +409,17 @@ def test_signing_without_the_extra_says_which_extra(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stderr
     assert "pip install 'poimen[audit]'" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert not (tmp_path / "k").exists()
+
+
+def test_rows_cut_off_the_end_with_the_head_moved_back_are_named(store_url: str) -> None:
+    history(store_url).close()
+    rows = links(store_url)
+    last = rows[-1]
+    assert last.kind == "denial"
+    # The last row removed and the head's position moved back over it: its hash gives it away.
+    tamper(store_url, *unguard(store_url, "denials", *append_only(store_url, "denials")),
+           f"DELETE FROM denials WHERE id = {last.values[0]}",
+           f"UPDATE audit_head SET seq = {last.seq - 1}")
+    assert found(store_url).startswith(
+        f"edited: the chain head ({last.seq - 1}:{last.hash[:16]}...) is not the hash of the "
+        "last row")

@@ -140,7 +140,7 @@ def _aid_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
 def _audit_parsers(audit: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
     """`poimen audit ACTION`: the audit chain (docs/audit.md). Without an action, `audit`
     lists the denials as before."""
-    sub: Any = audit.add_subparsers(dest="audit_cmd", required=False, metavar="ACTION")
+    sub: Any = audit.add_subparsers(dest="audit_cmd", required=False, metavar="[ACTION]")
     s = sub.add_parser(
         "verify", parents=[common],
         help="walk the chain; name the first row edited, deleted, inserted or reordered "
