@@ -21,7 +21,6 @@ from typing import Any
 
 from bench._util import child_json
 from bench.single import TOOL, args, noop_kernel
-from poimen._audit import sqlite_link
 from poimen._intents import Owner
 from poimen._liveness import default_host
 from poimen.store._base import latest_version
@@ -79,7 +78,6 @@ def build_settled(path: Path, count: int) -> float:
     noop_kernel(path).close()  # the current schema, by the store's own migrations
     marker.unlink(missing_ok=True)
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.create_function("poimen_link", -1, sqlite_link)  # each settled row joins the chain
     try:
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("PRAGMA cache_size=-200000")

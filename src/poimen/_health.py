@@ -43,7 +43,6 @@ PG_TRIGGERS = frozenset({
 # The triggers that make the audit chain's links (schema version 9, docs/audit.md).
 PG_CHAIN_TRIGGERS = frozenset({
     "events_chain", "denials_chain", "audit_pruned_chain", "intents_chain_settle",
-    "intents_chain_insert",
 })  # fmt: skip
 # Rows that point at nothing, whatever constraints the database still has.
 _DANGLING = {

@@ -101,13 +101,11 @@ CREATE TRIGGER denials_chain BEFORE INSERT ON denials
 CREATE TRIGGER audit_pruned_chain BEFORE INSERT ON audit_pruned
     FOR EACH ROW EXECUTE FUNCTION poimen_audit_link();
 -- An intent is chained once, when it is settled for good: its row no longer changes then
--- (but for where its history is kept, inline_history, which is not hashed).
+-- (but for where its history is kept, inline_history, which is not hashed). poimen never
+-- inserts an intent settled: one inserted so is a row without a link.
 CREATE TRIGGER intents_chain_settle BEFORE UPDATE ON intents FOR EACH ROW
     WHEN (OLD.state NOT IN ('COMPLETED', 'FAILED', 'RESOLVED_LANDED', 'RESOLVED_NOT_LANDED')
         AND NEW.state IN ('COMPLETED', 'FAILED', 'RESOLVED_LANDED', 'RESOLVED_NOT_LANDED'))
-    EXECUTE FUNCTION poimen_audit_link();
-CREATE TRIGGER intents_chain_insert BEFORE INSERT ON intents FOR EACH ROW
-    WHEN (NEW.state IN ('COMPLETED', 'FAILED', 'RESOLVED_LANDED', 'RESOLVED_NOT_LANDED'))
     EXECUTE FUNCTION poimen_audit_link();
 
 -- The history written before this version joins the chain now, oldest first.

@@ -82,23 +82,11 @@ BEGIN
         chain_hash = (SELECT hash FROM audit_head) WHERE id = NEW.id;
 END;
 -- An intent is chained once, when it is settled for good: its row no longer changes then
--- (but for where its history is kept, inline_history, which is not hashed).
+-- (but for where its history is kept, inline_history, which is not hashed). poimen never
+-- inserts an intent settled: one inserted so is a row without a link.
 CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents
 WHEN OLD.state NOT IN ('COMPLETED', 'FAILED', 'RESOLVED_LANDED', 'RESOLVED_NOT_LANDED')
     AND NEW.state IN ('COMPLETED', 'FAILED', 'RESOLVED_LANDED', 'RESOLVED_NOT_LANDED')
-    AND EXISTS (SELECT 1 FROM audit_head)
-BEGIN
-    UPDATE audit_head SET seq = seq + 1, hash = poimen_link(hash, 'intent', NEW.id,
-        NEW.call_id, NEW.tool_id, NEW.effect, NEW.args, NEW.args_hash, NEW.key, NEW.request_id,
-        NEW.state, NEW.fence, NEW.owner_id, NEW.owner_host, NEW.owner_pid, NEW.owner_start,
-        NEW.lease_expires_at, NEW.timeout_s, NEW.deadline_at, NEW.next_check_at,
-        NEW.unknown_count, NEW.attempts, NEW.result, NEW.error, NEW.reason, NEW.created_at,
-        NEW.updated_at, NEW.scope);
-    UPDATE intents SET chain_seq = (SELECT seq FROM audit_head),
-        chain_hash = (SELECT hash FROM audit_head) WHERE id = NEW.id;
-END;
-CREATE TRIGGER intents_chain_insert AFTER INSERT ON intents
-WHEN NEW.state IN ('COMPLETED', 'FAILED', 'RESOLVED_LANDED', 'RESOLVED_NOT_LANDED')
     AND EXISTS (SELECT 1 FROM audit_head)
 BEGIN
     UPDATE audit_head SET seq = seq + 1, hash = poimen_link(hash, 'intent', NEW.id,
