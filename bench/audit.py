@@ -116,7 +116,7 @@ def _postgres(workers: int, seconds: float, chained: bool) -> float:
         start_at = time.time() + 6.0 + 1.5 * workers  # every worker imported and warm
         argvs = [["--worker", url, str(start_at), str(seconds), f"w{n}"] for n in range(workers)]
         results = [json.loads(o) for o in children("bench.bench_postgres", argvs, seconds + 120)]
-        return sum(r["calls"] for r in results) / seconds
+        return float(sum(r["calls"] for r in results)) / seconds
     finally:
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
@@ -160,13 +160,14 @@ def rows(*, reps: int, quick: bool, workdir: Path, postgres: bool = True) -> lis
         out += _pair(GROUP, f"SQLite Kernel.call CPU, one caller, synchronous={sync}",
                      "µs CPU/call", cpu_on, cpu_off, "process time, same runs",
                      lower_is_better=True)
-    on, off = [], []
+    th_on: list[float] = []
+    th_off: list[float] = []
     for rep in range(reps):
-        runs = [(on, True), (off, False)]
-        for samples, chained in runs if rep % 2 == 0 else reversed(runs):
+        th_runs = [(th_on, True), (th_off, False)]
+        for samples, chained in th_runs if rep % 2 == 0 else reversed(th_runs):
             gc.collect()
             samples.append(_sqlite_threads(workdir / "audit-threads.db", chained, threaded, 8))
-    out += _pair(GROUP, "SQLite Kernel.call, 8 threads, synchronous=FULL", "calls/s", on, off,
+    out += _pair(GROUP, "SQLite Kernel.call, 8 threads, synchronous=FULL", "calls/s", th_on, th_off,
                  "group commit", lower_is_better=False)
     if not postgres:
         return out
@@ -179,12 +180,13 @@ def rows(*, reps: int, quick: bool, workdir: Path, postgres: bool = True) -> lis
         return out
     seconds = 1.0 if quick else 3.0
     for workers in (1, 8):
-        on, off = [], []
+        pg_on: list[float] = []
+        pg_off: list[float] = []
         for rep in range(reps):
-            runs = [(on, True), (off, False)]
-            for samples, chained in runs if rep % 2 == 0 else reversed(runs):
+            pg_runs = [(pg_on, True), (pg_off, False)]
+            for samples, chained in pg_runs if rep % 2 == 0 else reversed(pg_runs):
                 samples.append(_postgres(workers, seconds, chained))
-        out += _pair(GROUP, f"PostgreSQL, {workers} worker processes", "calls/s", on, off,
+        out += _pair(GROUP, f"PostgreSQL, {workers} worker processes", "calls/s", pg_on, pg_off,
                      "bench_postgres workers (Unsafe no-op)", lower_is_better=False)
     return out
 
