@@ -7,15 +7,15 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from poimen import _undo, call_ids
-from poimen._intents import Intent, IntentState
-from poimen._notify import approval_note
-from poimen._operator import Identity, who_and_why
+from poimen._core.intents import Intent, IntentState
+from poimen._engine.notify import approval_note
 from poimen.errors import (
     ArgumentError,
     IntentNotFoundError,
     NotAwaitingApprovalError,
     RegistrationError,
 )
+from poimen.operator._ops import Identity, who_and_why
 from poimen.store import Store
 
 if TYPE_CHECKING:

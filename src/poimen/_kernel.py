@@ -4,8 +4,8 @@ This module is over 600 lines on purpose: `Kernel` is the public API, and its me
 in one place; each is a few lines that hand the work to the modules of docs/design.md's
 module map (the protocol, recovery, upkeep, sandbox, undo, observers).
 
-The protocol itself is `poimen._protocol`; the decisions `poimen._decide`; the background
-duties `poimen._upkeep`. This module holds what belongs to one kernel: its identity (again
+The protocol itself is `poimen._engine.protocol`; the decisions `poimen._core.decide`; the background
+duties `poimen._engine.upkeep`. This module holds what belongs to one kernel: its identity (again
 after a fork), its settings, its tools and its public API (docs/design.md §8 maps them).
 """
 
@@ -23,31 +23,30 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from poimen import _approval, _guard, _observe, _protocol, _runners, _sandbox, _undo, call_ids
+from poimen import _approval, _observe, _undo, call_ids
 from poimen._aids import Aids
 from poimen._approval import ApprovalRule, approval_due, approval_rule
-from poimen._capability import Issuer, Sink, ToolContext
-from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
-from poimen._evidence import Evidence, Found, Gather
-from poimen._intents import Denial, Intent, Outcome
-from poimen._keys import args_digest, canonical, check_call_id, encode_args
-from poimen._liveness import current_owner
-from poimen._notify import LogNotifier, Notifier, Renotifier, notifier_names
+from poimen._capability import guard as _guard
+from poimen._capability.context import Issuer, Sink, ToolContext
+from poimen._core.effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
+from poimen._core.intents import Denial, Intent, Outcome
+from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
+from poimen._core.retry import Retry
+from poimen._core.spec import ToolHandle, ToolSpec, safe_name, spec_of
+from poimen._core.tools import Caps, Tool, ToolRegistration, build_tool
+from poimen._engine import protocol as _protocol
+from poimen._engine import runners as _runners
+from poimen._engine.evidence import Evidence, Found, Gather
+from poimen._engine.liveness import current_owner
+from poimen._engine.notify import LogNotifier, Notifier, Renotifier, notifier_names
+from poimen._engine.protocol import Engine, call_steps, orphan_steps
+from poimen._engine.recovery import RecoveryReport, recover_pass
+from poimen._engine.runners import run_async, run_sync
+from poimen._engine.steps import CallState
+from poimen._engine.upkeep import Upkeep
+from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen._observe import logging_wanted
-from poimen._operator import Identity
-from poimen._operator import abandon as operator_abandon
-from poimen._operator import decide_approval as operator_decide_approval
-from poimen._operator import resolve as operator_resolve
-from poimen._protocol import Engine, call_steps, orphan_steps
-from poimen._recovery import RecoveryReport, recover_pass
-from poimen._retry import Retry
-from poimen._runners import run_async, run_sync
-from poimen._spec import ToolHandle, ToolSpec, safe_name, spec_of
-from poimen._steps import CallState
-from poimen._tools import Caps, Tool, ToolRegistration, build_tool
 from poimen._undo import UndoArgs, UndoReport, UndoRule
-from poimen._upkeep import Upkeep
-from poimen._workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen.errors import (
     IntentNotFoundError,
     NondeterministicKeyError,
@@ -57,6 +56,11 @@ from poimen.errors import (
     WrongRunnerError,
 )
 from poimen.events import KernelEvent, Observer
+from poimen.operator._ops import Identity
+from poimen.operator._ops import abandon as operator_abandon
+from poimen.operator._ops import decide_approval as operator_decide_approval
+from poimen.operator._ops import resolve as operator_resolve
+from poimen.sandbox import _modes as _sandbox
 from poimen.store import Store, open_store
 from poimen.store._base import NewDispatch
 
@@ -238,7 +242,7 @@ class Kernel:
         # Logging configured later is looked for at each call and pass (_observe.relog).
         self._log_watch = _observe.watching(self, log_events)
         LIVE.add(self)
-        # Shadow and replay answer calls without effects: poimen._sandbox, docs/sandbox.md.
+        # Shadow and replay answer calls without effects: poimen.sandbox._modes, docs/sandbox.md.
         self._sandbox: _sandbox.Sandbox | None = None
         if mode != "live":
             try:
@@ -852,7 +856,7 @@ class Kernel:
     def _notify_soon(self) -> None:
         """The outbox row is committed: have the delivery duty deliver it, so a slow webhook
         never holds up the caller (nor other callers behind the delivery lock)."""
-        from poimen import _crashpoints
+        from poimen._engine import crashpoints as _crashpoints
 
         _crashpoints.hit("before_notify")
         self._upkeep.notify_soon()

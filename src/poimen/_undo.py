@@ -16,10 +16,8 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
-from poimen import _crashpoints
-from poimen import _operator as op
-from poimen._effects import Idempotent, _impure_names
-from poimen._intents import (
+from poimen._core.effects import Idempotent, _impure_names
+from poimen._core.intents import (
     Completed,
     Failed,
     Indeterminate,
@@ -28,8 +26,9 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._keys import JSONValue, args_digest, canonical, check_call_id, encode_args
-from poimen._tools import check_tool_id
+from poimen._core.keys import JSONValue, args_digest, canonical, check_call_id, encode_args
+from poimen._core.tools import check_tool_id
+from poimen._engine import crashpoints as _crashpoints
 from poimen.call_ids import is_edit, is_undo, undo_of
 from poimen.errors import (
     AlreadyUndoneError,
@@ -42,10 +41,11 @@ from poimen.errors import (
     UndoError,
     UnknownToolError,
 )
+from poimen.operator import _ops as op
 
 if TYPE_CHECKING:
+    from poimen._core.tools import Tool
     from poimen._kernel import Kernel
-    from poimen._tools import Tool
     from poimen.store import Store
 
 S = IntentState

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from poimen._engine.recovery import RecoveryReport
     from poimen._kernel import Kernel
-    from poimen._recovery import RecoveryReport
 
 __all__ = [
     "AbandonedEvent",

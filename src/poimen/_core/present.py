@@ -1,7 +1,7 @@
 """How the operator path shows and reads text: redaction of secrets (by argument name and in
 URLs), escaping of control and bidi characters, and parsing of what operators type (times,
 durations, states, results, limits). The CLI and the console both use these, through
-`poimen._operator`."""
+`poimen.operator._ops`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from poimen._intents import IntentState
+from poimen._core.intents import IntentState
 from poimen.errors import PoimenError
 
 #: An argument (or result field) whose name contains one of these, after lower-casing and

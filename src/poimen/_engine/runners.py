@@ -1,4 +1,4 @@
-"""The runners of the call protocol: how each step of `poimen._protocol` is carried out,
+"""The runners of the call protocol: how each step of `poimen._engine.protocol` is carried out,
 blocking (`run_sync`: `Kernel.call`, recovery) or on an event loop (`run_async`: `Kernel.acall`),
 and how a tool is invoked and its exception classified (docs/design.md §4, §6).
 """
@@ -16,10 +16,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from poimen import _guard
-from poimen._capability import AttemptRecord, ToolContext
-from poimen._decide import Fail, MarkIndeterminate
-from poimen._effects import (
+from poimen._capability import guard as _guard
+from poimen._capability.context import AttemptRecord, ToolContext
+from poimen._core.decide import Fail, MarkIndeterminate
+from poimen._core.effects import (
     Idempotent,
     Landed,
     LookupAnswer,
@@ -28,11 +28,11 @@ from poimen._effects import (
     ReadOnly,
     Unknown,
 )
-from poimen._intents import Intent
+from poimen._core.intents import Intent
+from poimen._core.tools import Tool
+from poimen._engine.protocol import Engine, printable
+from poimen._engine.steps import Block, CallState, Invoke, Lookup, Run, Sleep, Steps
 from poimen._observe import observed_ainvoke, observed_invoke, observed_lookup
-from poimen._protocol import Engine, printable
-from poimen._steps import Block, CallState, Invoke, Lookup, Run, Sleep, Steps
-from poimen._tools import Tool
 from poimen.errors import CapabilityDeniedError, DefiniteFailure, NotSent
 
 log = logging.getLogger("poimen")

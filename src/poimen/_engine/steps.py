@@ -1,4 +1,4 @@
-"""What the call protocol (`poimen._protocol`) yields and keeps beside the log: the steps its
+"""What the call protocol (`poimen._engine.protocol`) yields and keeps beside the log: the steps its
 generators ask the runners to do, how one invocation ended, a run's own state, and the set of
 intents a kernel holds."""
 
@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from poimen._intents import Intent
+from poimen._core.intents import Intent
 
 if TYPE_CHECKING:
-    from poimen._tools import Tool
+    from poimen._core.tools import Tool
 
 T = TypeVar("T")
 

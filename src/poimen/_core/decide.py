@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, assert_never
 
-from poimen._effects import (
+from poimen._core.effects import (
     EffectClass,
     Idempotent,
     Landed,
@@ -23,7 +23,7 @@ from poimen._effects import (
     Unsafe,
     effect_name,
 )
-from poimen._intents import Intent, IntentState, Owner
+from poimen._core.intents import Intent, IntentState, Owner
 
 # The evidence a decision is made on.
 

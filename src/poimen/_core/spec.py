@@ -10,16 +10,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from poimen._effects import EffectName, effect_name
-from poimen._tools import Tool
+from poimen._core.effects import EffectName, effect_name
+from poimen._core.tools import Tool
 from poimen.errors import RegistrationError
 
 if TYPE_CHECKING:
-    from poimen._capability import ToolContext
-    from poimen._effects import EffectClass
-    from poimen._intents import Outcome
+    from poimen._capability.context import ToolContext
+    from poimen._core.effects import EffectClass
+    from poimen._core.intents import Outcome
+    from poimen._core.tools import Caps
     from poimen._kernel import Kernel
-    from poimen._tools import Caps
     from poimen._undo import UndoArgs
 
 P = ParamSpec("P")

@@ -16,7 +16,7 @@ import uuid
 
 import psutil
 
-from poimen._intents import Owner
+from poimen._core.intents import Owner
 
 # Where procfs is mounted; tests point it elsewhere to stand for a host without one.
 PROC_ROOT = "/proc"

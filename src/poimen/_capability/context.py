@@ -5,7 +5,7 @@ attempt, key) with a per-kernel secret the tool never receives, live only while 
 A handle checks the token and the key on every write; a bad write is recorded as a denial
 (committed) and only then raised as `CapabilityDeniedError`. Every handle, of every class, also
 holds its attempt's record (`AttemptRecord`): each request passes the send gate
-(`poimen._decide.send_gate`) right before it leaves, and each write is counted.
+(`poimen._core.decide.send_gate`) right before it leaves, and each write is counted.
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, runtime_checkable
 
 import httpx
 
-from poimen import _guard
-from poimen._decide import Fail, MarkIndeterminate, Refused, Send, after_refusal, send_gate
-from poimen._handles import (
+from poimen._capability import guard as _guard
+from poimen._capability.handles import (
     AsyncHttpHandle,
     HttpHandle,
     SinkHandle,
 )
+from poimen._core.decide import Fail, MarkIndeterminate, Refused, Send, after_refusal, send_gate
 from poimen.errors import CapabilityDeniedError, PoimenError, RegistrationError
 
 if TYPE_CHECKING:
-    from poimen._effects import EffectClass
-    from poimen._intents import Intent
-    from poimen._tools import Caps
+    from poimen._core.effects import EffectClass
+    from poimen._core.intents import Intent
+    from poimen._core.tools import Caps
     from poimen.store import Store
 
 

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from poimen._intents import Intent
-from poimen._operator import REDACTED, is_secret_name, redact, redact_store_url
+from poimen._core.intents import Intent
 from poimen.errors import PoimenError, StoreError
+from poimen.operator._ops import REDACTED, is_secret_name, redact, redact_store_url
 from poimen.store import Store, open_store
 from poimen.store import _sandbox as records
 

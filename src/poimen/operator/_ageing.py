@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from poimen._intents import Intent, IntentState
+from poimen._core.intents import Intent, IntentState
 from poimen.errors import RegistrationError
 from poimen.store._base import NewNotification, Store
 

@@ -48,7 +48,7 @@ def hit(point: str, call_id: str | None = None) -> None:
     if point in _PAUSE:
         marker = os.environ.get("POIMEN_PAUSE_FILE")
         if marker:
-            from poimen import _guard
+            from poimen._capability import guard as _guard
 
             _guard.suspend()  # the marker is the harness's write, not the tool's; we die here
             tmp = f"{marker}.{os.getpid()}.{threading.get_ident()}.tmp"  # threads may pause at once

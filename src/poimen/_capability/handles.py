@@ -1,7 +1,7 @@
 """The handles a tool writes through: `ctx.http` (an httpx client that sends the kernel's key
 on every write and checks host, token and key), `ctx.ahttp` (the same for async tools; its
 requests run in threads the attempt waits for) and `ctx.sink(name)`. For an Idempotent or
-ReadOnly call they hold the call's write token (`poimen._capability`). For every class, each
+ReadOnly call they hold the call's write token (`poimen._capability.context`). For every class, each
 request passes the send gate right before it leaves, through the attempt's record."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from poimen import _guard
+from poimen._capability import guard as _guard
 from poimen.errors import NotSent, PoimenError
 
 if TYPE_CHECKING:
-    from poimen._capability import AttemptRecord, CallScope, Issuer, Sink
+    from poimen._capability.context import AttemptRecord, CallScope, Issuer, Sink
 
 # Methods that change nothing on the server (RFC 9110 "safe"); every other method is a write.
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})

@@ -14,8 +14,8 @@ from typing import Any
 
 import pydantic
 
-from poimen._effects import EffectClass, Idempotent, KeyDerivation, Queryable, ReadOnly, Unsafe
-from poimen._keys import MAX_TOOL_ID_BYTES, JSONValue
+from poimen._core.effects import EffectClass, Idempotent, KeyDerivation, Queryable, ReadOnly, Unsafe
+from poimen._core.keys import MAX_TOOL_ID_BYTES, JSONValue
 from poimen.errors import ArgumentError, RegistrationError
 
 _TIME_LIKE = (dt.datetime, dt.date, dt.time)

@@ -23,7 +23,7 @@ from urllib.parse import unquote
 from poimen.errors import CapabilityDeniedError
 
 if TYPE_CHECKING:
-    from poimen._capability import CallScope
+    from poimen._capability.context import CallScope
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """The restart scan: every unfinished intent whose owner is gone is settled by its class
-(docs/design.md §5). The decisions are `poimen._decide`'s; the steps `poimen._protocol`'s.
+(docs/design.md §5). The decisions are `poimen._core.decide`'s; the steps `poimen._engine.protocol`'s.
 
 One intent's failure (a key derivation that raises, a damaged row, a lookup that hangs) is
 logged and counted; it never stops the scan of the others.
@@ -14,12 +14,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import assert_never
 
-from poimen._intents import Completed, Failed, Indeterminate, Intent, Outcome, Pending, Resolved
+from poimen._core.intents import (
+    Completed,
+    Failed,
+    Indeterminate,
+    Intent,
+    Outcome,
+    Pending,
+    Resolved,
+)
+from poimen._core.tools import Tool
+from poimen._engine.protocol import Engine, orphan_steps
+from poimen._engine.runners import run_sync
+from poimen._engine.steps import CallState
 from poimen._observe import observed_pass, observed_recovery
-from poimen._protocol import Engine, orphan_steps
-from poimen._runners import run_sync
-from poimen._steps import CallState
-from poimen._tools import Tool
 from poimen.errors import CorruptRowError
 
 log = logging.getLogger("poimen.recovery")

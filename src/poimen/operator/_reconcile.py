@@ -4,7 +4,7 @@ batch, chosen by a filter or matched from a CSV the operator exported from the p
 console's *Resolve many* page share.
 
 A plan is made first (what would change, and every row that matches nothing), then applied
-one intent at a time through `poimen._operator.resolve`: the store's compare-and-set on
+one intent at a time through `poimen.operator._ops.resolve`: the store's compare-and-set on
 the intent's state lets exactly one decision win per intent, so a single resolve racing the
 batch either wins (the batch reports the intent as decided already) or finds it decided.
 Each resolve event names the batch (``batch``), where its decisions came from
@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from poimen._intents import Intent, IntentState
-from poimen._operator import Identity, resolve
-from poimen._present import MAX_LIMIT, OperatorInputError, parse_result, parse_since
+from poimen._core.intents import Intent, IntentState
+from poimen._core.present import MAX_LIMIT, OperatorInputError, parse_result, parse_since
 from poimen.errors import NotIndeterminateError
+from poimen.operator._ops import Identity, resolve
 from poimen.store._base import Store
 
 S = IntentState
@@ -331,7 +331,7 @@ def plan_lines(plan: Plan) -> str:
 
 
 def _json(value: Any) -> str:
-    from poimen._keys import encode_value
+    from poimen._core.keys import encode_value
 
     return encode_value(value, "result")
 

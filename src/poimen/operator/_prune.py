@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from poimen._intents import Owner
-from poimen._operator import OperatorInputError
+from poimen._core.intents import Owner
+from poimen.operator._ops import OperatorInputError
 from poimen.store import Store
 from poimen.store._retention import History
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from poimen._operator import (
+from poimen.operator._ops import (
     Identity,
     IntentDetail,
     OperatorInputError,
@@ -19,7 +19,7 @@ from poimen._operator import (
     show,
     status,
 )
-from poimen._prune import MIN_AGE, PruneReport, prune, read_archive
+from poimen.operator._prune import MIN_AGE, PruneReport, prune, read_archive
 
 __all__ = [
     "MIN_AGE",

@@ -29,17 +29,17 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
-from poimen import _guard
-from poimen._capability import AttemptRecord, ToolContext
-from poimen._effects import ReadOnly
-from poimen._intents import Attempt, Event, Intent, IntentState, Notification
-from poimen._keys import canonical, to_json_value
-from poimen._present import redact, redact_store_url
+from poimen._capability import guard as _guard
+from poimen._capability.context import AttemptRecord, ToolContext
+from poimen._core.effects import ReadOnly
+from poimen._core.intents import Attempt, Event, Intent, IntentState, Notification
+from poimen._core.keys import canonical, to_json_value
+from poimen._core.present import redact, redact_store_url
 from poimen.errors import PoimenError, RegistrationError
 
 if TYPE_CHECKING:
-    from poimen._capability import Issuer
-    from poimen._tools import Caps, Tool
+    from poimen._capability.context import Issuer
+    from poimen._core.tools import Caps, Tool
     from poimen.store._base import Store
 
 #: The event an evidence gathering is recorded as (append-only, changes no state).
@@ -164,7 +164,7 @@ def rule_of(tool_id: str, evidence: object) -> Evidence | None:
             tool_id=tool_id,
             field="evidence",
         )
-    from poimen._tools import Caps
+    from poimen._core.tools import Caps
 
     if evidence.caps is not None and not isinstance(evidence.caps, Caps):
         raise RegistrationError(f"tool {tool_id!r}: Evidence.caps must be a Caps",

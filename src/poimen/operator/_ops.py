@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from poimen import _evidence
-from poimen._intents import (
+from poimen._core.intents import (
     TERMINAL,
     Attempt,
     Delivery,
@@ -26,8 +25,8 @@ from poimen._intents import (
     Notification,
     Owner,
 )
-from poimen._keys import encode_value
-from poimen._present import (
+from poimen._core.keys import encode_value
+from poimen._core.present import (
     MAX_DEPTH,
     MAX_LIMIT,
     REDACTED,
@@ -51,6 +50,7 @@ from poimen._present import (
     redact_urls,
     safe_json,
 )
+from poimen._engine import evidence as _evidence
 from poimen.call_ids import original_of
 from poimen.errors import IntentNotFoundError
 from poimen.store._base import Store

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, assert_never
 
-from poimen._keys import JSONValue, hash_key, to_json_value
+from poimen._core.keys import JSONValue, hash_key, to_json_value
 from poimen.errors import (
     ArgumentError,
     KeyDerivationError,

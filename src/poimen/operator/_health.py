@@ -11,17 +11,17 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from poimen._decide import claimability
-from poimen._intents import Intent
-from poimen._liveness import current_owner, default_host, owner_alive
-from poimen._operator import (
+from poimen._core.decide import claimability
+from poimen._core.intents import Intent
+from poimen._engine.liveness import current_owner, default_host, owner_alive
+from poimen.errors import StoreError
+from poimen.operator._ops import (
     REDACTED,
     intent_summary,
     is_secret_name,
     redact_store_url,
     redact_urls,
 )
-from poimen.errors import StoreError
 from poimen.store._base import Store, latest_version, migrations
 from poimen.store._fs import filesystem_of, is_network
 

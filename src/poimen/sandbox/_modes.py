@@ -24,9 +24,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from poimen import _protocol, _runners
-from poimen._effects import ReadOnly, Unsafe
-from poimen._intents import (
+from poimen._core.effects import ReadOnly, Unsafe
+from poimen._core.intents import (
     Completed,
     Failed,
     Indeterminate,
@@ -36,9 +35,11 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._protocol import Engine, call_steps
-from poimen._steps import CallState
-from poimen._tools import Tool
+from poimen._core.tools import Tool
+from poimen._engine import protocol as _protocol
+from poimen._engine import runners as _runners
+from poimen._engine.protocol import Engine, call_steps
+from poimen._engine.steps import CallState
 from poimen.errors import (
     CallIdMismatchError,
     DivergenceError,

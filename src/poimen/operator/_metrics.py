@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from poimen._ageing import Oldest, oldest_by_tool
-from poimen._intents import IntentState
+from poimen._core.intents import IntentState
+from poimen.operator._ageing import Oldest, oldest_by_tool
 from poimen.store._base import Store
 
 S = IntentState

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from poimen._operator import OperatorInputError
 from poimen.errors import DuplicateOperatorError, OperatorsFileError, UnknownOperatorError
+from poimen.operator._ops import OperatorInputError
 
 __all__ = [
     "Login",

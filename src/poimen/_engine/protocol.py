@@ -3,8 +3,8 @@
 Every path an intent takes (a first call, a call id seen again, a retry, recovery of an
 orphan) is a generator that yields the steps it needs done (`Block`: a commit or a read;
 `Invoke`: run the tool; `Lookup`: ask the provider; `Sleep`) and receives their results.
-Two runners (`poimen._runners`) execute the steps: `run_sync` for `Kernel.call` and recovery,
-`run_async` for `Kernel.acall`. What to decide lives in `poimen._decide`; what a step costs lives in the
+Two runners (`poimen._engine.runners`) execute the steps: `run_sync` for `Kernel.call` and recovery,
+`run_async` for `Kernel.acall`. What to decide lives in `poimen._core.decide`; what a step costs lives in the
 runners. See docs/design.md §3 to §5.
 
 A cancelled async caller never abandons the protocol: a commit in flight is waited for, a sync
@@ -25,10 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from poimen import _crashpoints
 from poimen._approval import approval_due
-from poimen._capability import Issuer
-from poimen._decide import (
+from poimen._capability.context import Issuer
+from poimen._core.decide import (
     Answer,
     Ask,
     Complete,
@@ -46,8 +45,8 @@ from poimen._decide import (
     failure_is_final,
     takeover_deadline,
 )
-from poimen._effects import Idempotent, Queryable
-from poimen._intents import (
+from poimen._core.effects import Idempotent, Queryable
+from poimen._core.intents import (
     Completed,
     Failed,
     Indeterminate,
@@ -58,11 +57,13 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._keys import encode_value
-from poimen._liveness import owner_alive
-from poimen._notify import Notifier, approval_note, indeterminate_note
-from poimen._retry import Retry as RetryPolicy
-from poimen._steps import (
+from poimen._core.keys import encode_value
+from poimen._core.retry import Retry as RetryPolicy
+from poimen._core.tools import Tool
+from poimen._engine import crashpoints as _crashpoints
+from poimen._engine.liveness import owner_alive
+from poimen._engine.notify import Notifier, approval_note, indeterminate_note
+from poimen._engine.steps import (
     Block,
     CallState,
     Holds,
@@ -72,7 +73,6 @@ from poimen._steps import (
     Sleep,
     Steps,
 )
-from poimen._tools import Tool
 from poimen.errors import (
     ArgumentError,
     IntentNotFoundError,
