@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from poimen._core.intents import Intent, IntentState, Notification
+from poimen._core.present import redact_url, redact_urls
 from poimen._engine.evidence import with_evidence
 from poimen.errors import PoimenError
-from poimen.operator._ops import redact_url, redact_urls
 from poimen.store._base import (
     ANY_NOTIFIER,
     NewDispatch,
