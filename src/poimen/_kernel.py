@@ -25,9 +25,9 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from poimen import _approval, _observe, _undo, call_ids
 from poimen._aids import Aids
-from poimen._approval import ApprovalRule, approval_due, approval_rule
 from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer, Sink, ToolContext
+from poimen._core.approval import ApprovalRule, approval_due, approval_rule
 from poimen._core.effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
 from poimen._core.intents import Denial, Intent, Outcome
 from poimen._core.keys import args_digest, canonical, check_call_id, encode_args

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from poimen._approval import approval_due
 from poimen._capability.context import Issuer
+from poimen._core.approval import approval_due
 from poimen._core.decide import (
     Answer,
     Ask,
