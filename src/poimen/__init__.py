@@ -31,12 +31,13 @@ from poimen._core.intents import (
 )
 from poimen._core.keys import MAX_ARGS_BYTES, MAX_CALL_ID_BYTES, MAX_NESTING, MAX_TOOL_ID_BYTES
 from poimen._core.retry import Retry
-from poimen._core.spec import ToolHandle, ToolSpec
+from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, ToolRegistration
 from poimen._engine.evidence import Evidence, Fact, RecordedCall, Suggestion
 from poimen._engine.notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
 from poimen._engine.recovery import RecoveryReport
 from poimen._kernel import Kernel
+from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport, UndoStep
 from poimen.errors import DefiniteFailure, NotSent
 

@@ -32,7 +32,7 @@ from poimen._core.effects import EffectClass, Idempotent, Queryable, ReadOnly, e
 from poimen._core.intents import Denial, Intent, Outcome
 from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
 from poimen._core.retry import Retry
-from poimen._core.spec import ToolHandle, ToolSpec, safe_name, spec_of
+from poimen._core.spec import ToolSpec, safe_name, spec_of
 from poimen._core.tools import Caps, Tool, ToolRegistration, build_tool
 from poimen._engine import protocol as _protocol
 from poimen._engine import runners as _runners
@@ -46,6 +46,7 @@ from poimen._engine.steps import CallState
 from poimen._engine.upkeep import Upkeep
 from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen._observe import logging_wanted
+from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoArgs, UndoReport, UndoRule
 from poimen.errors import (
     IntentNotFoundError,
