@@ -7,14 +7,20 @@ import logging
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from poimen.errors import DuplicateWorkerError
 
-if TYPE_CHECKING:
-    from poimen._kernel import Kernel
-
 log = logging.getLogger("poimen")
+
+
+class Kernel(Protocol):
+    """What this module needs of a kernel (`poimen.Kernel` is one)."""
+
+    _closed: bool
+
+    def _after_fork_in_child(self) -> None: ...
+
 
 LIVE: weakref.WeakSet[Kernel] = weakref.WeakSet()
 _WORKERS: dict[str, weakref.ref[Kernel]] = {}
