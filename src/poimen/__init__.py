@@ -27,6 +27,7 @@ from poimen._core.intents import (
     Notification,
     Outcome,
     Pending,
+    RecoveryReport,
     Resolved,
 )
 from poimen._core.keys import MAX_ARGS_BYTES, MAX_CALL_ID_BYTES, MAX_NESTING, MAX_TOOL_ID_BYTES
@@ -35,7 +36,6 @@ from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, ToolRegistration
 from poimen._engine.evidence import Evidence, Fact, RecordedCall, Suggestion
 from poimen._engine.notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
-from poimen._engine.recovery import RecoveryReport
 from poimen._kernel import Kernel
 from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport, UndoStep

@@ -29,7 +29,7 @@ from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer, Sink, ToolContext
 from poimen._core.approval import ApprovalRule, approval_due, approval_rule
 from poimen._core.effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
-from poimen._core.intents import Denial, Intent, Outcome
+from poimen._core.intents import Denial, Intent, Outcome, RecoveryReport
 from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
 from poimen._core.retry import Retry
 from poimen._core.spec import ToolSpec, safe_name, spec_of
@@ -40,7 +40,7 @@ from poimen._engine.evidence import Evidence, Found, Gather
 from poimen._engine.liveness import current_owner
 from poimen._engine.notify import LogNotifier, Notifier, Renotifier, notifier_names
 from poimen._engine.protocol import Engine, call_steps, orphan_steps
-from poimen._engine.recovery import RecoveryReport, recover_pass
+from poimen._engine.recovery import recover_pass
 from poimen._engine.runners import run_async, run_sync
 from poimen._engine.steps import CallState
 from poimen._engine.upkeep import Upkeep

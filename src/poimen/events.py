@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from poimen._engine.recovery import RecoveryReport
+    from poimen._core.intents import RecoveryReport
     from poimen._kernel import Kernel
 
 __all__ = [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, assert_never
 
 from poimen.errors import IllegalTransitionError
 
@@ -282,3 +282,38 @@ class Pending:
 SANDBOX_REASONS = frozenset({"would_have_called", "not_in_recording"})
 
 Outcome = Completed | Failed | Indeterminate | Resolved | Pending
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What one recovery pass saw and did (`poimen._engine.recovery`): counts by outcome."""
+
+    scanned: int = 0
+    completed: int = 0
+    failed: int = 0
+    indeterminate: int = 0
+    pending: int = 0
+    busy: int = 0
+    lost_race: int = 0
+    unregistered: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    expired: int = 0  # calls whose approval window passed (FAILED, nothing sent)
+
+    def count(self, outcome: Outcome) -> None:
+        """Count one settled outcome in the report."""
+        match outcome:
+            case Completed() | Resolved():
+                self.completed += 1
+            case Failed():
+                self.failed += 1
+            case Indeterminate():
+                self.indeterminate += 1
+            case Pending(reason="lost_race"):
+                self.lost_race += 1
+            case Pending(reason="busy"):
+                self.busy += 1
+            case Pending():
+                self.pending += 1
+            case _:
+                assert_never(outcome)

@@ -11,18 +11,8 @@ import contextvars
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import assert_never
 
-from poimen._core.intents import (
-    Completed,
-    Failed,
-    Indeterminate,
-    Intent,
-    Outcome,
-    Pending,
-    Resolved,
-)
+from poimen._core.intents import Intent, Outcome, Pending, RecoveryReport
 from poimen._core.tools import Tool
 from poimen._engine.protocol import Engine, orphan_steps
 from poimen._engine.runners import run_sync
@@ -31,41 +21,6 @@ from poimen._observe import observed_pass, observed_recovery
 from poimen.errors import CorruptRowError
 
 log = logging.getLogger("poimen.recovery")
-
-
-@dataclass(slots=True)
-class RecoveryReport:
-    """What one recovery pass saw and did."""
-
-    scanned: int = 0
-    completed: int = 0
-    failed: int = 0
-    indeterminate: int = 0
-    pending: int = 0
-    busy: int = 0
-    lost_race: int = 0
-    unregistered: list[str] = field(default_factory=list)
-    corrupt: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    expired: int = 0  # calls whose approval window passed (FAILED, nothing sent)
-
-    def count(self, outcome: Outcome) -> None:
-        """Count one settled outcome in the report."""
-        match outcome:
-            case Completed() | Resolved():
-                self.completed += 1
-            case Failed():
-                self.failed += 1
-            case Indeterminate():
-                self.indeterminate += 1
-            case Pending(reason="lost_race"):
-                self.lost_race += 1
-            case Pending(reason="busy"):
-                self.busy += 1
-            case Pending():
-                self.pending += 1
-            case _:
-                assert_never(outcome)
 
 
 def drive_orphan(e: Engine, tool: Tool, it: Intent) -> Outcome:
