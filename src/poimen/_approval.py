@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from poimen import _undo, call_ids
+from poimen import call_ids
 from poimen._core.intents import Intent, IntentState
+from poimen._engine.engine import MAKING
 from poimen._engine.notify import approval_note
 from poimen.errors import IntentNotFoundError, NotAwaitingApprovalError
 from poimen.operator._ops import Identity, who_and_why
@@ -52,11 +53,11 @@ def approve_edited(
         )
     name, why, context = who_and_why("approve", operator, reason)
     edit_id = call_ids.edit_of(it.call_id)
-    making = _undo._MAKING.set(edit_id)
+    making = MAKING.set(edit_id)
     try:
         _, d, _ = kernel._prepare(it.tool_id, args, edit_id)
     finally:
-        _undo._MAKING.reset(making)
+        MAKING.reset(making)
     now = store.now()
     if d.args_hash == it.args_hash:  # nothing edited: a plain approval
         return store.decide_approval(

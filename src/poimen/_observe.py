@@ -40,7 +40,7 @@ from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
     from poimen._core.intents import RecoveryReport
-    from poimen._engine.protocol import Engine
+    from poimen._engine.engine import Engine
     from poimen._engine.steps import Invoke, Lookup, Run
     from poimen._kernel import Kernel
     from poimen.store import Store

@@ -28,6 +28,7 @@ SQL = "poimen/store/_statements.py"
 STORE = "poimen/store/_sql.py"
 PG = "poimen/store/postgres.py"
 UNDO = "poimen/_undo.py"
+ENGINE = "poimen/_engine/engine.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
 T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not postgres")
@@ -138,7 +139,7 @@ MUTANTS: list[Mutant] = [
            '    return Run("completed", value=value)',
            '    return Run("completed", value=value)',
            (*T_GATE, "-k", "sqlite and swallow")),
-    Mutant("key-from-raw-args", "the key is derived from the recorded arguments", KERNEL,
+    Mutant("key-from-raw-args", "the key is derived from the recorded arguments", ENGINE,
            "            key = effects.key.derive(t.id, recorded)\n",
            "            key = effects.key.derive(t.id, dict(args))\n",
            ("tests/integration/test_public_api.py", "-k", "recorded_arguments and sqlite")),
@@ -286,8 +287,8 @@ MUTANTS: list[Mutant] = [
     Mutant("undone-event-ignored", "an original with an 'undone' event is undone (undo)",
            UNDO, "    if done is not None:  # undone for good", "    if False:  # undone for good",
            ("tests/integration/test_undo_retention.py", "-k", "undone_event and sqlite")),
-    Mutant("reserved-call-id-open", "an application's call id never uses undo's prefix", UNDO,
-           "if (is_undo(call_id) or is_edit(call_id)) and _MAKING.get() != call_id:", "if False:",
+    Mutant("reserved-call-id-open", "an application's call id never uses undo's prefix", ENGINE,
+           "if (is_undo(call_id) or is_edit(call_id)) and MAKING.get() != call_id:", "if False:",
            ("tests/integration/test_undo.py", "-k", "prefix_is_refused and sqlite")),
     Mutant("foreign-undo-taken", "undo takes as the reversal only its own undo", UNDO,
            "        foreign = _not_its_undo(latest, it, r, undo_tool)\n",
@@ -389,7 +390,7 @@ MUTANTS: list[Mutant] = [
            "cap = self.initial * 2 ** min(max(n - 1, 0), 62)",
            ("tests/integration/test_call_bounds.py", "-k", "(sqlite or not postgres) and retr")),
     Mutant("custom-key-once", "a custom key derivation gives one key for one set of arguments",
-           KERNEL, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',
+           ENGINE, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',
            "if False:", ("tests/integration/test_call_bounds.py", "-k", "sqlite and custom")),
     # An identical call in a scope is not dispatched while the first is unsettled.
     Mutant("coalesce-skipped", "an unsettled identical call is never dispatched again",

@@ -15,17 +15,13 @@ stays held (never claimable by this kernel's recovery) until nothing of it runs 
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from poimen._capability.context import Issuer
 from poimen._core.approval import approval_due
 from poimen._core.decide import (
     Answer,
@@ -40,7 +36,6 @@ from poimen._core.decide import (
     Retry,
     Unasked,
     attempt_deadline,
-    claimability,
     decide,
     failure_is_final,
     takeover_deadline,
@@ -61,12 +56,10 @@ from poimen._core.keys import encode_value
 from poimen._core.retry import Retry as RetryPolicy
 from poimen._core.tools import Tool
 from poimen._engine import crashpoints as _crashpoints
-from poimen._engine.liveness import owner_alive
-from poimen._engine.notify import Notifier, approval_note, indeterminate_note
+from poimen._engine.notify import approval_note, indeterminate_note
 from poimen._engine.steps import (
     Block,
     CallState,
-    Holds,
     Invoke,
     Lookup,
     Run,
@@ -82,92 +75,11 @@ from poimen.store import Store
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
-    from poimen._observe import Observation
+    from poimen._engine.engine import Engine
 
 log = logging.getLogger("poimen")
 S = IntentState
 T = TypeVar("T")
-
-
-class Engine:
-    """What the protocol needs of a kernel: its store, identity, tools, settings, pools."""
-
-    def __init__(
-        self,
-        store: Store,
-        owner: Owner,
-        issuer: Issuer,
-        *,
-        lease_ttl: float,
-        deadline_margin: float,
-        wait_bound: float,
-        max_attempts: int,
-        lookup_limit: int,
-        lookup_backoff: float,
-        max_backoff: float,
-        notify: Callable[[], None],
-        notifiers: Sequence[Notifier] = (),
-    ) -> None:
-        self.store = store
-        self.owner = owner
-        self.issuer = issuer
-        self.tools: dict[str, Tool] = {}
-        self.retries: dict[str, RetryPolicy] = {}
-        self.holds = Holds()
-        self.lease_ttl = lease_ttl
-        self.deadline_margin = deadline_margin
-        self.wait_bound = wait_bound
-        self.default_retry = RetryPolicy(attempts=max_attempts)
-        self.lookup_limit = lookup_limit
-        self.lookup_backoff = lookup_backoff
-        self.max_backoff = max_backoff
-        self.notify = notify
-        self.notifiers = notifiers  # an outbox row is written for these (their names)
-        self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
-        self._pools_lock = threading.Lock()
-        self.continuations: set[threading.Thread] = set()
-        self.observer: Observation | None = None  # set while the kernel has observers
-
-    def retry(self, t: Tool) -> RetryPolicy:
-        return self.retries.get(t.id, self.default_retry)
-
-    def policy(self, t: Tool) -> Policy:
-        return Policy(
-            max_attempts=self.retry(t).attempts,
-            lookup_limit=self.lookup_limit,
-            lookup_backoff=self.lookup_backoff,
-            max_backoff=self.max_backoff,
-        )
-
-    def pool(self, name: str, size: int) -> concurrent.futures.ThreadPoolExecutor:
-        p = self._pools.get(name)
-        if p is None:
-            with self._pools_lock:
-                p = self._pools.get(name)
-                if p is None:
-                    p = self._pools[name] = concurrent.futures.ThreadPoolExecutor(
-                        size, thread_name_prefix=f"poimen-{name}"
-                    )
-        return p
-
-    def shutdown_pools(self, *, forked: bool = False) -> None:
-        with self._pools_lock:
-            pools, self._pools = self._pools, {}
-        if forked:  # the parent's threads do not exist here: nothing to wait for
-            self._pools_lock = threading.Lock()
-            return
-        for p in pools.values():
-            p.shutdown(wait=False)
-
-    def claimable(self, intent: Intent, now: float) -> str:
-        return claimability(
-            intent, self.owner, held=intent.id in self.holds, now=now, alive=owner_alive
-        )
-
-    def slack(self) -> float:
-        """How late an attempt may start after its deadline was stamped before the deadline
-        is stamped again."""
-        return self.deadline_margin / 4
 
 
 # The protocol.

@@ -11,14 +11,18 @@ import contextvars
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from poimen._core.intents import Intent, Outcome, Pending, RecoveryReport
 from poimen._core.tools import Tool
-from poimen._engine.protocol import Engine, orphan_steps
+from poimen._engine.protocol import orphan_steps
 from poimen._engine.runners import run_sync
 from poimen._engine.steps import CallState
 from poimen._observe import observed_pass, observed_recovery
 from poimen.errors import CorruptRowError
+
+if TYPE_CHECKING:
+    from poimen._engine.engine import Engine
 
 log = logging.getLogger("poimen.recovery")
 

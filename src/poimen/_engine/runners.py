@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from poimen._capability import guard as _guard
 from poimen._capability.context import AttemptRecord, ToolContext
@@ -30,10 +30,13 @@ from poimen._core.effects import (
 )
 from poimen._core.intents import Intent
 from poimen._core.tools import Tool
-from poimen._engine.protocol import Engine, printable
+from poimen._engine.protocol import printable
 from poimen._engine.steps import Block, CallState, Invoke, Lookup, Run, Sleep, Steps
 from poimen._observe import observed_ainvoke, observed_invoke, observed_lookup
 from poimen.errors import CapabilityDeniedError, DefiniteFailure, NotSent
+
+if TYPE_CHECKING:
+    from poimen._engine.engine import Engine
 
 log = logging.getLogger("poimen")
 T = TypeVar("T")

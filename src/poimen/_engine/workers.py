@@ -17,7 +17,8 @@ log = logging.getLogger("poimen")
 class Kernel(Protocol):
     """What this module needs of a kernel (`poimen.Kernel` is one)."""
 
-    _closed: bool
+    @property
+    def _closed(self) -> bool: ...
 
     def _after_fork_in_child(self) -> None: ...
 

@@ -16,7 +16,6 @@ recording and the live log are opened read-only and never written.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
 import json
@@ -37,14 +36,10 @@ from poimen._core.intents import (
 )
 from poimen._core.tools import Tool
 from poimen._engine import protocol as _protocol
-from poimen._engine import runners as _runners
-from poimen._engine.protocol import Engine, call_steps
-from poimen._engine.steps import CallState
 from poimen.errors import (
     CallIdMismatchError,
     DivergenceError,
     PoimenError,
-    WrongRunnerError,
 )
 from poimen.sandbox import change_text, json_changes, open_log, redact_change, rule2_slot
 from poimen.store import Store
@@ -52,7 +47,7 @@ from poimen.store import _sandbox as records
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
-    from poimen._kernel import Kernel
+    from poimen._engine.engine import Engine
 
 OnDivergence = Literal["raise", "record"]
 _OUTCOMES: dict[str, type[Any]] = {
@@ -123,24 +118,28 @@ class _Divergence:
 
 
 class Sandbox:
-    """A kernel's shadow or replay mode: its call entry, outcomes and recovery."""
+    """A kernel's shadow or replay mode: what its calls are answered (the engine's call entry
+    asks `runs` and `answer`), its outcomes and its recovery. `store` is the kernel's own log
+    as opened (sandbox records and denials are not transitions its observers report)."""
 
     def __init__(
         self,
-        kernel: Kernel,
+        engine: Engine,
+        store: Store,
         mode: Literal["shadow", "replay"],
         *,
         source: str | Store | None,
         scope: str | None,
         on_divergence: OnDivergence,
     ) -> None:
-        self.kernel = kernel
+        self.engine = engine
+        self.store = store
         self.mode = mode
         self.scope = scope
         self.on_divergence = on_divergence
-        records.sql_store(kernel.store)  # sandbox records need a SQL store
+        records.sql_store(store)  # sandbox records need a SQL store
         given = source if isinstance(source, str) else getattr(source, "url", None)
-        if isinstance(given, str) and _same_log(given, kernel.store.url):
+        if isinstance(given, str) and _same_log(given, store.url):
             what = "recording" if mode == "replay" else "live"
             raise PoimenError(
                 f"the {mode} kernel's own log is its {what} log: give it a log of its own "
@@ -158,44 +157,18 @@ class Sandbox:
 
     # The call entry.
 
-    def _runs(self, t: Tool, d: NewDispatch) -> bool:
+    def runs(self, t: Tool, d: NewDispatch) -> bool:
         """Whether this call runs for real: a ReadOnly tool in shadow mode that needs no
         operator's approval (a call that would wait for one is not run)."""
         return (
             self.mode == "shadow"
             and isinstance(t.registration.effects, ReadOnly)
-            and self.kernel._approval(t, d) is None
+            and self.engine.approval(t, d) is None
         )
 
-    def call(self, tool: str, args: Any, call_id: str) -> Outcome:
-        k = self.kernel
-        t, d, kwargs = k._prepare(tool, args, call_id)
-        if not self._runs(t, d):
-            return self._answer(t, d)
-        from poimen._kernel import _loop_running
-
-        if t.is_async and _loop_running():
-            raise WrongRunnerError(
-                f"tool {t.id!r} is async and an event loop runs in this thread: "
-                "use `await kernel.acall(...)`; nothing was recorded",
-                tool_id=t.id,
-            )
-        k._upkeep.held()
-        e = k._engine
-        return _runners.run_sync(e, call_steps(e, t, d, kwargs, CallState()))
-
-    async def acall(self, tool: str, args: Any, call_id: str) -> Outcome:
-        k = self.kernel
-        t, d, kwargs = k._prepare(tool, args, call_id)
-        if not self._runs(t, d):
-            return await asyncio.to_thread(self._answer, t, d)
-        k._upkeep.held()
-        e = k._engine
-        c = CallState()
-        return await _runners.run_async(e, call_steps(e, t, d, kwargs, c), c)
-
-    def _answer(self, t: Tool, d: NewDispatch) -> Outcome:
-        store = self.kernel.store
+    def answer(self, t: Tool, d: NewDispatch) -> Outcome:
+        """What a call this mode does not run is answered (and recorded as)."""
+        store = self.store
         if isinstance(t.registration.effects, Unsafe):
             store.record_denial(
                 tool_id=t.id,
@@ -255,9 +228,9 @@ class Sandbox:
             divergence=None if div is None else div.to_json(),
             created_at=d.now,
         )
-        kept, created = records.record(self.kernel.store, rec)
+        kept, created = records.record(self.store, rec)
         if not created:  # the same call id, recorded by another caller meanwhile
-            return self._again(kept, self.kernel._tools[d.tool_id], d)
+            return self._again(kept, self.engine.tools[d.tool_id], d)
         return outcome
 
     def _again(self, seen: records.SandboxCall, t: Tool, d: NewDispatch) -> Outcome:
@@ -314,7 +287,7 @@ class Sandbox:
     def _settled(self, found: Intent) -> Intent:
         """The live call, once settled (waited for up to the kernel's `wait_bound`)."""
         assert self.source is not None
-        end = time.monotonic() + self.kernel.wait_bound
+        end = time.monotonic() + self.engine.wait_bound
         delay = 0.02
         while found.state in _UNSETTLED and time.monotonic() < end:
             time.sleep(min(delay, max(0.0, end - time.monotonic())))
@@ -327,20 +300,20 @@ class Sandbox:
     def outcome(self, call_id: str) -> Outcome | None:
         """What this sandbox log says of a call id: its answer, or its intent (a ReadOnly
         call run in shadow mode); None if never called or refused."""
-        seen = records.get(self.kernel.store, call_id)
+        seen = records.get(self.store, call_id)
         if seen is not None:
             return None if seen.outcome is None else _outcome_of_json(seen.outcome)
-        intent = self.kernel.store.get_by_call_id(call_id)
+        intent = self.store.get_by_call_id(call_id)
         return None if intent is None else _protocol.answer(intent)
 
     def recovery_engine(self) -> Engine:
         """The kernel's engine as recovery may use it: with only the tools this mode may
         run (shadow: ReadOnly; replay: none). An intent of any other tool in this log stays
         as it is, reported as unregistered, and is never dispatched."""
-        e = copy.copy(self.kernel._engine)
+        e = copy.copy(self.engine)
         e.tools = {
             tid: t
-            for tid, t in self.kernel._engine.tools.items()
+            for tid, t in self.engine.tools.items()
             if self.mode == "shadow" and isinstance(t.registration.effects, ReadOnly)
         }
         return e
