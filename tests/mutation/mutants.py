@@ -29,6 +29,7 @@ STORE = "poimen/store/_sql.py"
 PG = "poimen/store/postgres.py"
 UNDO = "poimen/_undo.py"
 ENGINE = "poimen/_engine/engine.py"
+BACKOFF = "poimen/_core/backoff.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
 T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not postgres")
@@ -380,14 +381,14 @@ MUTANTS: list[Mutant] = [
            "    report.expired = len(e.store.expire_approvals(e.store.now()))\n", "",
            ("tests/integration/test_approval.py", "-k", "sqlite")),
     # Issue 29: back-off is capped; a custom key derivation is derived twice at call time.
-    Mutant("lookup-backoff-uncapped", "a lookup's back-off never exceeds max_backoff", DECIDE,
-           "delay = min(policy.max_backoff, policy.lookup_backoff * 2 ** min(n - 1, 62))",
-           "delay = policy.lookup_backoff * 2 ** min(n - 1, 62)",
+    Mutant("lookup-backoff-uncapped", "a lookup's back-off never exceeds max_backoff", BACKOFF,
+           "cap: float = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
+           "cap: float = self.initial * 2 ** min(max(n - 1, 0), 62)",
            ("tests/integration/test_call_bounds.py", *T_DECIDE, "-k",
             "(sqlite or not postgres) and (unknown or decision)")),
     Mutant("retry-backoff-uncapped", "the call path's back-off never exceeds Retry.maximum",
-           "poimen/_core/retry.py", "cap = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
-           "cap = self.initial * 2 ** min(max(n - 1, 0), 62)",
+           BACKOFF, "cap: float = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
+           "cap: float = self.initial * 2 ** min(max(n - 1, 0), 62)",
            ("tests/integration/test_call_bounds.py", "-k", "(sqlite or not postgres) and retr")),
     Mutant("custom-key-once", "a custom key derivation gives one key for one set of arguments",
            ENGINE, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',

@@ -9,9 +9,10 @@ table.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, assert_never
 
+from poimen._core.backoff import Backoff
 from poimen._core.effects import (
     EffectClass,
     Idempotent,
@@ -105,6 +106,12 @@ class Policy:
     lookup_limit: int
     lookup_backoff: float
     max_backoff: float
+    lookup: Backoff = field(init=False, repr=False, compare=False)
+    """The wait before asking again after the n-th "unknown" answer, as a `Backoff`."""
+
+    def __post_init__(self) -> None:
+        backoff = Backoff(initial=self.lookup_backoff, maximum=self.max_backoff)
+        object.__setattr__(self, "lookup", backoff)
 
 
 def decide(
@@ -154,7 +161,7 @@ def decide(
                     n = intent.unknown_count + 1
                     if n >= policy.lookup_limit:
                         return MarkIndeterminate("lookup_unknown_limit")
-                    delay = min(policy.max_backoff, policy.lookup_backoff * 2 ** min(n - 1, 62))
+                    delay = policy.lookup.delay(n)
                     return Defer(now + delay, n, f"lookup_unknown: {why}"[:500])
         case Unsafe():
             return MarkIndeterminate("unsafe_unknown_outcome")

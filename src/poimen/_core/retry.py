@@ -1,12 +1,13 @@
-"""How a call's own retries are spaced: jittered exponential back-off within a time budget."""
+"""How a call's own retries are spaced: jittered exponential back-off (`Backoff`) within a time
+budget."""
 
 from __future__ import annotations
 
-import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from poimen.errors import RegistrationError
+from poimen._core.backoff import Backoff, seconds
+from poimen.errors import PoimenError, RegistrationError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,6 +26,7 @@ class Retry:
     initial: float = 0.2
     maximum: float = 10.0
     budget: float = 60.0
+    backoff: Backoff = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (
@@ -36,23 +38,22 @@ class Retry:
                 f"Retry(attempts=...) must be a whole number of at least 1, not {self.attempts!r}",
                 field="attempts",
             )
-        for name in ("initial", "maximum", "budget"):
-            v = getattr(self, name)
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, int | float)
-                or not math.isfinite(v)
-                or v < 0
-            ):
-                raise RegistrationError(
-                    f"Retry({name}=...) must be a non-negative number of seconds, not {v!r}",
-                    field=name,
-                )
+        if not seconds(self.budget):
+            raise RegistrationError(
+                f"Retry(budget=...) must be a non-negative number of seconds, not {self.budget!r}",
+                field="budget",
+            )
+        try:
+            backoff = Backoff(initial=self.initial, maximum=self.maximum, jitter="full")
+        except PoimenError as exc:
+            name = exc.data.get("field")
+            raise RegistrationError(
+                f"Retry({name}=...) must be a non-negative number of seconds, "
+                f"not {getattr(self, str(name))!r}",
+                field=name,
+            ) from exc
+        object.__setattr__(self, "backoff", backoff)
 
     def delay(self, n: int, rand: random.Random | None = None) -> float:
         """The wait before retry number `n` (1 for the first retry)."""
-        cap = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))
-        return (rand or _rand).uniform(0, cap)
-
-
-_rand = random.Random()
+        return self.backoff.delay(n, rand)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import math
 import os
 import random
 import secrets
@@ -22,6 +21,7 @@ from poimen import call_ids
 from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer
 from poimen._core.approval import ApprovalRule
+from poimen._core.backoff import seconds
 from poimen._core.decide import Policy, claimability
 from poimen._core.effects import Idempotent, Queryable, effect_name
 from poimen._core.intents import Intent, Outcome, Owner
@@ -80,12 +80,7 @@ class Settings:
                     )
                 continue
             positive = f.name not in ("deadline_margin", "wait_bound")
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, int | float)
-                or not math.isfinite(v)
-                or (v <= 0 if positive else v < 0)
-            ):
+            if not seconds(v, positive=positive):
                 kind = "positive" if positive else "non-negative"
                 raise PoimenError(
                     f"{f.name} must be a {kind} number of seconds, not {v!r}", field=f.name

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from poimen._core.backoff import OUTBOX, Backoff
 from poimen._core.intents import Intent, IntentState, Notification
 from poimen._core.present import redact_url, redact_urls
 from poimen._engine.evidence import with_evidence
@@ -125,8 +126,7 @@ def deliver(
     notifiers: Sequence[Notifier],
     *,
     limit: int = 100,
-    backoff: float = 1.0,
-    max_backoff: float = 300.0,
+    backoff: Backoff = OUTBOX,
     hold: Collection[str] = (),
     escalate_to: Sequence[Notifier] = (),
 ) -> int:
@@ -157,7 +157,7 @@ def deliver(
             for notifier in targets:
                 notifier.notify(n)
         except Exception as exc:  # a notifier's failure is retried, never lost
-            delay = min(max_backoff, backoff * 2 ** min(d.attempts, 16))
+            delay = backoff.delay(d.attempts + 1)
             # An error text may quote a webhook's URL, which is its credential.
             error = redact_urls(f"{type(exc).__name__}: {exc}")
             store.mark_delivery_failed(n.id, d.notifier, error, now + delay)
