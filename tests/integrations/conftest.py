@@ -33,7 +33,7 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
             naive: bool = False, resume: bool = False, scope: str = "conv-1",
             kill_at: str | None = None, tool: str = "email", reask: bool = False,
             pending_wait: float = 30.0, wait_bound: float = 5.0,
-            decide: str | None = None) -> Any:
+            decide: str | None = None, lookup_back: bool = False) -> Any:
         n = next(runs)
         report, pause = tmp_path / f"report-{n}.json", tmp_path / f"pause-{n}"
         cmd = [sys.executable, "-m", "tests.integrations.runner", framework, "--db", sqlite_url,
@@ -42,6 +42,7 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
         cmd += ["--naive"] * naive + ["--resume"] * resume + ["--reask"] * reask
         cmd += ["--tool", tool, "--pending-wait", str(pending_wait)]
         cmd += ["--wait-bound", str(wait_bound)] + (["--decide", decide] if decide else [])
+        cmd += ["--lookup-back"] * lookup_back
         env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
         if kill_after_effect:
             kill_at = "after_effect"

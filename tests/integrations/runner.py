@@ -12,7 +12,8 @@ holds the tool results the model was given. `--reask`: told that the call has no
 `--pending-wait` bounds the integration's wait for a Pending call. `--naive` uses the model's
 tool-call id as the call id (the baseline poimen's rule replaces). LangGraph runs on a SQLite
 checkpointer; `--resume` continues the thread from its checkpoint, and a thread stopped by an
-interrupt (a Pending call) is resumed once the call has settled.
+interrupt (a Pending call) is resumed once the call has settled (`--lookup-back`: after the
+provider's lookup is set back to truthful, the test having made it fail).
 """
 
 # No `from __future__ import annotations`: PydanticAI reads the naive tool's annotations.
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from poimen import Completed, Kernel
-from poimen.testing import EMAIL, register_test_tools
+from poimen.testing import EMAIL, ProviderClient, register_test_tools
 
 TO = {"to": "bob@example.com", "subject": "hello"}
 ARGS = {"email": ("test_email", TO), "ship": ("test_ship", {"order_id": "o-1", "address": "x"}),
@@ -152,6 +153,8 @@ def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str
                     break  # the approver is asked: this run ends here
                 answer: Any = {"decision": a.decide, "operator": "ann", "reason": "checked"}
             else:  # a Pending call: resumed once it has settled
+                if a.lookup_back:
+                    ProviderClient(a.provider).set_lookup_mode("truthful")
                 kernel.wait_sync(i.value["poimen"]["call_id"], timeout=120)
                 answer = True
             state = graph.invoke(Command(resume=answer), config)
@@ -193,6 +196,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--pending-wait", type=float, default=30.0)
     p.add_argument("--wait-bound", type=float, default=5.0)
     p.add_argument("--decide", choices=("approve", "reject"))
+    p.add_argument("--lookup-back", action="store_true")
     a = p.parse_args(argv)
     kernel = Kernel(a.db, notifiers=[], wait_bound=a.wait_bound)
     register_test_tools(kernel, a.provider)

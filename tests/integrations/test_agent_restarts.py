@@ -39,12 +39,15 @@ def test_a_model_asking_again_after_pending_is_the_same_call(
     provider: Any,
 ) -> None:
     # Killed before the request left: the restarted run finds the call Pending (its deadline
-    # not passed), is told so (no wait here), and the model asks again. The Pending answer is
-    # no result: the re-ask is the same call, and the request lands once when it settles.
+    # not passed, or the provider's lookup unavailable), is told so (no wait here), and the
+    # model asks again. The Pending answer is no result: the re-ask is the same call, and the
+    # request lands once when it settles.
     assert run_agent(framework, "call_first", kill_at="mid_call", tool="ship") is None
     assert ledger.count() == 0
+    ledger.set_lookup_mode("error")  # Pending however long the restart takes to start
     report = run_agent(framework, "call_second", tool="ship", reask=True, pending_wait=0,
                        wait_bound=0.1)
+    ledger.set_lookup_mode("truthful")
     assert report is not None
     first, again = report["seen"]
     assert first.startswith(NO_RESULT) and again.startswith(NO_RESULT)
@@ -65,7 +68,9 @@ def test_a_langgraph_restart_while_the_call_is_pending_interrupts_and_resumes_on
     assert run_agent("langgraph", "call_first", kill_at="mid_call", tool="ship") is None
     # Asked again (a new id), the call is the unsettled one: Pending, so the thread stops on
     # LangGraph's interrupt and is resumed once the call has settled.
-    report = run_agent("langgraph", "call_second", tool="ship", pending_wait=0, wait_bound=0.1)
+    ledger.set_lookup_mode("error")  # Pending however long the restart takes to start
+    report = run_agent("langgraph", "call_second", tool="ship", pending_wait=0, wait_bound=0.1,
+                       lookup_back=True)  # once interrupted, the provider's lookup is back
     assert report is not None and report["output"] == "done"
     assert report["seen"][0].startswith("interrupt:")
     assert '"status"' in report["seen"][-1] or "request_id" in report["seen"][-1]
