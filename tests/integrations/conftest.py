@@ -64,6 +64,7 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
 LOST = "mail.lost"  # Unsafe; its request may have gone out when the connection broke
 TWICE = "mail.twice"  # Unsafe, coalesce=False: two identical calls are two emails
 GATED = "mail.gated"  # Unsafe, each call needs an operator's approval
+FOUR_EYES = "mail.four_eyes"  # Unsafe, each call needs two distinct operators' approval
 REFUSED = "mail.refused"  # the provider refuses: a definite failure
 
 
@@ -87,6 +88,12 @@ def kernel(sqlite_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
     @k.tool(id=GATED, effects=Unsafe(), caps=Caps(), timeout=5, requires_approval=True)
     def gated(ctx: ToolContext, to: str, subject: str) -> Any:
         """Send an email once an operator approved it."""
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
+
+    @k.tool(id=FOUR_EYES, effects=Unsafe(), caps=Caps(), timeout=5, requires_approval=True,
+            approvers=2)
+    def four_eyes(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email once two operators approved it."""
         return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
 
     @k.tool(id=REFUSED, effects=Unsafe(), caps=Caps(), timeout=5)

@@ -4,6 +4,7 @@ an exception)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -100,10 +101,21 @@ def settle_sync(kernel: Kernel, call_id: str, outcome: Outcome, wait: float) -> 
     return outcome
 
 
-def request(call_id: str, tool_id: str, args: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
+def followed(kernel: Kernel, call_id: str, outcome: Outcome) -> Outcome:
+    """`outcome`, or for a call an approver edited (Failed, ``edited``) its edited call's."""
+    if isinstance(outcome, Failed):
+        return kernel.outcome(call_id) or outcome
+    return outcome
+
+
+def request(
+    kernel: Kernel, call_id: str, tool_id: str, args: Mapping[str, Any], outcome: Outcome
+) -> dict[str, Any]:
     """What a framework's human-in-the-loop shows of a call poimen holds back: an approval
-    asked for (``reason: awaiting_approval``), or a call still Pending."""
-    return {
+    asked for (``reason: awaiting_approval``: the arguments to approve, those of an edited
+    call once an approver edited it, and ``approvals``: how many distinct operators must
+    approve and who has), or a call still Pending."""
+    asked: dict[str, Any] = {
         "call_id": call_id,
         "intent_id": outcome.intent_id,
         "tool": tool_id,
@@ -111,6 +123,26 @@ def request(call_id: str, tool_id: str, args: Mapping[str, Any], outcome: Outcom
         "outcome": type(outcome).__name__,
         "reason": getattr(outcome, "reason", None),
     }
+    if asked["reason"] == "awaiting_approval":
+        intent = kernel.store.get_intent(outcome.intent_id)
+        if intent is not None:
+            asked["args"] = json.loads(intent.args)
+        asked["approvals"] = approvals(kernel, outcome.intent_id)
+    return asked
+
+
+def approvals(kernel: Kernel, intent_id: str) -> dict[str, Any]:
+    """``{"needed": n, "given": [operators]}`` of a call awaiting approval (four eyes: n > 1)."""
+    needed, given = 1, []
+    for e in kernel.store.events(intent_id):
+        if e.kind == "awaiting_approval":
+            try:
+                needed = max(needed, int(json.loads(e.detail or "{}").get("approvers", 1)))
+            except (ValueError, TypeError, AttributeError):
+                continue
+        elif e.kind == "approval_given" and e.actor not in given:
+            given.append(e.actor)
+    return {"needed": needed, "given": given}
 
 
 def apply_decision(kernel: Kernel, intent_id: str, decision: Any) -> None:

@@ -18,10 +18,12 @@ of a second dispatch.
 
 A Pending call is waited for up to `pending_wait` seconds; still Pending, or awaiting an
 operator's approval, it goes through LangGraph's `interrupt` (with a checkpointer): the graph
-stops with ``{"poimen": {"call_id", "intent_id", "tool", "args", "outcome", "reason"}}`` and
-resumes with ``Command(resume=...)``: for an approval the decision, ``{"decision": "approve" |
-"reject" | "edit", "operator": ..., "reason": ..., "args": {...}}``; for a Pending call anything,
-once it has settled (``kernel.wait(call_id)``).
+stops with ``{"poimen": {"call_id", "intent_id", "tool", "args", "outcome", "reason"}}`` (an
+approval also has ``"approvals": {"needed", "given"}``) and resumes with
+``Command(resume=...)``: for an approval the decision, ``{"decision": "approve" | "reject" |
+"edit", "operator": ..., "reason": ..., "args": {...}}``; for a Pending call anything, once it
+has settled (``kernel.wait(call_id)``). A four-eyes call stops the thread again until enough
+distinct operators approved; after an edit it asks about the edited call.
 
 The `ToolMessage`'s content is the text of `Outcome.for_model()` (for Completed, the result as
 JSON); its artifact names the call: ``{"call_id", "intent_id", "outcome"}``.
@@ -30,6 +32,7 @@ JSON); its artifact names the call: ``{"call_id", "intent_id", "outcome"}``.
 from __future__ import annotations
 
 import contextvars
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,10 +48,11 @@ except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.langgraph", "langgraph", exc) from exc
 
 from poimen import Failed, Kernel, Outcome, Pending, call_ids
-from poimen.errors import ArgumentError, PoimenError
+from poimen.errors import ArgumentError, PoimenError, SameApproverError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
     apply_decision,
+    followed,
     refusal,
     request,
     settle,
@@ -56,6 +60,8 @@ from poimen.integrations._outcomes import (
 )
 
 __all__ = ["PoimenTool", "poimen_tools"]
+
+log = logging.getLogger("poimen")
 
 # The call in progress: (call id, the model's tool-call id, its scope, the thread or None),
 # set by invoke for _run.
@@ -155,7 +161,7 @@ class PoimenTool(BaseTool):
             outcome = k.call(self.tool_id, kwargs, call_id=call_id, scope=scope)
         except ArgumentError as e:
             return self._refused(e, tool_call_id)
-        outcome = settle_sync(k, call_id, outcome, self.pending_wait)
+        outcome = settle_sync(k, call_id, followed(k, call_id, outcome), self.pending_wait)
         while thread is not None and isinstance(outcome, Pending) and not outcome.terminal:
             self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome)))
             current = k.outcome(call_id) or outcome
@@ -169,7 +175,7 @@ class PoimenTool(BaseTool):
             outcome = await k.acall(self.tool_id, kwargs, call_id=call_id, scope=scope)
         except ArgumentError as e:
             return self._refused(e, tool_call_id)
-        outcome = await settle(k, call_id, outcome, self.pending_wait)
+        outcome = await settle(k, call_id, followed(k, call_id, outcome), self.pending_wait)
         while thread is not None and isinstance(outcome, Pending) and not outcome.terminal:
             self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome)))
             current = k.outcome(call_id) or outcome
@@ -177,12 +183,18 @@ class PoimenTool(BaseTool):
         return self._message(outcome, call_id, tool_call_id)
 
     def _asked(self, call_id: str, args: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-        return {"poimen": request(call_id, self.tool_id, args, outcome)}
+        return {"poimen": request(self.kernel, call_id, self.tool_id, args, outcome)}
 
     def _resumed(self, outcome: Pending, answer: Any) -> None:
-        """The graph resumed: an approver's decision is applied to the call asked about."""
+        """The graph resumed: an approver's decision is applied to the call asked about.
+        LangGraph runs the tool node again from its start and gives each earlier interrupt
+        its earlier answer: a four-eyes approval given already is one of those (or the same
+        operator again): it does not count, and the thread asks again."""
         if outcome.reason == "awaiting_approval":
-            apply_decision(self.kernel, outcome.intent_id, answer)
+            try:
+                apply_decision(self.kernel, outcome.intent_id, answer)
+            except SameApproverError as exc:
+                log.info("intent %s: %s", outcome.intent_id, exc)
 
     def _refused(self, error: ArgumentError, tool_call_id: str | None) -> Any:
         text = refusal(error)

@@ -147,7 +147,7 @@ class PoimenToolset(AbstractToolset[Any]):
         outcome = await settle(self.kernel, call_id, outcome, self.pending_wait)
         if isinstance(outcome, Pending) and outcome.reason == "awaiting_approval":
             raise ApprovalRequired(
-                metadata={METADATA_KEY: request(call_id, tool_id, tool_args, outcome)}
+                metadata={METADATA_KEY: request(self.kernel, call_id, tool_id, tool_args, outcome)}
             )
         if self.defer and isinstance(outcome, Indeterminate | Pending) and not outcome.terminal:
             raise CallDeferred(metadata={METADATA_KEY: _details(call_id, outcome)})
