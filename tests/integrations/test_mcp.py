@@ -547,3 +547,64 @@ def test_an_approval_is_elicited_from_the_client_and_bound_to_the_call(
     again = run(mcp_server(kernel), lambda c: c.call_tool("gated", {"to": "bob"},
                                                           meta={CALL_ID_META: "g-0"}))
     assert meta(again)[OUTCOME_META] == "completed" and ledger.count(kind="plain") == 2
+
+
+def four_eyes_tool(kernel: Kernel, provider: ProviderProcess) -> None:
+    import httpx
+
+    @kernel.tool(id="four_eyes", effects=Unsafe(), caps=Caps(), timeout=5,
+                 requires_approval=True, approvers=2)
+    def four_eyes(ctx: ToolContext, to: str) -> Any:
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": "x"}).json()
+
+
+def elicited(kernel: Kernel, answers: list[dict[str, Any]], asked: list[str],
+             calls: list[tuple[dict[str, Any], str]]) -> list[types.CallToolResult]:
+    """The calls made through one session whose user answers `answers` in turn (declines
+    when none is left), keeping what they were asked."""
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        if not answers:
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="accept", content=answers.pop(0))
+
+    async def body() -> list[types.CallToolResult]:
+        async with Client(mcp_server(kernel), elicitation_callback=elicit, mode="legacy") as c:
+            return [await c.call_tool("four_eyes", args, meta={CALL_ID_META: call_id})
+                    for args, call_id in calls]
+
+    return asyncio.run(body())
+
+
+def test_four_eyes_by_elicitation_asks_until_two_distinct_operators_approved(
+    kernel: Kernel, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    four_eyes_tool(kernel, provider)
+    ann = {"decision": "approve", "operator": "ann", "reason": "checked"}
+    bob = {"decision": "approve", "operator": "bob", "reason": "checked too"}
+    asked: list[str] = []
+    # ann twice does not count: the user is asked again, and bob's approval sends it.
+    [result] = elicited(kernel, [ann, dict(ann), bob], asked, [({"to": "bob"}, "fe-1")])
+    assert meta(result)[OUTCOME_META] == "completed" and ledger.count(kind="plain") == 1
+    assert len(asked) == 3 and "approved so far by ann" in asked[1]
+    assert "approved so far by ann" in asked[2]
+    # A user who declines after one approval: the call awaits; called again, asked again.
+    asked.clear()
+    first, again = elicited(kernel, [ann], asked, [({"to": "zed"}, "fe-2")] * 2)
+    assert meta(first)[OUTCOME_META] == "pending"
+    assert meta(first)["poimen/reason"] == "awaiting_approval"
+    assert meta(again)[OUTCOME_META] == "pending" and len(asked) == 3
+    [done] = elicited(kernel, [bob], asked, [({"to": "zed"}, "fe-2")])
+    assert meta(done)[OUTCOME_META] == "completed" and ledger.count(kind="plain") == 2
+
+
+def test_four_eyes_with_an_edit_asks_the_second_user_about_the_edited_call(
+    kernel: Kernel, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    four_eyes_tool(kernel, provider)
+    edit = {"decision": "edit", "operator": "ann", "reason": "eve", "args": '{"to": "eve"}'}
+    bob = {"decision": "approve", "operator": "bob", "reason": "checked"}
+    asked: list[str] = []
+    [result] = elicited(kernel, [edit, bob], asked, [({"to": "bob"}, "fe-3")])
+    assert '{"to": "eve"}' in asked[1] and meta(result)[OUTCOME_META] == "completed"
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve"]

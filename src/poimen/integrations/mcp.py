@@ -19,7 +19,8 @@ there gets its outcome instead of a second dispatch. A Pending call is waited fo
 
 A call awaiting an operator's approval is asked of the client's user by MCP elicitation
 (`APPROVAL_FORM`: decision, operator, reason, edited arguments as JSON); the answer is applied
-to the call's intent, audited. It needs a connection the server can send requests on (stdio,
+to the call's intent, audited; a four-eyes call is asked again until enough distinct
+operators approved. It needs a connection the server can send requests on (stdio,
 a session with a back-channel); a client that cannot be asked (the stateless per-request path)
 gets Pending until an operator decides elsewhere.
 
@@ -79,9 +80,16 @@ from poimen.errors import (
     DefiniteFailure,
     NotSent,
     RegistrationError,
+    SameApproverError,
     UnknownToolError,
 )
-from poimen.integrations._outcomes import PENDING_WAIT, apply_decision, settle, waitable
+from poimen.integrations._outcomes import (
+    PENDING_WAIT,
+    apply_decision,
+    request,
+    settle,
+    waitable,
+)
 
 __all__ = [
     "APPROVAL_FORM",
@@ -173,7 +181,7 @@ def mcp_server(
         except (ArgumentError, CallIdMismatchError) as exc:
             # Refused before anything was recorded: the model may correct the input.
             return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
-        if isinstance(outcome, Pending) and outcome.reason == "awaiting_approval":
+        if _awaiting(outcome):
             outcome = await _elicited(kernel, ctx, call_id, tool_id, args, outcome)
         outcome = await settle(kernel, call_id, outcome, pending_wait)
         ids.answered(scope, call_id, outcome)
@@ -205,27 +213,51 @@ async def _elicited(
     outcome: Outcome,
 ) -> Outcome:
     """Ask the client's user to approve the call (elicitation), and apply the decision to its
-    intent. A client that cannot be asked, or a user who declines to answer, leaves it
-    awaiting an operator's decision."""
-    message = (
-        f"Approve the call of {tool_id!r} with {json.dumps(dict(args), sort_keys=True)} "
-        f"(intent {outcome.intent_id})?"
-    )
-    try:
-        answer = await ctx.session.elicit_form(message, cast(Any, APPROVAL_FORM))
-    except Exception as exc:  # no back-channel, or a client without elicitation
-        log.info("call %s: its approval could not be asked over MCP: %s", call_id, exc)
-        return outcome
-    if answer.action != "accept" or not answer.content:
-        return outcome
-    decision: dict[str, Any] = dict(answer.content)
-    if decision.get("decision") == "edit":
+    intent; a four-eyes call is asked again until enough distinct operators approved (about
+    the edited call after an edit). A client that cannot be asked, or a user who declines to
+    answer, leaves it awaiting an operator's decision."""
+    asks, needed = 0, 1
+    while _awaiting(outcome) and asks < needed + _REPEATS:
+        asks += 1
+        asked = request(kernel, call_id, tool_id, args, outcome)
+        needed, given = asked["approvals"]["needed"], asked["approvals"]["given"]
+        message = (
+            f"Approve the call of {tool_id!r} with {json.dumps(asked['args'], sort_keys=True)} "
+            f"(intent {outcome.intent_id})?"
+        )
+        if needed > 1:
+            message += (
+                f" {needed} distinct operators must approve it; approved so far by "
+                f"{', '.join(given) or 'no one'}."
+            )
         try:
-            decision["args"] = json.loads(str(decision.get("args") or ""))
-        except ValueError as exc:
-            raise ArgumentError(f"the edited arguments are not JSON: {exc}") from exc
-    await asyncio.to_thread(apply_decision, kernel, outcome.intent_id, decision)
-    return kernel.outcome(call_id) or outcome
+            answer = await ctx.session.elicit_form(message, cast(Any, APPROVAL_FORM))
+        except Exception as exc:  # no back-channel, or a client without elicitation
+            log.info("call %s: its approval could not be asked over MCP: %s", call_id, exc)
+            break
+        if answer.action != "accept" or not answer.content:
+            break
+        decision: dict[str, Any] = dict(answer.content)
+        if decision.get("decision") == "edit":
+            try:
+                decision["args"] = json.loads(str(decision.get("args") or ""))
+            except ValueError as exc:
+                raise ArgumentError(f"the edited arguments are not JSON: {exc}") from exc
+        try:
+            await asyncio.to_thread(apply_decision, kernel, outcome.intent_id, decision)
+        except SameApproverError as exc:  # four eyes: another operator must; asked again
+            log.info("call %s: %s", call_id, exc)
+        outcome = kernel.outcome(call_id) or outcome
+    return outcome
+
+
+# How many answers beyond the approvals needed one call asks for: a user answering as the
+# same operator again and again is not asked for ever.
+_REPEATS = 3
+
+
+def _awaiting(outcome: Outcome) -> bool:
+    return isinstance(outcome, Pending) and outcome.reason == "awaiting_approval"
 
 
 def run_stdio(server: Server[Any]) -> None:
