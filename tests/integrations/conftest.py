@@ -38,7 +38,8 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
         report, pause = tmp_path / f"report-{n}.json", tmp_path / f"pause-{n}"
         cmd = [sys.executable, "-m", "tests.integrations.runner", framework, "--db", sqlite_url,
                "--provider", provider.url, "--scope", scope, "--tool-call-id", tool_call_id,
-               "--report", str(report), "--checkpoint", str(tmp_path / "checkpoints.db")]
+               "--report", str(report), "--checkpoint", str(tmp_path / "checkpoints.db"),
+               "--saved", str(tmp_path / "saved-state.json")]
         cmd += ["--naive"] * naive + ["--resume"] * resume + ["--reask"] * reask
         cmd += ["--tool", tool, "--pending-wait", str(pending_wait)]
         cmd += ["--wait-bound", str(wait_bound)] + (["--decide", decide] if decide else [])

@@ -9,6 +9,8 @@ The model asks for one `test_email` (Unsafe: a plain POST to the provider; `--to
 `test_ship`, Queryable) under the tool-call id given, then answers "done"; the report (JSON)
 holds the tool results the model was given. `--reask`: told that the call has no result yet
 (Pending, Indeterminate), the model asks for it again once, under `<id>-again`.
+`--tool gated` needs an operator's approval: the first run ends asking for it and saves its
+state to `--saved` (once); `--decide approve|reject` resumes that saved state with the decision.
 `--pending-wait` bounds the integration's wait for a Pending call. `--naive` uses the model's
 tool-call id as the call id (the baseline poimen's rule replaces). LangGraph runs on a SQLite
 checkpointer; `--resume` continues the thread from its checkpoint, and a thread stopped by an
@@ -74,6 +76,8 @@ def run_pydantic_ai(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> s
             return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=ask)])
         return ModelResponse(parts=[TextPart("done")])
 
+    if a.tool == "gated":
+        return _pydantic_ai_approval(kernel, a, FunctionModel(model))
     toolset: AbstractToolset[Any]
     if a.naive:
         toolset = FunctionToolset()
@@ -87,6 +91,41 @@ def run_pydantic_ai(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> s
         toolset = PoimenToolset(kernel, scope=a.scope, pending_wait=a.pending_wait)
     agent = Agent(FunctionModel(model), toolsets=[toolset])
     return str(asyncio.run(agent.run("email bob")).output)
+
+
+def _pydantic_ai_approval(kernel: Kernel, a: argparse.Namespace, model: Any) -> str:
+    """The first run ends asking for an approval, and its state is saved (once: what a later
+    run resumes is the state from before any decision); `--decide` resumes the saved state
+    with the decision."""
+    from pydantic import TypeAdapter
+    from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    from poimen.integrations.pydantic_ai import PoimenToolset, decide
+
+    agent = Agent(model, toolsets=[PoimenToolset(kernel, scope=a.scope)],
+                  output_type=[str, DeferredToolRequests])
+    saved, requests_type = Path(a.saved), TypeAdapter(DeferredToolRequests)
+    if not a.decide:
+        result = asyncio.run(agent.run("email bob"))
+        assert isinstance(result.output, DeferredToolRequests)
+        if not saved.exists():
+            saved.write_text(json.dumps({
+                "messages": json.loads(ModelMessagesTypeAdapter.dump_json(result.all_messages())),
+                "requests": json.loads(requests_type.dump_json(result.output))}))
+        return "approval: " + result.output.metadata[a.tool_call_id]["poimen"]["reason"]
+    state = json.loads(saved.read_text())
+    history = ModelMessagesTypeAdapter.validate_python(state["messages"])
+    requests = requests_type.validate_python(state["requests"])
+
+    async def resume() -> Any:
+        results = DeferredToolResults()
+        for call in requests.approvals:
+            await decide(kernel, results, requests, call.tool_call_id, decision=a.decide,
+                         operator="ann", reason="checked")
+        return await agent.run(message_history=history, deferred_tool_results=results)
+
+    return str(asyncio.run(resume()).output)
 
 
 def run_openai_agents(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str:
@@ -108,6 +147,8 @@ def run_openai_agents(kernel: Kernel, a: argparse.Namespace, seen: list[str]) ->
         return [function_call(name, args, call_id=ask)] if ask else [assistant_message("done")]
 
     model = ScriptedModel([ModelStep.respond(answer) for _ in range(4)])
+    if a.tool == "gated":
+        return _openai_agents_approval(kernel, a, model)
     if a.naive:
         async def invoke(ctx: ToolContext[Any], raw: str) -> str:
             return _text(await kernel.acall(EMAIL, json.loads(raw), call_id=ctx.tool_call_id))
@@ -119,6 +160,30 @@ def run_openai_agents(kernel: Kernel, a: argparse.Namespace, seen: list[str]) ->
         tools = list(poimen_tools(kernel, scope=a.scope, pending_wait=a.pending_wait))
     agent = Agent(name="mailer", model=model, tools=tools)
     return str(Runner.run_sync(agent, "email bob").final_output)
+
+
+def _openai_agents_approval(kernel: Kernel, a: argparse.Namespace, model: Any) -> str:
+    """As `_pydantic_ai_approval`, with the SDK's `RunState` saved as a string."""
+    from agents import Agent, RunState, Runner
+
+    from poimen.integrations.openai_agents import decide, poimen_tools
+
+    agent = Agent(name="mailer", model=model, tools=list(poimen_tools(kernel, scope=a.scope)))
+    saved = Path(a.saved)
+
+    async def go() -> str:
+        if not a.decide:
+            result = await Runner.run(agent, "email bob")
+            if not saved.exists():
+                saved.write_text(result.to_state().to_string())
+            return f"approval: {[i.tool_name for i in result.interruptions]}"
+        state = await RunState.from_string(agent, saved.read_text())
+        for item in state.get_interruptions():
+            await decide(kernel, state, item, scope=a.scope, decision=a.decide, operator="ann",
+                         reason="checked")
+        return str((await Runner.run(agent, state)).final_output)
+
+    return asyncio.run(go())
 
 
 def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str:
@@ -190,6 +255,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--report", required=True)
     p.add_argument("--naive", action="store_true")
     p.add_argument("--checkpoint")
+    p.add_argument("--saved")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--tool", choices=sorted(ARGS), default="email")
     p.add_argument("--reask", action="store_true")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from poimen import Completed, Kernel, call_ids
+from poimen import Completed, Indeterminate, Kernel, call_ids
 from poimen.testing import SHIP, ProviderClient
 from tests.integrations.conftest import KILL_TIMEOUT, RunAgent
 
@@ -113,5 +113,33 @@ def test_a_thread_killed_after_its_approval_and_resumed_from_the_stale_state_sen
         out = k.outcome(call_ids.framework_id("conv-1", "call_1"))
     if kill_at == "after_effect":  # Unsafe, its process died after sending: an operator decides
         assert report["seen"][-1].startswith("The outcome of this action is unknown")
+    else:
+        assert isinstance(out, Completed)
+
+
+# The same through PydanticAI's deferred tools and the Agents SDK's RunState: the run that
+# asked for the approval saved its state; a later process resumed it with the decision and
+# was killed; the saved pre-approval state resumed again, decision and all.
+
+@KILL_TIMEOUT
+@pytest.mark.parametrize("kill_at", ["after_approval", "after_effect"])
+@pytest.mark.parametrize("framework", ["pydantic-ai", "openai-agents"])
+def test_a_run_killed_after_its_approval_and_resumed_from_the_stale_state_sends_once(
+    framework: str, kill_at: str, run_agent: RunAgent, ledger: ProviderClient, sqlite_url: str
+) -> None:
+    asked = run_agent(framework, "call_1", tool="gated")
+    assert asked is not None and asked["output"].startswith("approval: ")
+    assert ledger.count() == 0
+    assert run_agent(framework, "call_1", tool="gated", decide="approve", kill_at=kill_at) is None
+    assert ledger.count() == (1 if kill_at == "after_effect" else 0)
+    report = run_agent(framework, "call_1", tool="gated", decide="approve")
+    assert report is not None and report["output"] == "done"
+    assert ledger.count() == 1
+    call_id = call_ids.derived("conv-1", "mail.gated", {"to": "bob@example.com",
+                                                        "subject": "hello"}, 1)
+    with Kernel(sqlite_url, notifiers=[], worker_id="later") as k:
+        out = k.outcome(call_id)
+    if kill_at == "after_effect":  # Unsafe, its process died after sending: an operator decides
+        assert isinstance(out, Indeterminate) and report["seen"][-1] == out.for_model()
     else:
         assert isinstance(out, Completed)
