@@ -164,7 +164,7 @@ def run_openai_agents(kernel: Kernel, a: argparse.Namespace, seen: list[str]) ->
 
 def _openai_agents_approval(kernel: Kernel, a: argparse.Namespace, model: Any) -> str:
     """As `_pydantic_ai_approval`, with the SDK's `RunState` saved as a string."""
-    from agents import Agent, RunState, Runner
+    from agents import Agent, Runner, RunState
 
     from poimen.integrations.openai_agents import decide, poimen_tools
 

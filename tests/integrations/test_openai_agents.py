@@ -266,3 +266,29 @@ def test_four_eyes_with_an_edit_has_the_second_operator_approve_the_edited_call(
     [approved] = [e for e in kernel.store.events(kernel.outcome(call_id).intent_id)  # type: ignore[union-attr]
                   if e.kind == "approved"]
     assert approved.actor == "bob"
+
+
+def test_a_stale_state_resumed_with_another_decision_is_told_what_the_log_holds(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    script = Script([("mail_gated", BOB, "c1")])
+    agent, first = approval_run(kernel, script)
+    saved = first.to_state().to_string()
+    decided(kernel, agent, first, "ann")
+    from agents import RunState
+
+    from poimen.integrations.openai_agents import decide
+
+    async def late() -> Any:
+        state = await RunState.from_string(agent, saved)
+        [item] = state.get_interruptions()
+        await decide(kernel, state, item, scope="s-1", decision="reject", operator="bob",
+                     reason="too late")
+        return await Runner.run(agent, state)
+
+    result = asyncio.run(late())
+    assert ledger.count() == 1
+    [sent] = script.seen
+    [told] = [i for i in result.new_items if i.type == "tool_call_output_item"]
+    assert told.output == sent and "entry_id" in sent
+    assert told.raw_item["output"] == sent

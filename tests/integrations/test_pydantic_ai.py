@@ -338,3 +338,28 @@ def test_four_eyes_with_an_edit_asks_the_second_operator_about_the_edited_call(
     assert run(a, message_history=second.all_messages(),
                deferred_tool_results=results).output == "done"
     assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve@example.com"]
+
+
+def test_a_stale_state_resumed_with_another_decision_is_told_what_the_log_holds(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from pydantic_ai import DeferredToolResults
+
+    from poimen.integrations.pydantic_ai import decide
+
+    script = Script([("mail_gated", BOB, "t1")])
+    a = agent(kernel, script, defer=True)
+    first = run(a, "email bob")
+    results = DeferredToolResults()
+    asyncio.run(decide(kernel, results, first.output, "t1", decision="approve", operator="ann",
+                       reason="checked"))
+    run(a, message_history=first.all_messages(), deferred_tool_results=results)
+    # The saved pre-approval state, resumed by another approver who rejects: the email went
+    # out already, and the model is told so, not that it was rejected.
+    late = DeferredToolResults()
+    asyncio.run(decide(kernel, late, first.output, "t1", decision="reject", operator="bob",
+                       reason="too late"))
+    run(a, message_history=first.all_messages(), deferred_tool_results=late)
+    assert ledger.count() == 1
+    sent, told = script.seen
+    assert isinstance(told, ToolReturnPart) and told.content == sent.content

@@ -42,7 +42,7 @@ try:
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.openai_agents", "openai-agents", exc) from exc
 
-from poimen import Indeterminate, Intent, Kernel, Outcome, Pending, ToolSpec, call_ids
+from poimen import Failed, Indeterminate, Intent, Kernel, Outcome, Pending, ToolSpec, call_ids
 from poimen.errors import ArgumentError, PoimenError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
@@ -142,23 +142,22 @@ async def decide(
     is rejected with a link to it); ``"reject"`` (nothing is sent). A four-eyes call that
     needs another operator leaves the item undecided: the resumed run stops on it again, and
     the next operator decides (on the edited call, after an edit); the same operator again is
-    `SameApproverError`. A call decided already (a stale saved state) keeps its decision:
-    the resumed run answers from the log."""
+    `SameApproverError`. A call decided already (a stale saved state) keeps its decision,
+    whatever this one: the resumed run answers from the log."""
     raw = item.raw_item
     name = item.tool_name or _field(raw, "name")
     params = _args(_field(raw, "arguments") or "")
     intent = _asked(kernel, scope, kernel.tool_id(str(name)), params)
-    if intent is not None:
-        choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
-        await asyncio.to_thread(apply_decision, kernel, intent.id, choice)
-        outcome = kernel.outcome(intent.call_id)
-        if _awaiting(outcome):
-            return  # another operator must approve
-        if decision == "reject" and outcome is not None:
-            state.reject(item, rejection_message=outcome.for_model())
-            return
-    if decision == "reject":
-        state.reject(item)
+    if intent is None:  # decided already (a stale state): the tool answers from the log
+        state.approve(item)
+        return
+    choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
+    await asyncio.to_thread(apply_decision, kernel, intent.id, choice)
+    outcome = kernel.outcome(intent.call_id)
+    if _awaiting(outcome):
+        return  # another operator must approve
+    if isinstance(outcome, Failed):  # rejected: nothing was sent
+        state.reject(item, rejection_message=outcome.for_model())
     else:
         state.approve(item)
 
