@@ -1,5 +1,6 @@
-"""A Temporal workflow sending one email through the poimen activity, and a worker process
-for it, for the tests against a real Temporal dev server.
+"""Temporal workflows sending one email (`Notify`) or asking again for a shipment whose
+outcome is unknown (`ReAsk`) through poimen activities, and a worker process for them, for
+the tests against a real Temporal dev server.
 
     python -m tests.integrations.temporal_app --address HOST:PORT --db URL --provider URL
         --task-queue Q
@@ -18,7 +19,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from poimen.testing import EMAIL
+    from poimen.testing import EMAIL, SHIP
 
 
 @workflow.defn
@@ -38,19 +39,52 @@ class Notify:
                     "details": list(getattr(e.cause, "details", ()) or ())}
 
 
+@workflow.defn
+class ReAsk:
+    """Ships an order; when its outcome is unknown, asks again (another activity, another
+    call id), then waits for the first call with the `poimen.outcome` activity."""
+
+    def __init__(self) -> None:
+        self.answers: list[dict[str, Any]] = []
+
+    @workflow.query
+    def answered(self) -> list[dict[str, Any]]:
+        return self.answers
+
+    @workflow.run
+    async def run(self, order_id: str) -> Any:
+        for _ in range(2):
+            try:
+                return await workflow.execute_activity(
+                    SHIP, {"order_id": order_id, "address": "x"},
+                    start_to_close_timeout=timedelta(seconds=5),
+                    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1),
+                                             maximum_attempts=5),
+                )
+            except ActivityError as e:
+                self.answers.append(dict(getattr(e.cause, "details", ({},))[0]))
+        return await workflow.execute_activity(
+            "poimen.outcome", self.answers[0]["call_id"],
+            start_to_close_timeout=timedelta(seconds=10),
+            retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1),
+                                     maximum_interval=timedelta(seconds=2)),
+        )
+
+
 async def serve(address: str, db: str, provider: str, task_queue: str) -> None:
     from temporalio.client import Client
     from temporalio.worker import Worker
 
     from poimen import Kernel
-    from poimen.integrations.temporal import temporal_activity
+    from poimen.integrations.temporal import outcome_activity, temporal_activity
     from poimen.testing import register_test_tools
 
     client = await Client.connect(address)
     with Kernel(db, notifiers=[]) as kernel:
         register_test_tools(kernel, provider)
-        async with Worker(client, task_queue=task_queue, workflows=[Notify],
-                          activities=[temporal_activity(kernel, EMAIL)]):
+        activities = [temporal_activity(kernel, t) for t in (EMAIL, SHIP)]
+        async with Worker(client, task_queue=task_queue, workflows=[Notify, ReAsk],
+                          activities=[*activities, outcome_activity(kernel)]):
             await asyncio.sleep(600)
 
 

@@ -40,13 +40,20 @@ class App:
         out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         return out
 
-    def killed_after_effect(self, workflow: str, *args: str) -> None:
+    def killed_after_effect(self, workflow: str, *args: str, point: str = "after_effect"
+                            ) -> None:
         marker = self.tmp_path / f"paused-{workflow}"
         proc = subprocess.Popen(
             [*self.base, "start", *self.opts, "--workflow", workflow, *args],
-            env=self.env({"POIMEN_PAUSE_AT": "after_effect", "POIMEN_PAUSE_FILE": str(marker)}),
+            env=self.env({"POIMEN_PAUSE_AT": point, "POIMEN_PAUSE_FILE": str(marker)}),
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert kill_at_pause(proc, marker, timeout=120) == "after_effect"
+        assert kill_at_pause(proc, marker, timeout=120) == point
+
+    def running(self, command: str, workflow: str, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [*self.base, command, *self.opts, "--workflow", workflow, *args],
+            env=self.env({}), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
 
 
 @pytest.fixture
@@ -116,3 +123,26 @@ def test_a_step_outside_a_workflow_has_no_call_id_and_records_nothing() -> None:
 
     with pytest.raises(PoimenError, match="only inside a DBOS workflow"):
         step_call_id()
+
+
+@pytest.mark.timeout(600)
+def test_a_workflow_asking_again_after_pending_makes_one_shipment(
+    app: App, ledger: ProviderClient
+) -> None:
+    # Killed inside the step before the request left; recovered while the provider's lookup
+    # is down, the step's outcome is unknown (Pending) and the workflow asks again: another
+    # step, another call id, the same call. Then it waits, and the shipment is made once.
+    app.killed_after_effect("wf-reask", "--tool", "ship", point="mid_call")
+    assert ledger.count() == 0
+    ledger.set_lookup_mode("error")
+    proc = app.running("recover", "wf-reask")
+    assert proc.stdout is not None
+    answers = [json.loads(proc.stdout.readline())["answer"] for _ in range(2)]
+    ledger.set_lookup_mode("truthful")  # the provider is back: the wait ends
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert [a["outcome"] for a in answers] == ["pending", "pending"]
+    assert [a["call_id"] for a in answers] == ["dbos/wf-reask/1", "dbos/wf-reask/2"]
+    assert answers[0]["intent_id"] == answers[1]["intent_id"]
+    result = json.loads(out.strip().splitlines()[-1])["result"]
+    assert "request_id" in result and ledger.count() == 1

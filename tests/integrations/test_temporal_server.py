@@ -27,7 +27,7 @@ from poimen.testing import (
     kill_at_pause,
     register_test_tools,
 )
-from tests.integrations.temporal_app import Notify
+from tests.integrations.temporal_app import Notify, ReAsk
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPORAL = shutil.which("temporal") or str(Path(sys.executable).parent / "temporal")
@@ -104,3 +104,41 @@ def test_a_worker_killed_after_the_effect_is_retried_by_the_server_without_a_sec
     assert out["error"] == UNKNOWN  # Unsafe, its worker died after sending: an operator decides
     with Kernel(db, notifiers=[]) as k:
         assert isinstance(k.outcome(out["details"][0]["call_id"]), Indeterminate)
+
+
+def test_a_workflow_asking_again_after_pending_makes_one_shipment(
+    tmp_path: Path, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    # The worker killed inside the activity before the request left; the server retries it
+    # on a new worker while the provider's lookup is down: Pending, a non-retryable
+    # PoimenOutcomeUnknown; the workflow asks again (another activity id, the same call),
+    # then waits with poimen.outcome, and the shipment is made once.
+    db = f"sqlite:///{tmp_path / 'worker.db'}"
+    marker = tmp_path / "paused"
+    order = f"o-{uuid.uuid4().hex[:8]}"
+
+    async def go() -> tuple[Any, list[dict[str, Any]]]:
+        async with await server() as env:
+            first = worker(env, db, provider.url, {"POIMEN_PAUSE_AT": "mid_call",
+                                                  "POIMEN_PAUSE_FILE": str(marker)})
+            handle = await env.client.start_workflow(ReAsk.run, order, id="wf-reask",
+                                                     task_queue="kill")
+            assert await asyncio.to_thread(kill_at_pause, first, marker, timeout=240) == (
+                "mid_call")
+            ledger.set_lookup_mode("error")
+            second = worker(env, db, provider.url, {})
+            try:
+                answers: list[dict[str, Any]] = []
+                while len(answers) < 2:  # the workflow's own record of its answers
+                    answers = await handle.query(ReAsk.answered)
+                    await asyncio.sleep(0.2)
+                ledger.set_lookup_mode("truthful")  # the provider is back: the wait ends
+                return await asyncio.wait_for(handle.result(), timeout=300), answers
+            finally:
+                second.kill()
+                second.communicate(timeout=60)
+
+    out, answers = asyncio.run(go())
+    assert answers[0]["intent_id"] == answers[1]["intent_id"]
+    assert answers[0]["call_id"] != answers[1]["call_id"]
+    assert "request_id" in out and ledger.count() == 1

@@ -25,7 +25,6 @@ docs/integrations/temporal.md.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -37,8 +36,13 @@ try:
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.temporal", "temporal", exc) from exc
 
-from poimen import Kernel, Outcome, call_ids
-from poimen.errors import OutcomeUnknownError, PoimenError, ToolCallFailedError
+from poimen import Indeterminate, Kernel, Outcome, call_ids
+from poimen.errors import (
+    IntentNotFoundError,
+    OutcomeUnknownError,
+    PoimenError,
+    ToolCallFailedError,
+)
 from poimen.integrations._outcomes import value_or_raise
 
 __all__ = [
@@ -98,19 +102,22 @@ def temporal_activity(
 def outcome_activity(
     kernel: Kernel, *, name: str = "poimen.outcome"
 ) -> Callable[[str], Awaitable[Any]]:
-    """An activity that answers a call's decided outcome by its call id: the result, or the
-    same errors as the tool's activity. While the outcome is still unknown it raises a
-    retryable `NOT_DECIDED` error, so the activity's retry policy waits for the operator."""
+    """An activity that answers a call's settled outcome by its call id: the result, or the
+    same errors as the tool's activity. While the outcome is still unknown (Indeterminate:
+    an operator decides; Pending: on its way, driven here when its worker died) it raises a
+    retryable `NOT_DECIDED` error, so the activity's retry policy is the polling loop."""
 
     @activity.defn(name=name)
     async def outcome(call_id: str) -> Any:
-        out = await asyncio.to_thread(kernel.outcome, call_id)
-        if out is None:
+        try:  # a Pending call nobody drives (its worker died) is driven here
+            out = await kernel.wait(call_id, timeout=0)
+        except IntentNotFoundError:
             raise ApplicationError(f"no call has the call id {call_id!r}", {"call_id": call_id},
-                                   type="PoimenUnknownCall", non_retryable=True)
+                                   type="PoimenUnknownCall", non_retryable=True) from None
         if not out.terminal:
+            waits = "an operator's decision" if isinstance(out, Indeterminate) else "its outcome"
             raise ApplicationError(
-                f"call {call_id!r} (intent {out.intent_id}) awaits an operator's decision",
+                f"call {call_id!r} (intent {out.intent_id}) awaits {waits}",
                 {"call_id": call_id, "intent_id": out.intent_id},
                 type=NOT_DECIDED,
             )
