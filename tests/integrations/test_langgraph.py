@@ -272,3 +272,21 @@ def test_a_stale_checkpoint_resumed_after_an_edit_answers_the_edited_call(
     message = state["messages"][-2]
     assert message.artifact["outcome"] == "Completed" and message.status == "success"
     assert ledger.count() == 1
+
+
+def test_a_decision_that_does_not_count_is_asked_again_saying_why(
+    kernel: Kernel, saver: SqliteSaver, ledger: ProviderClient
+) -> None:
+    # LangGraph gives an interrupt's answer again each time the node runs again: a refused
+    # decision raised would come back on every resume, and the thread could never go on.
+    from langgraph.types import Command
+
+    graph = approval_graph(kernel, saver)
+    graph.invoke({"messages": [("user", "email bob")]}, THREAD)
+    again = asked(graph.invoke(Command(resume={"decision": "approve", "reason": "ok"}), THREAD))
+    assert "needs the operator's name" in again["refused"]
+    again = asked(graph.invoke(Command(resume={"decision": "maybe", "operator": "ann"}), THREAD))
+    assert "'maybe'" in again["refused"] and ledger.count() == 0
+    decision = {"decision": "approve", "operator": "ann", "reason": "checked"}
+    state = graph.invoke(Command(resume=decision), THREAD)
+    assert state["messages"][-1].content == "done" and ledger.count() == 1

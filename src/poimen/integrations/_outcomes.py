@@ -177,3 +177,16 @@ def apply_decision(kernel: Kernel, intent_id: str, decision: Any) -> None:
             raise
         log.info("intent %s was decided already: %s", intent_id, exc)
     _crashpoints.hit("after_approval")
+
+
+def resumed_decision(kernel: Kernel, intent_id: str, decision: Any) -> str | None:
+    """`apply_decision` for a graph resumed from an interrupt: None, or why the decision did
+    not count, to be asked again (never raised: LangGraph gives the same answer to the same
+    interrupt every time the node runs again, so a raised refusal would stop the thread for
+    good). An earlier four-eyes approval replayed is such a refusal, and harmless."""
+    try:
+        apply_decision(kernel, intent_id, decision)
+    except (OperatorInputError, SameApproverError) as exc:
+        log.info("intent %s: the decision did not count: %s", intent_id, exc)
+        return str(exc)
+    return None

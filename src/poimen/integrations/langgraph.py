@@ -32,7 +32,6 @@ JSON); its artifact names the call: ``{"call_id", "intent_id", "outcome"}``.
 from __future__ import annotations
 
 import contextvars
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,20 +47,18 @@ except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.langgraph", "langgraph", exc) from exc
 
 from poimen import Failed, Kernel, Outcome, Pending, call_ids
-from poimen.errors import ArgumentError, PoimenError, SameApproverError
+from poimen.errors import ArgumentError, PoimenError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
-    apply_decision,
     followed,
     refusal,
     request,
+    resumed_decision,
     settle,
     settle_sync,
 )
 
 __all__ = ["PoimenTool", "poimen_tools"]
-
-log = logging.getLogger("poimen")
 
 # The call in progress: (call id, the model's tool-call id, its scope, the thread or None),
 # set by invoke for _run.
@@ -162,8 +159,10 @@ class PoimenTool(BaseTool):
         except ArgumentError as e:
             return self._refused(e, tool_call_id)
         outcome = settle_sync(k, call_id, followed(k, call_id, outcome), self.pending_wait)
+        refused = None
         while thread is not None and isinstance(outcome, Pending) and not outcome.terminal:
-            self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome)))
+            refused = self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome,
+                                                                   refused)))
             current = k.outcome(call_id) or outcome
             outcome = settle_sync(k, call_id, current, self.pending_wait)
         return self._message(outcome, call_id, tool_call_id)
@@ -176,25 +175,30 @@ class PoimenTool(BaseTool):
         except ArgumentError as e:
             return self._refused(e, tool_call_id)
         outcome = await settle(k, call_id, followed(k, call_id, outcome), self.pending_wait)
+        refused = None
         while thread is not None and isinstance(outcome, Pending) and not outcome.terminal:
-            self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome)))
+            refused = self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome,
+                                                                   refused)))
             current = k.outcome(call_id) or outcome
             outcome = await settle(k, call_id, current, self.pending_wait)
         return self._message(outcome, call_id, tool_call_id)
 
-    def _asked(self, call_id: str, args: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-        return {"poimen": request(self.kernel, call_id, self.tool_id, args, outcome)}
+    def _asked(
+        self, call_id: str, args: dict[str, Any], outcome: Outcome, refused: str | None
+    ) -> dict[str, Any]:
+        asked = request(self.kernel, call_id, self.tool_id, args, outcome)
+        if refused is not None:
+            asked["refused"] = refused
+        return {"poimen": asked}
 
-    def _resumed(self, outcome: Pending, answer: Any) -> None:
+    def _resumed(self, outcome: Pending, answer: Any) -> str | None:
         """The graph resumed: an approver's decision is applied to the call asked about.
-        LangGraph runs the tool node again from its start and gives each earlier interrupt
-        its earlier answer: a four-eyes approval given already is one of those (or the same
-        operator again): it does not count, and the thread asks again."""
-        if outcome.reason == "awaiting_approval":
-            try:
-                apply_decision(self.kernel, outcome.intent_id, answer)
-            except SameApproverError as exc:
-                log.info("intent %s: %s", outcome.intent_id, exc)
+        A decision that does not count (its operator or reason missing, the same operator
+        again for four eyes, or an earlier answer LangGraph replays) is asked again, and the
+        next interrupt says why (``"refused"``)."""
+        if outcome.reason != "awaiting_approval":
+            return None
+        return resumed_decision(self.kernel, outcome.intent_id, answer)
 
     def _refused(self, error: ArgumentError, tool_call_id: str | None) -> Any:
         text = refusal(error)
