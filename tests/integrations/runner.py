@@ -1,7 +1,7 @@
 """An agent process for the kill tests: builds one framework's agent over poimen's test tools
 with that framework's own fake model, and runs one conversation.
 
-    python -m tests.integrations.runner pydantic-ai|openai-agents|langgraph --db URL
+    python -m tests.integrations.runner pydantic-ai|openai-agents|langgraph|langchain --db URL
         --provider URL --scope S --tool-call-id ID --report PATH [--naive]
         [--checkpoint PATH --resume]
 
@@ -12,8 +12,9 @@ holds the tool results the model was given. `--reask`: told that the call has no
 `--tool gated` needs an operator's approval: the first run ends asking for it and saves its
 state to `--saved` (once); `--decide approve|reject` resumes that saved state with the decision.
 `--pending-wait` bounds the integration's wait for a Pending call. `--naive` uses the model's
-tool-call id as the call id (the baseline poimen's rule replaces). LangGraph runs on a SQLite
-checkpointer; `--resume` continues the thread from its checkpoint, and a thread stopped by an
+tool-call id as the call id (the baseline poimen's rule replaces). LangGraph (`langchain`: an
+agent of LangChain's `create_agent` whose approvals go through `PoimenHumanInTheLoop`) runs on
+a SQLite checkpointer; `--resume` continues the thread from its checkpoint, and a thread stopped by an
 interrupt (a Pending call) is resumed once the call has settled (`--lookup-back`: after the
 provider's lookup is set back to truthful, the test having made it fail).
 """
@@ -205,8 +206,18 @@ def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str
 
     conn = sqlite3.connect(a.checkpoint, check_same_thread=False)
     try:
-        graph = build_graph(script, poimen_tools(kernel, pending_wait=a.pending_wait),
-                            SqliteSaver(conn))
+        tools = poimen_tools(kernel, pending_wait=a.pending_wait)
+        if a.framework == "langchain":  # create_agent, approvals by the HITL middleware
+            from langchain.agents import create_agent
+
+            from poimen.integrations.langchain import PoimenHumanInTheLoop
+            from tests.integrations.fake_chat import ScriptedChat
+
+            graph: Any = create_agent(ScriptedChat(script=script), tools=tools,
+                                      middleware=[PoimenHumanInTheLoop(kernel)],
+                                      checkpointer=SqliteSaver(conn))
+        else:
+            graph = build_graph(script, tools, SqliteSaver(conn))
         config: Any = {"configurable": {"thread_id": a.scope}}
         state: Any = graph.invoke(
             None if a.resume else {"messages": [("user", "email bob")]}, config)
@@ -217,6 +228,9 @@ def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str
                 if not a.decide:
                     break  # the approver is asked: this run ends here
                 answer: Any = {"decision": a.decide, "operator": "ann", "reason": "checked"}
+                if a.framework == "langchain":
+                    answer = {"decisions": [{"type": a.decide, "operator": "ann",
+                                             "reason": "checked"}]}
             else:  # a Pending call: resumed once it has settled
                 if a.lookup_back:
                     ProviderClient(a.provider).set_lookup_mode("truthful")
@@ -229,7 +243,7 @@ def run_langgraph(kernel: Kernel, a: argparse.Namespace, seen: list[str]) -> str
 
 
 RUN = {"pydantic-ai": run_pydantic_ai, "openai-agents": run_openai_agents,
-       "langgraph": run_langgraph}
+       "langgraph": run_langgraph, "langchain": run_langgraph}
 
 
 def _gated(kernel: Kernel, provider: str) -> None:

@@ -91,22 +91,24 @@ def test_a_pending_call_ends_inside_the_run(
     assert ledger.count() == 1
 
 
-# A LangGraph thread asking for an approval through interrupt, its process killed after the
-# decision was applied (before the call ran) or after the email went out, then resumed from
-# its checkpoint taken before the approval, decision and all.
+# A LangGraph thread asking for an approval through interrupt (its tool's own, or LangChain's
+# HITL middleware), its process killed after the decision was applied (before the call ran) or
+# after the email went out, then resumed from its checkpoint taken before the approval,
+# decision and all.
 
 @KILL_TIMEOUT
 @pytest.mark.parametrize("kill_at", ["after_approval", "after_effect"])
+@pytest.mark.parametrize("framework", ["langgraph", "langchain"])
 def test_a_thread_killed_after_its_approval_and_resumed_from_the_stale_state_sends_once(
-    kill_at: str, run_agent: RunAgent, ledger: ProviderClient, sqlite_url: str
+    framework: str, kill_at: str, run_agent: RunAgent, ledger: ProviderClient, sqlite_url: str
 ) -> None:
-    asked = run_agent("langgraph", "call_1", tool="gated")
+    asked = run_agent(framework, "call_1", tool="gated")
     assert asked is not None and asked["seen"] == ["interrupt: awaiting_approval"]
     assert ledger.count() == 0
-    assert run_agent("langgraph", "call_1", tool="gated", resume=True, decide="approve",
+    assert run_agent(framework, "call_1", tool="gated", resume=True, decide="approve",
                      kill_at=kill_at) is None
     assert ledger.count() == (1 if kill_at == "after_effect" else 0)
-    report = run_agent("langgraph", "call_1", tool="gated", resume=True, decide="approve")
+    report = run_agent(framework, "call_1", tool="gated", resume=True, decide="approve")
     assert report is not None and report["output"] == "done"
     assert ledger.count() == 1
     with Kernel(sqlite_url, notifiers=[], worker_id="later") as k:
