@@ -5,7 +5,8 @@
 
 `start` runs a new workflow (`--tool ship`: one that asks for a Queryable shipment again
 when its outcome is unknown, printing each answer as a JSON line, then waits for it);
-`recover` only launches DBOS, which recovers the workflows a killed run left pending, and
+`--tool gated|four`: one whose call needs one (two) operators' approval, printing what it asks
+and waiting for the decisions sent to it; `recover` only launches DBOS, which recovers the workflows a killed run left pending, and
 waits for the one named; `resume` runs a workflow that waits for an operator's decision on
 `--call-id`. Prints the result or the error as its last JSON line.
 """
@@ -33,7 +34,8 @@ def main() -> None:
     p.add_argument("--provider", required=True)
     p.add_argument("--workflow", required=True)
     p.add_argument("--mode", choices=("poimen", "plain"), default="poimen")
-    p.add_argument("--tool", choices=("email", "flaky", "ship"), default="email")
+    p.add_argument("--tool", choices=("email", "flaky", "ship", "gated", "four"),
+                   default="email")
     p.add_argument("--call-id")
     ns = p.parse_args()
     config: DBOSConfig = {"name": "poimen-dbos-test", "log_level": "WARNING",
@@ -47,8 +49,14 @@ def main() -> None:
         httpx.post(f"{ns.provider}/plain", json={"to": to, "subject": subject})
         raise ConnectionResetError("the link dropped before the answer")
 
-    steps = {"email": dbos_step(kernel, EMAIL), "flaky": dbos_step(kernel, "flaky"),
-             "ship": dbos_step(kernel, SHIP)}
+    for tool, approvers in (("gated", 1), ("four", 2)):
+        @kernel.tool(id=tool, effects=Unsafe(), caps=Caps(), timeout=5, requires_approval=True,
+                     approvers=approvers)
+        def gated(ctx: ToolContext, to: str, subject: str) -> Any:
+            return httpx.post(f"{ns.provider}/plain", json={"to": to, "subject": subject}).json()
+
+    steps = {t: dbos_step(kernel, t) for t in ("flaky", "gated", "four")}
+    steps |= {"email": dbos_step(kernel, EMAIL), "ship": dbos_step(kernel, SHIP)}
 
     @DBOS.step()
     def send_plain(to: str, subject: str) -> Any:
@@ -78,6 +86,17 @@ def main() -> None:
         return steps["ship"].resume(first, timeout=120)
 
     @DBOS.workflow()
+    def approved(to: str, tool: str) -> Any:
+        # A call that needs approval, asked of the approvers (printed), then their decisions.
+        try:
+            return steps[tool](to=to, subject="invoice")
+        except OutcomeUnknownError as exc:
+            if exc.reason != "awaiting_approval":
+                raise
+            print(json.dumps({"asked": exc.data}), flush=True)
+            return steps[tool].approval(exc.call_id, timeout=120)
+
+    @DBOS.workflow()
     def resume(call_id: str, tool: str) -> Any:
         return steps[tool].resume(call_id, timeout=60)
 
@@ -86,6 +105,9 @@ def main() -> None:
         if ns.command == "start" and ns.tool == "ship":
             with SetWorkflowID(ns.workflow):
                 handle = DBOS.start_workflow(reask, f"order-{ns.workflow}")
+        elif ns.command == "start" and ns.tool in ("gated", "four"):
+            with SetWorkflowID(ns.workflow):
+                handle = DBOS.start_workflow(approved, f"{ns.workflow}@example.com", ns.tool)
         elif ns.command == "start":
             with SetWorkflowID(ns.workflow):
                 handle = DBOS.start_workflow(notify, f"{ns.workflow}@example.com", ns.mode, ns.tool)

@@ -52,6 +52,14 @@ def value_or_raise(outcome: Outcome, call_id: str) -> Any:
             raise ToolCallFailedError(
                 f"call {call_id!r}: {error}", call_id=call_id, intent_id=intent_id, error=error
             )
+        case Pending(intent_id=intent_id, reason="awaiting_approval"):
+            raise OutcomeUnknownError(
+                f"call {call_id!r} (intent {intent_id}) awaits an operator's approval and has "
+                f"not run. Do not retry it; once approvers decide, kernel.wait({call_id!r}) "
+                f"returns its outcome",
+                call_id=call_id, intent_id=intent_id, outcome="pending",
+                reason="awaiting_approval",
+            )
         case Indeterminate(intent_id=intent_id, reason=reason) | Pending(
             intent_id=intent_id, reason=reason
         ):
@@ -76,6 +84,11 @@ def unsettled(outcome: Outcome) -> bool:
     return isinstance(outcome, Indeterminate) or (
         isinstance(outcome, Pending) and not outcome.terminal
     )
+
+
+def awaiting(outcome: Outcome | None) -> bool:
+    """Pending until an operator approves or rejects it."""
+    return isinstance(outcome, Pending) and outcome.reason == "awaiting_approval"
 
 
 def waitable(outcome: Outcome) -> bool:

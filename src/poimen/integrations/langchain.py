@@ -36,10 +36,10 @@ try:
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.langchain", "langchain", exc) from exc
 
-from poimen import Kernel, Outcome, Pending
+from poimen import Kernel
 from poimen._operator import OperatorInputError
 from poimen.errors import PoimenError
-from poimen.integrations._outcomes import followed, request, resumed_decision
+from poimen.integrations._outcomes import awaiting, followed, request, resumed_decision
 from poimen.integrations.langgraph import PoimenTool
 
 __all__ = ["PoimenHumanInTheLoop"]
@@ -105,7 +105,7 @@ class PoimenHumanInTheLoop(AgentMiddleware[Any, Any, Any]):
         outcome = followed(k, call_id, k.call(tool.tool_id, call["args"], call_id=call_id,
                                               scope=scope))
         refused: str | None = None
-        while _awaiting(outcome):
+        while awaiting(outcome):
             asked = request(k, call_id, tool.tool_id, call["args"], outcome)
             if refused is not None:
                 asked["refused"] = refused
@@ -160,9 +160,6 @@ class PoimenHumanInTheLoop(AgentMiddleware[Any, Any, Any]):
         )
         return result.model_copy(update={"content": f"{note}\n\n{result.content}"})
 
-
-def _awaiting(outcome: Outcome) -> bool:
-    return isinstance(outcome, Pending) and outcome.reason == "awaiting_approval"
 
 
 def _decision(name: str, answer: Any) -> dict[str, Any]:

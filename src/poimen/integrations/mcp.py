@@ -66,7 +66,6 @@ from poimen import (
     Failed,
     Kernel,
     Outcome,
-    Pending,
     Resolved,
     ToolContext,
     ToolRegistration,
@@ -88,6 +87,7 @@ from poimen.errors import (
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
     apply_decision,
+    awaiting,
     followed,
     request,
     settle,
@@ -186,12 +186,12 @@ def mcp_server(
             # Refused before anything was recorded: the model may correct the input.
             return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
         outcome = followed(kernel, call_id, outcome)  # approved with edited arguments
-        if _awaiting(outcome) and _input_required(ctx):
+        if awaiting(outcome) and _input_required(ctx):
             asked = await _answered(kernel, params, call_id, tool_id, args, outcome)
             if isinstance(asked, types.InputRequiredResult):
                 return asked
             outcome = asked
-        elif _awaiting(outcome):
+        elif awaiting(outcome):
             outcome = await _elicited(kernel, ctx, call_id, tool_id, args, outcome)
         outcome = await settle(kernel, call_id, outcome, pending_wait)
         ids.answered(scope, call_id, outcome)
@@ -284,7 +284,7 @@ async def _answered(
         if getattr(answer, "action", None) != "accept" or not content:
             return outcome  # declined: the call awaits an operator's decision elsewhere
         outcome = await _decide(kernel, call_id, outcome, content)
-        if not _awaiting(outcome):
+        if not awaiting(outcome):
             return outcome
     form = types.ElicitRequestFormParams(
         message=_question(kernel, call_id, tool_id, args, outcome),
@@ -309,7 +309,7 @@ async def _elicited(
     the edited call after an edit). A client that cannot be asked, or a user who declines to
     answer, leaves it awaiting an operator's decision."""
     asks, needed = 0, 1
-    while _awaiting(outcome) and asks < needed + _REPEATS:
+    while awaiting(outcome) and asks < needed + _REPEATS:
         asks += 1
         needed = request(kernel, call_id, tool_id, args, outcome)["approvals"]["needed"]
         message = _question(kernel, call_id, tool_id, args, outcome)
@@ -328,9 +328,6 @@ async def _elicited(
 # same operator again and again is not asked for ever.
 _REPEATS = 3
 
-
-def _awaiting(outcome: Outcome) -> bool:
-    return isinstance(outcome, Pending) and outcome.reason == "awaiting_approval"
 
 
 def run_stdio(server: Server[Any]) -> None:

@@ -47,6 +47,7 @@ from poimen.errors import ArgumentError, PoimenError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
     apply_decision,
+    awaiting,
     followed,
     refusal,
     settle,
@@ -105,7 +106,7 @@ def _function_tool(
             outcome = await kernel.acall(spec.id, params, call_id=call_id, scope=counter.scope)
         except ArgumentError:
             return False  # refused when the tool runs, before anything is recorded
-        return _awaiting(followed(kernel, call_id, outcome))  # edited: awaiting more approvers?
+        return awaiting(followed(kernel, call_id, outcome))  # edited: awaiting more approvers?
 
     schema, strict = _schema(spec.parameters)
     return FunctionTool(
@@ -154,7 +155,7 @@ async def decide(
     choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
     await asyncio.to_thread(apply_decision, kernel, intent.id, choice)
     outcome = kernel.outcome(intent.call_id)
-    if _awaiting(outcome):
+    if awaiting(outcome):
         return  # another operator must approve
     if isinstance(outcome, Failed):  # rejected: nothing was sent
         state.reject(item, rejection_message=outcome.for_model())
@@ -173,13 +174,10 @@ def _asked(kernel: Kernel, scope: str, tool_id: str, params: dict[str, Any]) -> 
     same = call_ids.derived(scope, tool_id, params).rpartition("/")[0] + "/"
     for earlier in kernel.store.search_call_id(same, limit=100):
         now = kernel.outcome(earlier.call_id)  # an edited call answers for its original
-        if _awaiting(now) and now is not None and now.intent_id != earlier.id:
+        if awaiting(now) and now is not None and now.intent_id != earlier.id:
             return kernel.store.get_intent(now.intent_id)
     return None
 
-
-def _awaiting(outcome: Outcome | None) -> bool:
-    return isinstance(outcome, Pending) and outcome.reason == "awaiting_approval"
 
 
 def _schema(parameters: dict[str, Any]) -> tuple[dict[str, Any], bool]:

@@ -60,6 +60,7 @@ from poimen.errors import ArgumentError, PoimenError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
     apply_decision,
+    awaiting,
     refusal,
     request,
     settle,
@@ -145,7 +146,7 @@ class PoimenToolset(AbstractToolset[Any]):
         except ArgumentError as e:  # refused before anything was recorded: the model may fix it
             raise ModelRetry(refusal(e)) from e
         outcome = await settle(self.kernel, call_id, outcome, self.pending_wait)
-        if isinstance(outcome, Pending) and outcome.reason == "awaiting_approval":
+        if awaiting(outcome):
             raise ApprovalRequired(
                 metadata={METADATA_KEY: request(self.kernel, call_id, tool_id, tool_args, outcome)}
             )
