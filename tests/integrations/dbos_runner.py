@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 
-from poimen import Caps, Kernel, ToolContext, Unsafe, _crashpoints
+from poimen import Caps, Kernel, ToolContext, Unsafe
+from poimen._engine import crashpoints as _crashpoints
 from poimen.errors import OutcomeUnknownError, PoimenError
 from poimen.integrations.dbos import dbos_step
 from poimen.testing import EMAIL, SHIP, register_test_tools

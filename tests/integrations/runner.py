@@ -249,7 +249,8 @@ RUN = {"pydantic-ai": run_pydantic_ai, "openai-agents": run_openai_agents,
 def _gated(kernel: Kernel, provider: str) -> None:
     import httpx
 
-    from poimen import Caps, ToolContext, Unsafe, _crashpoints
+    from poimen import Caps, ToolContext, Unsafe
+    from poimen._engine import crashpoints as _crashpoints
 
     @kernel.tool(id="mail.gated", effects=Unsafe(), caps=Caps(), timeout=5,
                  requires_approval=True)

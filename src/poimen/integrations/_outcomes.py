@@ -9,23 +9,15 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from poimen import (
-    Completed,
-    Failed,
-    Indeterminate,
-    Kernel,
-    Outcome,
-    Pending,
-    Resolved,
-    _crashpoints,
-)
-from poimen._operator import OperatorInputError
+from poimen import Completed, Failed, Indeterminate, Kernel, Outcome, Pending, Resolved
+from poimen._engine import crashpoints as _crashpoints
 from poimen.errors import (
     NotAwaitingApprovalError,
     OutcomeUnknownError,
     SameApproverError,
     ToolCallFailedError,
 )
+from poimen.operator._ops import OperatorInputError
 
 log = logging.getLogger("poimen")
 

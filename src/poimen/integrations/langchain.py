@@ -37,10 +37,10 @@ except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.langchain", "langchain", exc) from exc
 
 from poimen import Kernel
-from poimen._operator import OperatorInputError
 from poimen.errors import PoimenError
 from poimen.integrations._outcomes import awaiting, followed, request, resumed_decision
 from poimen.integrations.langgraph import PoimenTool
+from poimen.operator._ops import OperatorInputError
 
 __all__ = ["PoimenHumanInTheLoop"]
 

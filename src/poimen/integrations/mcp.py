@@ -73,8 +73,8 @@ from poimen import (
     Unsafe,
     call_ids,
 )
-from poimen._spec import spec_of
-from poimen._tools import build_tool
+from poimen._core.spec import spec_of
+from poimen._core.tools import build_tool
 from poimen.errors import (
     ArgumentError,
     CallIdMismatchError,

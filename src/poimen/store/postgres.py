@@ -38,7 +38,7 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from poimen._intents import Denial, Intent, IntentState, Owner
+from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import PoimenError, ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._sql import SqlStore
