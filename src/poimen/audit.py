@@ -7,8 +7,9 @@ that file offline with the public key. Signing needs ``pip install 'poimen[audit
 
 from __future__ import annotations
 
-from poimen._audit import Finding, Head, Report, archive_links, verify
-from poimen._audit_export import (
+from poimen._core.audit import Finding, Head, Report
+from poimen.operator._audit import archive_links, verify
+from poimen.operator._audit_export import (
     Exported,
     export,
     keygen,

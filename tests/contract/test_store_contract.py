@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from poimen._audit import sqlite_link
-from poimen._intents import IntentState, Owner
+from poimen._core.audit import sqlite_link
+from poimen._core.intents import IntentState, Owner
 from poimen.errors import (
     IllegalTransitionError,
     IntentNotFoundError,

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext, Unsafe
-from poimen._audit import COLUMNS, GENESIS, SETTLED, TABLES, Link, link, verify
-from poimen._prune import prune, read_archive
+from poimen._core.audit import COLUMNS, GENESIS, SETTLED, TABLES, Link, link
+from poimen.audit import verify
+from poimen.operator import prune, read_archive
 from poimen.store._chain import CHAIN_VERSION
 from tests.contract.test_store_contract import raw
 from tests.integration.operator_app import poimen

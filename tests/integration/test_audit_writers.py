@@ -11,7 +11,8 @@ import sys
 import threading
 
 from poimen import Kernel
-from poimen._audit import GENESIS, link, verify
+from poimen._core.audit import GENESIS, link
+from poimen.audit import verify
 from poimen.store import open_store
 from tests.contract.test_migrations import write_log_before
 from tests.contract.test_store_contract import raw

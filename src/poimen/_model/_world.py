@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar
 
-from poimen import _decide
-from poimen._decide import Answer, Policy
-from poimen._effects import (
+from poimen._core import decide as _decide
+from poimen._core.decide import Answer, Policy
+from poimen._core.effects import (
     EffectClass,
     Idempotent,
     KeyDerivation,
@@ -21,7 +21,7 @@ from poimen._effects import (
     Queryable,
     Unsafe,
 )
-from poimen._intents import Intent, IntentState
+from poimen._core.intents import Intent, IntentState
 
 S = IntentState
 X = TypeVar("X")
@@ -88,7 +88,7 @@ class Config:
 @dataclass(frozen=True, slots=True)
 class Rules:
     """The rules under check: the project's own, unless a test puts one back as it was to see
-    the check catch it. The functions are `poimen._decide`'s; the flags say how the protocol
+    the check catch it. The functions are `poimen._core.decide`'s; the flags say how the protocol
     and the stores use them, each True as built (docs/verification.md, "What the model check
     found", names the finding each one fixed)."""
 

@@ -8,9 +8,16 @@ import os
 import sys
 from typing import Any
 
-from poimen import _audit
-from poimen import _operator as op
-from poimen._audit_export import export, keygen, load_private, load_public, verify_export
+from poimen._core.audit import parse_published
+from poimen.operator import _audit
+from poimen.operator import _ops as op
+from poimen.operator._audit_export import (
+    export,
+    keygen,
+    load_private,
+    load_public,
+    verify_export,
+)
 from poimen.store import Store
 
 OK, NOT_FOUND, USAGE, VERIFY_FAILED = 0, 1, 2, 6
@@ -29,7 +36,7 @@ def _parse_head(text: str | None) -> str | None:
     if text is None:
         return None
     try:
-        _audit.parse_published(text)
+        parse_published(text)
     except ValueError as exc:
         raise op.OperatorInputError(str(exc), field="head") from None
     return text

@@ -25,10 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from poimen import _health as health
-from poimen import _operator as op
 from poimen._kernel import Kernel
-from poimen._prune import prune
 from poimen.cli import _aids as aids
 from poimen.cli import _audit as audit_cli
 from poimen.cli import _render as render
@@ -47,6 +44,9 @@ from poimen.errors import (
     StoreError,
     UnknownOperatorError,
 )
+from poimen.operator import _health as health
+from poimen.operator import _ops as op
+from poimen.operator._prune import prune
 from poimen.store import Store, open_store
 
 OK, NOT_FOUND, USAGE, STORE, UNEXPECTED, INDETERMINATE, VERIFY_FAILED = 0, 1, 2, 3, 4, 5, 6
@@ -434,7 +434,7 @@ def cmd_migrate(ns: argparse.Namespace) -> int:
 
 
 def cmd_operators(ns: argparse.Namespace) -> int:
-    from poimen import _identity
+    from poimen.operator import _identity
 
     if ns.action == "add":
         token = _identity.add_operator(ns.file, ns.name)

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from poimen._intents import (
+from poimen._core.intents import (
     Attempt,
     Delivery,
     Denial,
@@ -23,7 +23,7 @@ from poimen._intents import (
 from poimen.errors import CorruptRowError
 
 if TYPE_CHECKING:
-    from poimen._audit import Head
+    from poimen._core.audit import Head
     from poimen.store._chain import ChainView
     from poimen.store._retention import History
 

@@ -1,7 +1,7 @@
 """The audit chain as the store reads it (schema version 9, docs/audit.md): its head, and its
 links in position order, read in one snapshot and streamed, so a check of a large log holds
 one row per table in memory, not the log. The links themselves are made by the database's
-triggers (migration 0009); the rules that check them are `poimen._audit`'s.
+triggers (migration 0009); the rules that check them are `poimen._core.audit`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from poimen._audit import COLUMNS, SETTLED, TABLES, Head, Link
+from poimen._core.audit import COLUMNS, SETTLED, TABLES, Head, Link
 
 #: The first schema version with the chain.
 CHAIN_VERSION = 9

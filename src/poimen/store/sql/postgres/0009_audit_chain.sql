@@ -5,7 +5,7 @@
 -- last link; each chained write moves it, and so holds its row lock until it commits: the
 -- chain stays one line however many processes write. The triggers below make the links,
 -- whatever code writes the rows; poimen_audit_bytes is the PL/pgSQL copy of
--- poimen._audit.row_bytes (a test checks that the two agree).
+-- poimen._core.audit.row_bytes (a test checks that the two agree).
 CREATE TABLE audit_head (
     id     INTEGER PRIMARY KEY CHECK (id = 1),
     log_id TEXT NOT NULL,

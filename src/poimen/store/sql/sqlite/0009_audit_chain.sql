@@ -5,7 +5,7 @@
 -- last link; each chained write moves it inside its own transaction (SQLite has one writer
 -- at a time), so the chain is one line. The triggers below make the links, whatever code
 -- writes the rows: they call poimen_link(previous hash, kind, columns...), which the store's
--- writer connection provides (poimen._audit.sqlite_link, the one definition of the bytes).
+-- writer connection provides (poimen._core.audit.sqlite_link, the one definition of the bytes).
 CREATE TABLE audit_head (
     id     INTEGER PRIMARY KEY CHECK (id = 1),
     log_id TEXT NOT NULL,
