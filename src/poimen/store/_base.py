@@ -270,7 +270,7 @@ NOTIFICATION_COLUMNS = (
 DENIAL_COLUMNS = "id, at, tool_id, intent_id, attempt, action, target, reason"
 DELIVERY_COLUMNS = "notification_id, notifier, delivered_at, attempts, last_error, next_attempt_at"
 
-_EFFECTS = frozenset({"idempotent", "queryable", "unsafe", "readonly"})
+_EFFECTS = frozenset({"idempotent", "queryable", "unsafe", "readonly", "transactional"})
 
 
 def _owner(worker: Any, host: Any, pid: Any, start: Any) -> Owner | None:
