@@ -11,6 +11,7 @@ from poimen._effects import (
     Queryable,
     ReadOnly,
     RequestIdLookup,
+    Transactional,
     Unknown,
     Unsafe,
 )
@@ -37,6 +38,7 @@ from poimen._recovery import RecoveryReport
 from poimen._retry import Retry
 from poimen._spec import ToolHandle, ToolSpec
 from poimen._tools import Caps, ToolRegistration
+from poimen._transactional import Tx, TxCursor
 from poimen._undo import UndoReport, UndoStep
 from poimen.errors import DefiniteFailure, NotSent
 
@@ -87,6 +89,9 @@ __all__ = [
     "ToolHandle",
     "ToolRegistration",
     "ToolSpec",
+    "Transactional",
+    "Tx",
+    "TxCursor",
     "UndoReport",
     "UndoStep",
     "Unknown",

@@ -27,7 +27,14 @@ from poimen import _approval, _guard, _observe, _protocol, _runners, _sandbox, _
 from poimen._aids import Aids
 from poimen._approval import ApprovalRule, approval_due, approval_rule
 from poimen._capability import Issuer, Sink, ToolContext
-from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
+from poimen._effects import (
+    EffectClass,
+    Idempotent,
+    Queryable,
+    ReadOnly,
+    Transactional,
+    effect_name,
+)
 from poimen._evidence import Evidence, Found, Gather
 from poimen._intents import Denial, Intent, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
@@ -45,6 +52,7 @@ from poimen._runners import run_async, run_sync
 from poimen._spec import ToolHandle, ToolSpec, safe_name, spec_of
 from poimen._steps import CallState
 from poimen._tools import Caps, Tool, ToolRegistration, build_tool
+from poimen._transactional import Database
 from poimen._undo import UndoArgs, UndoReport, UndoRule
 from poimen._upkeep import Upkeep
 from poimen._workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
@@ -370,8 +378,13 @@ class Kernel:
         if isinstance(fn, ToolHandle):  # one function registered under another id as well
             fn = fn.__wrapped__
         tool = build_tool(registration, fn)
-        if isinstance(registration.effects, Idempotent | ReadOnly):
+        if isinstance(registration.effects, Idempotent | ReadOnly | Transactional):
             _guard.install()
+        db = (
+            Database(registration.effects, self.store.url)
+            if isinstance(registration.effects, Transactional)
+            else None
+        )
         rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
         undo_rule = _undo.rule(registration.id, undo, undo_args)
         aids = self._aids.register(registration.id, evidence, escalate_after)
@@ -383,6 +396,8 @@ class Kernel:
         name = safe_name(registration.id, set(self._names))
         spec = spec_of(tool, name, description)
         self._engine.tools[registration.id] = tool
+        if db is not None:
+            self._engine.databases[registration.id] = db
         if rule is not None:
             self._approvals[registration.id] = rule
         if retry is not None:
