@@ -40,6 +40,7 @@ from poimen.errors import (
     DefiniteFailure,
     NotSent,
     TransactionalDatabaseError,
+    TransactionControlError,
 )
 
 log = logging.getLogger("poimen")
@@ -184,8 +185,10 @@ def classify(exc: BaseException, ctx: ToolContext) -> Run:
     chain = _causes(exc)
     if any(isinstance(x, NotSent) for x in chain) and writes == 0:
         return Run("not_sent", error=_failure(exc))
-    if isinstance(exc, DefiniteFailure | CapabilityDeniedError) and not isinstance(exc, NotSent):
-        return _refused(exc, writes)
+    if isinstance(exc, DefiniteFailure | CapabilityDeniedError | TransactionControlError) and (
+        not isinstance(exc, NotSent)
+    ):
+        return _refused(exc, writes)  # a tool ending its own transaction would do so again
     # A library that wrapped a denial (raise ... from it) hides a write that never left.
     for seen in chain[1:]:
         if isinstance(seen, CapabilityDeniedError):

@@ -465,6 +465,11 @@ class Tx:
                 return Run("failed", error="a write of the tool was denied: its transaction "
                            "was rolled back, nothing written")
             return run
+        if self._s.refused is not None:  # a mistake of the tool's, made again by any retry
+            self._s.rollback()
+            self._s.close()
+            return Run("failed", error=f"the tool tried to {self._s.refused}: poimen ends a "
+                       "Transactional tool's transaction itself; rolled back, nothing written")
         try:
             return self._land(run, store)
         finally:
@@ -488,11 +493,10 @@ class Tx:
                 error="the tool ended its transaction itself: what it wrote before is "
                 "committed without the call's marker",
             )
-        if s.refused is not None or s.failed():
-            what = (f"tried to {s.refused}" if s.refused is not None
-                    else "went on after a statement failed")
+        if s.failed():
             s.rollback()
-            return Run("unknown", error=f"the tool {what}: its transaction was rolled back")
+            return Run("unknown", error="the tool went on after a statement of its "
+                       "transaction failed: rolled back, nothing written")
         spent = time.monotonic() - self._started
         if spent > self._timeout:
             s.rollback()
