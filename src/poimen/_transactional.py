@@ -65,8 +65,8 @@ _CREATE_LOCK = 0x706F696D656E7478  # "poimentx"
 _LAND = (
     f"INSERT INTO {MARKERS} (intent_id, attempt, landed, result, at) VALUES (?, ?, 1, ?, ?) "
     "ON CONFLICT (intent_id) DO UPDATE SET attempt = excluded.attempt, landed = 1, "
-    f"result = excluded.result, at = excluded.at WHERE {MARKERS}.landed = 0 "
-    f"AND {MARKERS}.attempt < excluded.attempt"
+    "result = excluded.result, at = excluded.at "
+    f"WHERE {MARKERS}.landed = 0 AND {MARKERS}.attempt < excluded.attempt"
 )
 # A lookup fences out the attempts up to `attempt`, unless one landed.
 _FENCE = (

@@ -473,3 +473,35 @@ def test_a_transactional_undo_reverses_the_write_once(dbs: tuple[str, str]) -> N
         undo = k.store.get_by_call_id("undo/run-1/1")
         assert undo is not None and undo.result == "1"
     assert rows(app, "run-1/1") == 0
+
+
+# The outcome on the log's own database: it commits with the writes, on its fence only.
+
+
+def test_the_outcome_commits_with_the_tools_writes_only_on_its_fence(store_url: str) -> None:
+    from poimen._transactional import Database
+    from poimen.store import open_store
+    from tests.contract.test_store_contract import claim, dispatch
+
+    make_notes(store_url)
+    store = open_store(store_url)
+    try:
+        db = Database(Transactional(database=store_url), store.url)
+        assert db.own
+        iid = dispatch(store, "own-1", effect="transactional")
+        claim(store, iid, 1)  # taken over: the first attempt's fence (1) is stale now
+        for fence, lands in ((1, False), (2, True)):
+            s = db.connect()
+            s.begin(5)
+            s.execute(s.q("INSERT INTO notes (call_id, text) VALUES (?, ?)"), ("own-1", "x"))
+            ok = store.commit_outcome_in(
+                s, iid, fence, result='"done"', error=None, now=store.now()
+            )
+            s.close()
+            assert ok is lands
+            assert rows(store_url, "own-1") == int(lands)  # rolled back with the stale fence
+        it = store.get_intent(iid)
+        assert it is not None and (it.state, it.fence, it.result) == (S.COMPLETED, 2, '"done"')
+        assert [e.kind for e in store.events(iid)][-1] == "completed"
+    finally:
+        store.close()
