@@ -94,8 +94,9 @@ class Kernel:
             lease has run out. Default: the hostname, boot id and pid namespace; give hosts
             that may share a hostname distinct names (docs/postgres.md).
         mode: ``"live"`` runs tools; ``"replay"`` answers every call from `recording` and runs
-            none; ``"shadow"`` runs only ReadOnly tools and answers the others from `live`, or
-            as "would have called" (docs/sandbox.md).
+            none; ``"shadow"`` runs only ReadOnly tools, and Transactional ones whose
+            transaction it rolls back, and answers the others from `live`, or as "would have
+            called" (docs/sandbox.md).
         lease_ttl: How long a dispatched call's lease lasts (at least its tool's timeout). The
             kernel renews the leases of the calls it runs; another kernel may take over a call
             only after its lease ran out (or its owner is seen gone on this host).

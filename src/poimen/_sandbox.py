@@ -338,13 +338,14 @@ class Sandbox:
 
     def recovery_engine(self) -> Engine:
         """The kernel's engine as recovery may use it: with only the tools this mode may
-        run (shadow: ReadOnly, Transactional; replay: none). An intent of any other tool in this log stays
+        run without asking (shadow: ReadOnly; replay: none). An intent of any other tool in
+        this log stays
         as it is, reported as unregistered, and is never dispatched."""
         e = copy.copy(self.kernel._engine)
         e.tools = {
             tid: t
             for tid, t in self.kernel._engine.tools.items()
-            if self.mode == "shadow" and isinstance(t.registration.effects, _SHADOW_RUNS)
+            if self.mode == "shadow" and isinstance(t.registration.effects, ReadOnly)
         }
         return e
 

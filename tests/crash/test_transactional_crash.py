@@ -43,7 +43,7 @@ def test_a_transactional_call_killed_anywhere_writes_exactly_once(
     with make_kernel(log, app) as k:
         intent = recover_until_settled(k, "c1")
         assert intent.state == S.COMPLETED
-        assert intent.result == '{"attempt":%d,"rows":1}' % (1 if committed else 2)
+        assert intent.result == f'{{"attempt":{1 if committed else 2},"rows":1}}'
         if log != app:
             assert marker(app, intent.id)[1] == 1  # type: ignore[index]
         # Settled once: a later pass and a repeat of the call change nothing.
