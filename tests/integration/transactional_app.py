@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import poimen
 from poimen import Caps, Kernel, ToolContext, Transactional, _crashpoints
 from tests.conftest import fresh_postgres_database
 
@@ -127,7 +128,8 @@ def dbs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, s
 
 def spawn(log: str, app: str, call_id: str, **env: str) -> subprocess.Popen[str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
-    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src")])
+    # The poimen this process imported (a mutant's copy under scripts/mutate), then the tests.
+    e["PYTHONPATH"] = os.pathsep.join([str(Path(poimen.__file__).parents[1]), str(ROOT)])
     e.update(env)
     return subprocess.Popen(
         [sys.executable, "-m", "tests.integration.transactional_app", "--log", log, "--app", app,
