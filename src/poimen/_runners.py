@@ -66,7 +66,8 @@ def context(e: Engine, t: Tool, intent: Intent, tx: Tx | None = None) -> ToolCon
     if tx is not None:
         # A denied write ends the attempt: its transaction is rolled back before the denial
         # is recorded (on the log's own SQLite file, it holds the lock that commit needs).
-        record.abort = scope.abort = functools.partial(tx.abort, "a write of the tool was denied")  # type: ignore[union-attr]
+        assert scope is not None
+        record.abort = scope.abort = functools.partial(tx._abort, "a write of the tool was denied")
     return ToolContext(
         tool_id=t.id,
         intent_id=intent.id,
@@ -97,7 +98,7 @@ def _begin(e: Engine, step: Invoke) -> Tx | Run | None:
 
 
 def _end(e: Engine, tx: Tx | None, run: Run) -> Run:
-    return run if tx is None else tx.finish(run, e.store)
+    return run if tx is None else tx._finish(run, e.store)
 
 
 @observed_invoke
@@ -153,7 +154,7 @@ async def invoke_async(e: Engine, step: Invoke) -> Run:
         return _end(e, tx, classify(exc, ctx))
     except BaseException:  # cancelled with its caller: the transaction never commits
         if tx is not None:
-            tx.abort("the call was cancelled")
+            tx._abort("the call was cancelled")
         raise
     finally:
         if scope is not None:

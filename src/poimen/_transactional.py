@@ -452,7 +452,7 @@ class Tx:
 
     # poimen's side.
 
-    def abort(self, why: str) -> None:
+    def _abort(self, why: str) -> None:
         """Roll back now and close for good (a write of the tool was denied)."""
         with self._lock:
             if self._closed is None:
@@ -463,7 +463,7 @@ class Tx:
         self._s.rollback()
         self._s.close()
 
-    def finish(self, run: Run, store: Store) -> Run:
+    def _finish(self, run: Run, store: Store) -> Run:
         """The tool's attempt is over with `run`: land its transaction if it completed,
         else roll it back; returns how the attempt ends."""
         with self._lock:
@@ -558,9 +558,11 @@ class TxCursor:
 
     @property
     def connection(self) -> Tx:
+        """The `ctx.tx` this cursor belongs to (never the driver's connection)."""
         return self._tx
 
     def execute(self, sql: str, params: Any = None) -> TxCursor:
+        """Run one statement in the transaction; returns this cursor."""
         self._tx._usable()
         if params is None:
             self._cur.execute(sql)
@@ -569,20 +571,24 @@ class TxCursor:
         return self
 
     def executemany(self, sql: str, seq_of_params: Any) -> TxCursor:
+        """Run one statement for each parameter set; returns this cursor."""
         self._tx._usable()
         self._cur.executemany(sql, seq_of_params)
         return self
 
     def fetchone(self) -> Any:
+        """The next row, or None."""
         self._tx._usable()
         return self._cur.fetchone()
 
     def fetchmany(self, size: int | None = None) -> list[Any]:
+        """The next `size` rows (the cursor's arraysize if not given)."""
         self._tx._usable()
         rows = self._cur.fetchmany() if size is None else self._cur.fetchmany(size)
         return list(rows)
 
     def fetchall(self) -> list[Any]:
+        """The remaining rows."""
         self._tx._usable()
         return list(self._cur.fetchall())
 
@@ -592,17 +598,21 @@ class TxCursor:
 
     @property
     def description(self) -> Any:
+        """The DB-API description of the last statement's columns."""
         return self._cur.description
 
     @property
     def rowcount(self) -> int:
+        """The rows the last statement changed (-1 if the driver cannot say)."""
         return int(self._cur.rowcount)
 
     @property
     def lastrowid(self) -> Any:
+        """The rowid of the last inserted row (SQLite), else None."""
         return getattr(self._cur, "lastrowid", None)
 
     def close(self) -> None:
+        """Close this cursor (the transaction stays open)."""
         self._cur.close()
 
 

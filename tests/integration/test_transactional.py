@@ -299,7 +299,7 @@ def test_a_lookup_fences_out_the_attempts_it_answers_for(tmp_path: Path, setup: 
         first = db.begin(it, 10, live=True)
         if setup.startswith("sqlite"):
             # SQLite: attempt 1 holds the database's write lock; the lookup comes first.
-            first.abort("test")
+            first._abort("test")
             assert db.lookup(it, k.store, 5, live=True) == NotLanded()
             first = db.begin(it, 10, live=True)
             first.execute("INSERT INTO notes (call_id, text) VALUES ('f', '1')")
@@ -309,13 +309,13 @@ def test_a_lookup_fences_out_the_attempts_it_answers_for(tmp_path: Path, setup: 
         from poimen._steps import Run
 
         # Attempt 1 returns after the lookup: its marker is refused, its write rolled back.
-        late = first.finish(Run("completed", value=1), k.store)
+        late = first._finish(Run("completed", value=1), k.store)
         assert late.kind == "unknown" and "fenced this attempt out" in (late.error or "")
         assert rows(app, "f") == 0
         # The retry lands; a lookup now says so, with its result; a third is refused.
         second = db.begin(dataclasses.replace(it, attempts=2), 10, live=True)
         second.execute("INSERT INTO notes (call_id, text) VALUES ('f', '2')")
-        assert second.finish(Run("completed", value={"n": 2}), k.store) == Run(
+        assert second._finish(Run("completed", value={"n": 2}), k.store) == Run(
             "completed", value={"n": 2}
         )
         assert db.lookup(dataclasses.replace(it, attempts=2), k.store, 5, live=True) == Landed(
@@ -324,7 +324,7 @@ def test_a_lookup_fences_out_the_attempts_it_answers_for(tmp_path: Path, setup: 
         third = db.begin(dataclasses.replace(it, attempts=3), 10, live=True)
         third.execute("INSERT INTO notes (call_id, text) VALUES ('f', '3')")
         # Refused by the landed marker: the call's result is the one that landed.
-        assert third.finish(Run("completed", value=3), k.store) == Run(
+        assert third._finish(Run("completed", value=3), k.store) == Run(
             "completed", value={"n": 2}
         )
         assert app_sql(app, "SELECT text FROM notes WHERE call_id = 'f'") == [("2",)]
@@ -343,8 +343,8 @@ def test_two_open_attempts_on_postgres_cannot_both_land(tmp_path: Path) -> None:
         one.execute("INSERT INTO notes (call_id, text) VALUES ('r', '1')")
         two.execute("INSERT INTO notes (call_id, text) VALUES ('r', '2')")
         # Attempt 1 lands first; attempt 2's marker waits on it, then is refused.
-        assert one.finish(Run("completed", value="one"), k.store) == Run("completed", value="one")
-        assert two.finish(Run("completed", value="two"), k.store) == Run("completed", value="one")
+        assert one._finish(Run("completed", value="one"), k.store) == Run("completed", value="one")
+        assert two._finish(Run("completed", value="two"), k.store) == Run("completed", value="one")
         assert app_sql(app, "SELECT text FROM notes WHERE call_id = 'r'") == [("1",)]
 
 

@@ -132,7 +132,8 @@ MUTANTS: list[Mutant] = [
            DECIDE, "    if effect_name(s.effect) != s.recorded:\n", "    if False:\n", T_DECIDE),
     Mutant("refusal-final-after-unknown", "a refused attempt is FAILED only if nothing of the "
            "call can have gone out", DECIDE,
-           "    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly)\n",
+           "    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly | "
+           "Transactional)\n",
            "    landed_before = False\n", (*T_DECIDE, *T_GATE, "-k", "gate or refusal or key")),
     Mutant("refusal-swallowed", "a refused send decides its attempt, whatever the tool does "
            "with the refusal", RUNNERS,
