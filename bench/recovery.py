@@ -21,8 +21,8 @@ from typing import Any
 
 from bench._util import child_json
 from bench.single import TOOL, args, noop_kernel
-from poimen._intents import Owner
-from poimen._liveness import default_host
+from poimen._core.intents import Owner
+from poimen._engine.liveness import default_host
 from poimen.store._base import latest_version
 
 

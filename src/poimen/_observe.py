@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from poimen import events as ev
-from poimen._effects import Landed, NotLanded
-from poimen._intents import (
+from poimen._core.effects import Landed, NotLanded
+from poimen._core.intents import (
     Completed,
     Failed,
     Indeterminate,
@@ -34,15 +34,15 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._present import redact_urls
+from poimen._core.present import redact_urls
 from poimen.errors import PoimenError
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
+    from poimen._core.intents import RecoveryReport
+    from poimen._engine.engine import Engine
+    from poimen._engine.steps import Invoke, Lookup, Run
     from poimen._kernel import Kernel
-    from poimen._protocol import Engine
-    from poimen._recovery import RecoveryReport
-    from poimen._steps import Invoke, Lookup, Run
     from poimen.store import Store
 
 log = logging.getLogger("poimen.observe")

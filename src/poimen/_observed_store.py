@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from poimen import events as ev
-from poimen._intents import (
+from poimen._core.intents import (
     Intent,
     IntentState,
     Owner,

@@ -43,14 +43,21 @@ from typing import Any
 
 import httpx
 
-from poimen._capability import ToolContext
-from poimen._effects import Idempotent, KeyDerivation, Queryable, ReadOnly, Transactional, Unsafe
+from poimen._capability.context import ToolContext
+from poimen._core.effects import (
+    Idempotent,
+    KeyDerivation,
+    Queryable,
+    ReadOnly,
+    Transactional,
+    Unsafe,
+)
+from poimen._core.intents import Intent
+from poimen._core.tools import Caps
+from poimen._engine.steps import Holds
 from poimen._faults import Faults
-from poimen._intents import Intent
 from poimen._kernel import Kernel
 from poimen._provider import ProviderProcess
-from poimen._steps import Holds
-from poimen._tools import Caps
 
 __all__ = ["SoakConfig", "run_soak"]
 

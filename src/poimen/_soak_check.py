@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poimen._intents import Attempt, Intent, IntentState
+from poimen._core.intents import Attempt, Intent, IntentState
 from poimen._soak import CLASS, Run, SoakConfig, WorkerRecord, app_db
 from poimen.store import open_store
 

@@ -18,11 +18,10 @@ so it must be quick; a hook registered with `Kernel.on` runs on a thread of its 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from poimen._kernel import Kernel
-    from poimen._recovery import RecoveryReport
+    from poimen._core.intents import RecoveryReport
 
 __all__ = [
     "AbandonedEvent",
@@ -373,8 +372,9 @@ class Observer:
     make it current); by default each hands its event to `event`.
     """
 
-    def bind(self, kernel: Kernel) -> None:
-        """Called once when a kernel installs this observer."""
+    def bind(self, kernel: Any) -> None:
+        """Called once when a kernel (a `poimen.Kernel`: this module sits below it) installs
+        this observer."""
 
     def event(self, event: KernelEvent) -> None:
         """A point event (a transition, a denial, a renewal), or a scope's start or finish."""

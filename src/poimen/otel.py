@@ -34,11 +34,11 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from poimen import _metrics
 from poimen import events as ev
-from poimen._intents import IntentState
-from poimen._present import redact_store_url, redact_urls
+from poimen._core.intents import IntentState
+from poimen._core.present import redact_store_url, redact_urls
 from poimen.errors import MissingExtraError
+from poimen.operator import _metrics
 
 try:
     from opentelemetry import context as otel_context

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from poimen._intents import Attempt, Event, IntentState
+from poimen._core.intents import Attempt, Event, IntentState
 from poimen.store import Store, open_store
 from poimen.store._base import INTENT_COLUMNS, latest_version
 from tests.contract.test_migrations import write_log_before

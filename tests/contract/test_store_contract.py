@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from poimen._intents import IntentState, Owner
+from poimen._core.intents import IntentState, Owner
 from poimen.errors import (
     IllegalTransitionError,
     IntentNotFoundError,

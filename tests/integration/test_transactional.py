@@ -306,7 +306,7 @@ def test_a_lookup_fences_out_the_attempts_it_answers_for(tmp_path: Path, setup: 
         else:
             first.execute("INSERT INTO notes (call_id, text) VALUES ('f', '1')")
             assert db.lookup(it, k.store, 5, live=True) == NotLanded()
-        from poimen._steps import Run
+        from poimen._engine.steps import Run
 
         # Attempt 1 returns after the lookup: its marker is refused, its write rolled back.
         late = first._finish(Run("completed", value=1), k.store)
@@ -332,7 +332,7 @@ def test_a_lookup_fences_out_the_attempts_it_answers_for(tmp_path: Path, setup: 
 
 @pytest.mark.postgres
 def test_two_open_attempts_on_postgres_cannot_both_land(tmp_path: Path) -> None:
-    from poimen._steps import Run
+    from poimen._engine.steps import Run
 
     with databases("postgres-other", tmp_path) as (log, app), make_kernel(log, app) as k:
         db = k._engine.databases[NOTE]
@@ -479,7 +479,7 @@ def test_a_transactional_undo_reverses_the_write_once(dbs: tuple[str, str]) -> N
 
 
 def test_the_outcome_commits_with_the_tools_writes_only_on_its_fence(store_url: str) -> None:
-    from poimen._transactional import Database
+    from poimen._engine.transactional import Database
     from poimen.store import open_store
     from tests.contract.test_store_contract import claim, dispatch
 

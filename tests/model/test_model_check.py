@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from poimen import _decide
-from poimen._decide import Defer, Retry
-from poimen._effects import EffectClass, Unsafe
-from poimen._intents import Intent, IntentState
+from poimen._core import decide as _decide
+from poimen._core.decide import Defer, Retry
+from poimen._core.effects import EffectClass, Unsafe
+from poimen._core.intents import Intent, IntentState
 from poimen._model import OLD_RULES, Config, Result, Rules, explore, main, replay
 
 QUERYABLE = Config(workers=1, intents=("queryable",), not_sent=False, refusals=False)

@@ -17,18 +17,20 @@ class Mutant:
     tests: tuple[str, ...]
 
 
-DECIDE = "poimen/_decide.py"
-PROTOCOL = "poimen/_protocol.py"
-RUNNERS = "poimen/_runners.py"
+DECIDE = "poimen/_core/decide.py"
+PROTOCOL = "poimen/_engine/protocol.py"
+RUNNERS = "poimen/_engine/runners.py"
 KERNEL = "poimen/_kernel.py"
-CAP = "poimen/_capability.py"
-HANDLES = "poimen/_handles.py"
-GUARD = "poimen/_guard.py"
+CAP = "poimen/_capability/context.py"
+HANDLES = "poimen/_capability/handles.py"
+GUARD = "poimen/_capability/guard.py"
 SQL = "poimen/store/_statements.py"
 STORE = "poimen/store/_sql.py"
 PG = "poimen/store/postgres.py"
 UNDO = "poimen/_undo.py"
-TX = "poimen/_transactional.py"
+ENGINE = "poimen/_engine/engine.py"
+BACKOFF = "poimen/_core/backoff.py"
+TX = "poimen/_engine/transactional.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
 T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not postgres")
@@ -144,7 +146,7 @@ MUTANTS: list[Mutant] = [
            '    return Run("completed", value=value)',
            '    return Run("completed", value=value)',
            (*T_GATE, "-k", "sqlite and swallow")),
-    Mutant("key-from-raw-args", "the key is derived from the recorded arguments", KERNEL,
+    Mutant("key-from-raw-args", "the key is derived from the recorded arguments", ENGINE,
            "            key = effects.key.derive(t.id, recorded)\n",
            "            key = effects.key.derive(t.id, dict(args))\n",
            ("tests/integration/test_public_api.py", "-k", "recorded_arguments and sqlite")),
@@ -153,22 +155,22 @@ MUTANTS: list[Mutant] = [
            "        if registration.id in self._names:", "        if False:",
            ("tests/unit/test_registration.py", "-k", "model_facing")),
     Mutant("name-is-an-id", "a model-facing name is never another tool's id or name",
-           "poimen/_spec.py", "        if name not in taken:\n            return name\n",
+           "poimen/_core/spec.py", "        if name not in taken:\n            return name\n",
            "        return name\n",
            ("tests/unit/test_registration.py", "tests/integrations/test_mcp.py", "-k",
             "model_facing or filter_by_id")),
-    Mutant("hold-taken-twice", "a kernel never holds one intent twice", "poimen/_steps.py",
+    Mutant("hold-taken-twice", "a kernel never holds one intent twice", "poimen/_engine/steps.py",
            "            if intent_id in self._ids:\n                return False\n", "",
            ("tests/integration/test_in_process_races.py", "-k", "run_it_once and sqlite")),
     # Identity and background duties.
     Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
            "        e.owner = current_owner(", "        e.owner = e.owner or current_owner(",
            T_LIFE),
-    Mutant("duplicate-worker", "one identity per live kernel", "poimen/_workers.py",
+    Mutant("duplicate-worker", "one identity per live kernel", "poimen/_engine/workers.py",
            "if other is not None and other is not k and not other._closed:", "if False:",
            T_LIFE),
     Mutant("recovery-not-isolated", "one bad intent does not stop recovery",
-           "poimen/_recovery.py",
+           "poimen/_engine/recovery.py",
            '    except Exception:\n        log.exception("recovery of intent %s failed',
            '    except ZeroDivisionError:\n        log.exception("recovery of intent %s failed',
            T_LIFE),
@@ -292,8 +294,8 @@ MUTANTS: list[Mutant] = [
     Mutant("undone-event-ignored", "an original with an 'undone' event is undone (undo)",
            UNDO, "    if done is not None:  # undone for good", "    if False:  # undone for good",
            ("tests/integration/test_undo_retention.py", "-k", "undone_event and sqlite")),
-    Mutant("reserved-call-id-open", "an application's call id never uses undo's prefix", UNDO,
-           "if (is_undo(call_id) or is_edit(call_id)) and _MAKING.get() != call_id:", "if False:",
+    Mutant("reserved-call-id-open", "an application's call id never uses undo's prefix", ENGINE,
+           "if (is_undo(call_id) or is_edit(call_id)) and MAKING.get() != call_id:", "if False:",
            ("tests/integration/test_undo.py", "-k", "prefix_is_refused and sqlite")),
     Mutant("foreign-undo-taken", "undo takes as the reversal only its own undo", UNDO,
            "        foreign = _not_its_undo(latest, it, r, undo_tool)\n",
@@ -316,28 +318,28 @@ MUTANTS: list[Mutant] = [
            ("tests/contract/test_prune_store.py", "-k", "written_to and sqlite")),
     # The operator path.
     Mutant("redaction-skipped", "secrets are redacted wherever they are shown",
-           "poimen/_present.py",
+           "poimen/_core/present.py",
            'return SECRET_NAME.search(name.lower().replace("-", "_")) is not None',
            "return False", ("tests/unit/test_operator.py", "tests/integration/test_cli.py",
                             "-k", "redact or secret")),
     Mutant("event-detail-unredacted", "event details are redacted in JSON output",
-           "poimen/_operator.py", "    detail = _redacted_json(e.detail)\n",
+           "poimen/operator/_ops.py", "    detail = _redacted_json(e.detail)\n",
            "    detail = json.loads(e.detail) if e.detail else None\n",
            ("tests/unit/test_operator.py", "tests/integration/test_cli.py", "-k",
             "redact or secret")),
     Mutant("operator-name-blank", "an operator's decision needs a real name",
-           "poimen/_operator.py",
+           "poimen/operator/_ops.py",
            "    if not isinstance(operator, str) or not operator.strip():\n",
            "    if not isinstance(operator, str):\n",
            ("tests/integration/test_operator_names.py",)),
     Mutant("webhook-future-timestamp", "a webhook signature from the future is refused",
-           "poimen/_notify.py",
+           "poimen/_engine/notify.py",
            "if abs((time.time() if now is None else now) - int(timestamp)) > tolerance:",
            "if (time.time() if now is None else now) - int(timestamp) > tolerance:",
            ("tests/unit/test_operator.py", "tests/integration/test_webhook.py", "-k",
             "signature or timestamp")),
     Mutant("webhook-id-unsigned", "a webhook's signature covers its id (Standard Webhooks)",
-           "poimen/_notify.py",
+           "poimen/_engine/notify.py",
            'signed = msg_id.encode("utf-8") + b"." + timestamp.encode("ascii")',
            'signed = timestamp.encode("ascii")',
            ("tests/unit/test_operator.py", "-k", "signature or webhook")),
@@ -357,7 +359,7 @@ MUTANTS: list[Mutant] = [
            "        spec = spec_of(tool, name, description)\n",
            ("tests/integrations/test_mcp_bad_input.py", "-k", "local_tool")),
     Mutant("error-text-unredacted", "error texts are shown without the credentials of URLs",
-           "poimen/_operator.py",
+           "poimen/operator/_ops.py",
            "    return None if text is None else redact_urls(text)\n",
            "    return text\n",
            ("tests/integration/test_bad_input_operator.py", "-k", "error_texts and sqlite")),
@@ -365,7 +367,7 @@ MUTANTS: list[Mutant] = [
            "        if views:\n", "        if False:\n",
            ("tests/integration/test_bad_input_operator.py", "-k", "recursive_view")),
     Mutant("row-checks-skipped", "verify judges every row by the schema's constraints",
-           "poimen/_health.py", "        out += _row_problems(store, reference)\n", "",
+           "poimen/operator/_health.py", "        out += _row_problems(store, reference)\n", "",
            ("tests/integration/test_bad_input_operator.py", "-k", "verify_finds")),
     Mutant("csrf-skipped", "a console change needs the session's CSRF token",
            "poimen/console/_session.py", "        return _same(form_value, v.session.csrf)",
@@ -381,21 +383,21 @@ MUTANTS: list[Mutant] = [
     Mutant("login-unlimited", "failed logins are rate limited before their hash",
            "poimen/console/_app.py", "    if not c.logins.allowed(_client(request)):",
            "    if False:", ("tests/integration/test_console_signin.py", "-k", "rate_limited")),
-    Mutant("approval-expiry-ignored", "an approval window ends", "poimen/_recovery.py",
+    Mutant("approval-expiry-ignored", "an approval window ends", "poimen/_engine/recovery.py",
            "    report.expired = len(e.store.expire_approvals(e.store.now()))\n", "",
            ("tests/integration/test_approval.py", "-k", "sqlite")),
     # Issue 29: back-off is capped; a custom key derivation is derived twice at call time.
-    Mutant("lookup-backoff-uncapped", "a lookup's back-off never exceeds max_backoff", DECIDE,
-           "delay = min(policy.max_backoff, policy.lookup_backoff * 2 ** min(n - 1, 62))",
-           "delay = policy.lookup_backoff * 2 ** min(n - 1, 62)",
+    Mutant("lookup-backoff-uncapped", "a lookup's back-off never exceeds max_backoff", BACKOFF,
+           "cap: float = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
+           "cap: float = self.initial * 2 ** min(max(n - 1, 0), 62)",
            ("tests/integration/test_call_bounds.py", *T_DECIDE, "-k",
             "(sqlite or not postgres) and (unknown or decision)")),
     Mutant("retry-backoff-uncapped", "the call path's back-off never exceeds Retry.maximum",
-           "poimen/_retry.py", "cap = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
-           "cap = self.initial * 2 ** min(max(n - 1, 0), 62)",
+           BACKOFF, "cap: float = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
+           "cap: float = self.initial * 2 ** min(max(n - 1, 0), 62)",
            ("tests/integration/test_call_bounds.py", "-k", "(sqlite or not postgres) and retr")),
     Mutant("custom-key-once", "a custom key derivation gives one key for one set of arguments",
-           KERNEL, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',
+           ENGINE, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',
            "if False:", ("tests/integration/test_call_bounds.py", "-k", "sqlite and custom")),
     # An identical call in a scope is not dispatched while the first is unsettled.
     Mutant("coalesce-skipped", "an unsettled identical call is never dispatched again",
@@ -428,7 +430,7 @@ MUTANTS: list[Mutant] = [
            'if intent.state == IntentState.FAILED and intent.reason == "edited":', "if False:",
            ("tests/integration/test_approval_edit.py", "-k", "sqlite")),
     Mutant("impure-nested", "a key derivation reading the clock in a nested function is refused",
-           "poimen/_effects.py",
+           "poimen/_core/effects.py",
            "        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))\n", "",
            ("tests/unit/test_keys.py", "tests/unit/test_registration.py")),
     # poimen crashtest and poimen scan (docs/design.md section 11).
@@ -442,7 +444,7 @@ MUTANTS: list[Mutant] = [
            'status = "double" if doubles else "ok"',
            ("tests/crashtest/test_crashtest.py", "-k", "left_dispatched")),
     Mutant("crashtest-other-call-killed", "a case stops only its own call",
-           "poimen/_crashpoints.py",
+           "poimen/_engine/crashpoints.py",
            "    if _CALL is not None and call_id != _CALL:\n        return\n", "",
            ("tests/crashtest/test_crashtest.py", "-k", "with_poimen and plain")),
     Mutant("witness-key-applied-twice", "the witness applies a keyed write once per key",
@@ -457,7 +459,7 @@ MUTANTS: list[Mutant] = [
            '"kernel" in ast.unparse(c.func.value).lower():\n                    return False',
            ("tests/scan/test_scan.py",)),
     # Evidence, ageing and bulk resolution (docs/design.md sections 3 and 7).
-    Mutant("evidence-writes", "an evidence function only reads", "poimen/_evidence.py",
+    Mutant("evidence-writes", "an evidence function only reads", "poimen/_engine/evidence.py",
            "read_only=True)", "read_only=False)",
            ("tests/integration/test_evidence.py", "-k", "only_read")),
     Mutant("evidence-in-recovery", "evidence is gathered on the delivery duty, never in a "
@@ -471,20 +473,20 @@ MUTANTS: list[Mutant] = [
            "not (False and self.gatherer.wait_idle())",
            ("tests/integration/test_evidence.py", "-k", "about_to_exit")),
     Mutant("evidence-not-awaited", "an intent's notifications wait for its evidence",
-           "poimen/_notify.py", "        if n.intent_id in hold:\n            continue\n", "",
+           "poimen/_engine/notify.py", "        if n.intent_id in hold:\n            continue\n", "",
            ("tests/integration/test_evidence.py", "-k", "killed_email and sqlite")),
     Mutant("suggestion-not-audited", "a decision records the suggestion in force",
-           "poimen/_operator.py", "        **_evidence.audit_of(store.events(intent_id), landed),\n",
+           "poimen/operator/_ops.py", "        **_evidence.audit_of(store.events(intent_id), landed),\n",
            "", ("tests/integration/test_evidence.py", "-k", "suggests_not_landed")),
     Mutant("escalation-line-skipped", "an overdue call is escalated to escalate_to too",
            "poimen/_aids.py", "notifier_names([*notifiers, *self.escalate_to])",
            "notifier_names(notifiers)", ("tests/integration/test_ageing.py", "-k", "sqlite")),
     Mutant("overdue-late", "a call is overdue once its tool's threshold has passed",
-           "poimen/_ageing.py", "if now - i.created_at >= after)",
+           "poimen/operator/_ageing.py", "if now - i.created_at >= after)",
            "if now - i.created_at >= 2 * after)",
            ("tests/integration/test_ageing.py", "-k", "sqlite")),
     Mutant("filter-takes-all", "a bulk filter never means every call by accident",
-           "poimen/_reconcile.py", "    if not parts:\n", "    if False:\n",
+           "poimen/operator/_reconcile.py", "    if not parts:\n", "    if False:\n",
            ("tests/unit/test_reconcile.py",)),
     # The batch goes through the store's one-winner check like a single resolve does.
     Mutant("bulk-two-winners", "a single resolve racing a batch: one decision per intent",

@@ -21,7 +21,7 @@ from poimen import (
     Unknown,
     Unsafe,
 )
-from poimen._decide import (
+from poimen._core.decide import (
     Ask,
     Complete,
     Defer,
@@ -40,8 +40,8 @@ from poimen._decide import (
     send_gate,
     takeover_deadline,
 )
-from poimen._effects import effect_name
-from poimen._intents import Intent, Owner
+from poimen._core.effects import effect_name
+from poimen._core.intents import Intent, Owner
 
 S = IntentState
 POLICY = Policy(max_attempts=5, lookup_limit=8, lookup_backoff=1.0, max_backoff=300.0)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from poimen._intents import IntentState, Owner
+from poimen._core.intents import IntentState, Owner
 from poimen.errors import StoreUnavailableError
 from poimen.store import NewDispatch
 from poimen.store.sqlite import SqliteStore
@@ -297,7 +297,7 @@ def test_closing_the_store_with_its_writer_thread_running_leaves_no_caller_waiti
 
 _CLOSE_UNDER_WRITERS = """
 import random, sys, threading, time, uuid
-from poimen._intents import Owner
+from poimen._core.intents import Owner
 from poimen.errors import StoreUnavailableError
 from poimen.store import NewDispatch
 from poimen.store.sqlite import SqliteStore

@@ -1,4 +1,4 @@
-"""One run's steps, as `poimen._protocol` writes them, and the store's commits they send.
+"""One run's steps, as `poimen._engine.protocol` writes them, and the store's commits they send.
 
 A run is a call (hold, dispatch commit, deadline stamp, invoke, outcome commit; an unknown
 outcome recorded with the deadline moved, decide, lookup, defer, a new attempt claimed on
@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterator
 from typing import Any, cast
 
-from poimen import _decide
-from poimen._decide import (
+from poimen._core import decide as _decide
+from poimen._core.decide import (
     Answer,
     Ask,
     Complete,
@@ -25,8 +25,8 @@ from poimen._decide import (
     Retry,
     Unasked,
 )
-from poimen._effects import Landed, NotLanded, Unknown
-from poimen._intents import Intent, Owner
+from poimen._core.effects import Landed, NotLanded, Unknown
+from poimen._core.intents import Intent, Owner
 from poimen._model._world import (
     BASE,
     EFFECTS,

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar
 
-from poimen import _decide
-from poimen._decide import Answer, Policy
-from poimen._effects import (
+from poimen._core import decide as _decide
+from poimen._core.decide import Answer, Policy
+from poimen._core.effects import (
     EffectClass,
     Idempotent,
     KeyDerivation,
@@ -22,7 +22,7 @@ from poimen._effects import (
     Transactional,
     Unsafe,
 )
-from poimen._intents import Intent, IntentState
+from poimen._core.intents import Intent, IntentState
 
 S = IntentState
 X = TypeVar("X")
@@ -91,7 +91,7 @@ class Config:
 @dataclass(frozen=True, slots=True)
 class Rules:
     """The rules under check: the project's own, unless a test puts one back as it was to see
-    the check catch it. The functions are `poimen._decide`'s; the flags say how the protocol
+    the check catch it. The functions are `poimen._core.decide`'s; the flags say how the protocol
     and the stores use them, each True as built (docs/verification.md, "What the model check
     found", names the finding each one fixed)."""
 
@@ -114,7 +114,7 @@ class Rules:
     # and none applies after (finding 5).
     takeover_seizes: bool = True
     # A Transactional marker lookup fences out the attempts it answers for (no attempt up to
-    # the intent's latest lands after a "not landed"), as `poimen._transactional` does.
+    # the intent's latest lands after a "not landed"), as `poimen._engine.transactional` does.
     marker_fences: bool = True
 
 

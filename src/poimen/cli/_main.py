@@ -24,12 +24,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from poimen import _health as health
-from poimen import _operator as op
-from poimen import _transactional as _tx
-from poimen._effects import Transactional
+from poimen._core.effects import Transactional
+from poimen._engine import transactional as _tx
 from poimen._kernel import Kernel
-from poimen._prune import prune
 from poimen.cli import _aids as aids
 from poimen.cli import _render as render
 from poimen.cli._parser import _parser
@@ -49,6 +46,9 @@ from poimen.errors import (
     TransactionalDatabaseError,
     UnknownOperatorError,
 )
+from poimen.operator import _health as health
+from poimen.operator import _ops as op
+from poimen.operator._prune import prune
 from poimen.store import Store, open_store
 
 OK, NOT_FOUND, USAGE, STORE, UNEXPECTED, INDETERMINATE, VERIFY_FAILED = 0, 1, 2, 3, 4, 5, 6
@@ -456,7 +456,7 @@ def _transactional_markers(urls: list[str]) -> list[str]:
 
 
 def cmd_operators(ns: argparse.Namespace) -> int:
-    from poimen import _identity
+    from poimen.operator import _identity
 
     if ns.action == "add":
         token = _identity.add_operator(ns.file, ns.name)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from poimen._intents import (
+from poimen._core.intents import (
     Attempt,
     Delivery,
     Denial,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from poimen._intents import Attempt, Denial, Event, Intent, Notification
+from poimen._core.intents import Attempt, Denial, Event, Intent, Notification
 from poimen.call_ids import is_undo, original_of
 from poimen.store._base import (
     ATTEMPT_COLUMNS,

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from poimen._intents import (
+from poimen._core.intents import (
     Attempt,
     Delivery,
     Denial,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import time
 import uuid
@@ -38,7 +37,8 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from poimen._intents import Denial, Intent, IntentState, Owner
+from poimen._core.backoff import RECONNECT
+from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import PoimenError, ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._sql import SqlStore
@@ -253,7 +253,7 @@ class PostgresStore(SqlStore):
                 url=self._where,
             )
         deadline = time.monotonic() + self._retry_for
-        delay = 0.02
+        n = 1  # the next wait is RECONNECT's n-th
         retrying = False
         while True:
             # Waiting for a connection counts against the same budget.
@@ -276,17 +276,18 @@ class PostgresStore(SqlStore):
                     ) from exc
                 if self._closed:
                     raise StoreUnavailableError("the store is closed") from exc
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + RECONNECT.cap(n) > deadline:
                     raise StoreUnavailableError(
                         f"{what}: PostgreSQL at {self._where} unreachable for "
                         f"{self._retry_for:g}s: {_first_line(exc)}",
                         url=self._where,
                         operation=what,
                     ) from exc
+                delay = RECONNECT.delay(n)
                 log.warning("%s: %s; retrying in %.2fs", what, _first_line(exc), delay)
                 retrying = True
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
+                time.sleep(delay)
+                n += 1
             except PoimenError:
                 raise
             except psycopg.Error as exc:

@@ -18,11 +18,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from poimen._guard import sqlite_writes
-from poimen._intents import Denial, Intent, IntentState, Owner
+from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
-from poimen.store._fs import refuse_network_fs
+from poimen.store._fs import refuse_network_fs, sqlite_writes
 from poimen.store._group_commit import GroupCommit, Op
 from poimen.store._inline import attempt_row, event_row, inline_attempt, inline_events
 from poimen.store._sql import SqlStore
