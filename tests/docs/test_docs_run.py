@@ -122,6 +122,10 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
                              "before a decision: PoimenNotDecided",
                              "after the operator's decision: {'sent': True}"),
     "test_crash_my_tool.py": ("4 passed",),
+    "transactional.py": ("first call: Completed {'ticket': 1}",
+                         "the agent died after the commit (exit -9)",
+                         "after recovery: Completed {'ticket': 2}",
+                         "tickets in the shop's table: [(1, 'late parcel'), (2, 'wrong size')]"),
     "undo.py": ("2 undone (2 now), 1 without an undo", "{'refund_of': 'e-1'}",
                 "{'cancel': 'e-2'}", "undo again: scope 'run-9/': 2 undone, 1 without"),
 }
