@@ -12,6 +12,7 @@ from poimen._core.effects import (
     Queryable,
     ReadOnly,
     RequestIdLookup,
+    Transactional,
     Unknown,
     Unsafe,
 )
@@ -36,6 +37,7 @@ from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, ToolRegistration
 from poimen._engine.evidence import Evidence, Fact, RecordedCall, Suggestion
 from poimen._engine.notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
+from poimen._engine.transactional import Tx, TxCursor
 from poimen._kernel import Kernel
 from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport, UndoStep
@@ -88,6 +90,9 @@ __all__ = [
     "ToolHandle",
     "ToolRegistration",
     "ToolSpec",
+    "Transactional",
+    "Tx",
+    "TxCursor",
     "UndoReport",
     "UndoStep",
     "Unknown",

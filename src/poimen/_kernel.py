@@ -25,7 +25,7 @@ from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer, Sink, ToolContext
 from poimen._core.approval import ApprovalRule, approval_due, approval_rule
 from poimen._core.audit import Head
-from poimen._core.effects import EffectClass, Idempotent, ReadOnly
+from poimen._core.effects import EffectClass, Idempotent, ReadOnly, Transactional
 from poimen._core.intents import Denial, Intent, Outcome, RecoveryReport
 from poimen._core.retry import Retry
 from poimen._core.spec import ToolSpec, safe_name, spec_of
@@ -41,6 +41,7 @@ from poimen._engine.protocol import orphan_steps
 from poimen._engine.recovery import recover_pass
 from poimen._engine.runners import run_sync
 from poimen._engine.steps import CallState
+from poimen._engine.transactional import Database
 from poimen._engine.upkeep import Upkeep
 from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen._observe import logging_wanted
@@ -87,8 +88,9 @@ class Kernel:
             lease has run out. Default: the hostname, boot id and pid namespace; give hosts
             that may share a hostname distinct names (docs/postgres.md).
         mode: ``"live"`` runs tools; ``"replay"`` answers every call from `recording` and runs
-            none; ``"shadow"`` runs only ReadOnly tools and answers the others from `live`, or
-            as "would have called" (docs/sandbox.md).
+            none; ``"shadow"`` runs only ReadOnly tools, and Transactional ones whose
+            transaction it rolls back, and answers the others from `live`, or as "would have
+            called" (docs/sandbox.md).
         lease_ttl: How long a dispatched call's lease lasts (at least its tool's timeout). The
             kernel renews the leases of the calls it runs; another kernel may take over a call
             only after its lease ran out (or its owner is seen gone on this host).
@@ -389,8 +391,13 @@ class Kernel:
         if isinstance(fn, ToolHandle):  # one function registered under another id as well
             fn = fn.__wrapped__
         tool = build_tool(registration, fn)
-        if isinstance(registration.effects, Idempotent | ReadOnly):
+        if isinstance(registration.effects, Idempotent | ReadOnly | Transactional):
             _guard.install()
+        db = (
+            Database(registration.effects, self.store.url)
+            if isinstance(registration.effects, Transactional)
+            else None
+        )
         rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
         undo_rule = _undo.rule(registration.id, undo, undo_args)
         aids = self._aids.register(registration.id, evidence, escalate_after)
@@ -402,6 +409,8 @@ class Kernel:
         name = safe_name(registration.id, set(self._names))
         spec = spec_of(tool, name, description)
         self._engine.tools[registration.id] = tool
+        if db is not None:
+            self._engine.databases[registration.id] = db
         if rule is not None:
             self._engine.approvals[registration.id] = rule
         if retry is not None:

@@ -106,17 +106,41 @@ class ObservedStore:
         return ok
 
     def _settled(
-        self, ok: bool, intent_id: str, fence: int, state: IntentState, error: str | None
+        self,
+        ok: bool,
+        intent_id: str,
+        fence: int,
+        state: IntentState,
+        error: str | None,
+        via: str = "call",
     ) -> None:
         if not ok:
             self._fenced(intent_id, fence, "outcome")
             return
         about = self._about(intent_id)
         if state == IntentState.COMPLETED:
-            self._obs.emit(ev.CompletedEvent(**about, fence=fence, via="call"))
+            self._obs.emit(ev.CompletedEvent(**about, fence=fence, via=via))
         else:
             self._obs.emit(ev.FailedEvent(**about, fence=fence, error=error))
         self._obs.known.drop(intent_id)
+
+    def commit_outcome_in(
+        self,
+        conn: Any,
+        intent_id: str,
+        fence: int,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+        before_commit: Callable[[], object] | None = None,
+    ) -> bool:
+        ok = self._inner.commit_outcome_in(
+            conn, intent_id, fence, result=result, error=error, now=now,
+            before_commit=before_commit,
+        )
+        self._settled(ok, intent_id, fence, IntentState.COMPLETED, error, via="transaction")
+        return ok
 
     def record_unknown(
         self, intent_id: str, fence: int, error: str, now: float, deadline_at: float | None = None
@@ -382,6 +406,7 @@ OBSERVED_WRITES = frozenset(
         "arecord_dispatch",
         "record_outcome",
         "arecord_outcome",
+        "commit_outcome_in",
         "record_unknown",
         "claim",
         "complete_landed",

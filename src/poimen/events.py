@@ -219,7 +219,8 @@ class DispatchedEvent(IntentEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompletedEvent(IntentEvent):
-    """COMPLETED: the tool returned (`via` "call"), or a lookup said it landed ("lookup")."""
+    """COMPLETED: the tool returned (`via` "call"), a lookup said it landed ("lookup"), or a
+    Transactional tool's transaction committed with the outcome ("transaction")."""
 
     kind: ClassVar[str] = "completed"
     fence: int

@@ -148,7 +148,7 @@ def test_a_filled_version_6_log_keeps_every_row_through_migration_7(store_url: s
     tables = ("intents", "attempts", "events", "outbox", "deliveries", "denials")
 
     def every_row(table: str) -> str:
-        # The columns of version 6 (version 9 adds the audit chain's links to some tables).
+        # The columns of version 6 (version 10 adds the audit chain's links to some tables).
         cols = {"intents": INTENT_COLUMNS, "events": EVENT_COLUMNS,
                 "denials": DENIAL_COLUMNS}.get(table, "*")
         return f"SELECT {cols} FROM {table} ORDER BY 1, 2"

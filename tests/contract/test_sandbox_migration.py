@@ -21,7 +21,7 @@ def write_log_before_sandbox(url: str) -> None:
 
 def _every_row(table: str) -> str:
     # Migration 7 adds a column to intents: the rows compared are those of version 6.
-    # The columns of version 5 (version 9 adds the audit chain's links to some tables).
+    # The columns of version 5 (version 10 adds the audit chain's links to some tables).
     cols = {"intents": INTENT_COLUMNS, "events": EVENT_COLUMNS,
             "denials": DENIAL_COLUMNS}.get(table, "*")
     return f"SELECT {cols} FROM {table} ORDER BY 1, 2"

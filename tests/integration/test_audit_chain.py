@@ -13,7 +13,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext, Unsafe
+from poimen import (
+    Caps,
+    Completed,
+    Idempotent,
+    Kernel,
+    KeyDerivation,
+    ToolContext,
+    Transactional,
+    Unsafe,
+)
 from poimen._core.audit import COLUMNS, GENESIS, SETTLED, TABLES, Link, link
 from poimen.audit import verify
 from poimen.operator import prune, read_archive
@@ -36,6 +45,14 @@ def app(url: str) -> Kernel:
     def post(ctx: ToolContext, n: int) -> int:
         raise ConnectionResetError("the connection dropped after the request left")
 
+    # A write to the application's table in the log's own database: its outcome commits in
+    # the tool's transaction, on the application's connection.
+    @k.tool(id="note", effects=Transactional(database=url), caps=Caps(), timeout=5)
+    def note(ctx: ToolContext, text: str) -> int:
+        ctx.tx.execute("INSERT INTO app_notes (text) VALUES (%s)" if is_pg(url)
+                       else "INSERT INTO app_notes (text) VALUES (?)", (text,))
+        return 1
+
     return k
 
 
@@ -43,8 +60,11 @@ def history(url: str) -> Kernel:
     """A log written by the usual paths: calls, an Indeterminate call resolved, events of
     their own (spilling a settled call's history), a denial; text and numbers at the edges."""
     k = app(url)
+    raw(url, "CREATE TABLE IF NOT EXISTS app_notes (text TEXT NOT NULL)")
     for i in range(4):
         k.call("add", {"n": i, "note": "ünïcödé ✓ \u2028"}, call_id=f"run/{i}")
+    done = k.call("note", {"text": "written with its outcome"}, call_id="run/note")
+    assert isinstance(done, Completed), done
     out = k.call("post", {"n": 1}, call_id="run/post")
     k.resolve(out.intent_id, landed=False, operator="ann", reason="no row at the provider")
     first = k.store.get_by_call_id("run/0")
@@ -318,7 +338,7 @@ def test_prune_keeps_the_chain_verifiable_and_its_archive_matches_it(
         wait_past(k, k.store.now() + 0.01)
         archive = tmp_path / "pruned.jsonl"
         report = prune(k.store, older_than=0.005, allow_short=True, archive=archive, batch=2)
-        assert report.pruned == 5 and report.denials == 1, report
+        assert report.pruned == 6 and report.denials == 1, report
         k.call("add", {"n": 8}, call_id="after")  # the chain goes on past the prune
         v = verify(k.store)
     finally:

@@ -102,7 +102,7 @@ def test_processes_keep_one_chain(store_url: str) -> None:
 
 
 def test_a_log_written_before_the_chain_joins_it_when_migrated(store_url: str) -> None:
-    write_log_before(store_url, 9)  # versions 1 to 8, with rows of every table
+    write_log_before(store_url, 10)  # versions 1 to 9, with rows of every table
     before = raw(store_url, "SELECT COUNT(*) FROM events")[0][0]
     store = open_store(store_url)
     try:

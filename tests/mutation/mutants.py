@@ -33,6 +33,7 @@ BACKOFF = "poimen/_core/backoff.py"
 AUDIT = "poimen/_core/audit.py"
 AUDIT_OP = "poimen/operator/_audit.py"
 RETENTION = "poimen/store/_retention.py"
+TX = "poimen/_engine/transactional.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_AUDIT = ("tests/integration/test_audit_chain.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
@@ -42,7 +43,11 @@ T_STORE = ("tests/contract/test_store_machine.py", "tests/contract/test_store_co
            "-k", "sqlite")
 T_GATE = ("tests/integration/test_send_gate.py",)
 T_UNSETTLED = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite or not postgres")
-T_RECOVERY = ("tests/integration/test_effect_recovery.py", "tests/crash", "-k",
+T_TX = ("tests/integration/test_transactional.py",)
+T_TX_CRASH = ("tests/crash/test_transactional_crash.py", "-k", "sqlite")
+# The crash tests of the provider-backed classes (Transactional's have mutants of their own).
+T_RECOVERY = ("tests/integration/test_effect_recovery.py", "tests/crash/test_crash_points.py",
+              "tests/crash/test_undo_crash.py", "-k",
               "sqlite or not postgres")
 
 MUTANTS: list[Mutant] = [
@@ -135,7 +140,8 @@ MUTANTS: list[Mutant] = [
            DECIDE, "    if effect_name(s.effect) != s.recorded:\n", "    if False:\n", T_DECIDE),
     Mutant("refusal-final-after-unknown", "a refused attempt is FAILED only if nothing of the "
            "call can have gone out", DECIDE,
-           "    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly)\n",
+           "    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly | "
+           "Transactional)\n",
            "    landed_before = False\n", (*T_DECIDE, *T_GATE, "-k", "gate or refusal or key")),
     Mutant("refusal-swallowed", "a refused send decides its attempt, whatever the tool does "
            "with the refusal", RUNNERS,
@@ -513,21 +519,21 @@ MUTANTS: list[Mutant] = [
            "        if False:\n            self._record_pruned(",
            (*T_AUDIT, "-k", "prune and sqlite")),
     Mutant("audit-settled-unlinked-sqlite", "each settled intent carries a link",
-           "poimen/store/sql/sqlite/0009_audit_chain.sql",
+           "poimen/store/sql/sqlite/0010_audit_chain.sql",
            "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
            "WHEN OLD.state NOT IN",
            "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
            "WHEN 0 AND OLD.state NOT IN",
            (*T_AUDIT, "-k", "every_usual_way and sqlite")),
     Mutant("audit-settled-unlinked-postgres", "each settled intent carries a link",
-           "poimen/store/sql/postgres/0009_audit_chain.sql",
+           "poimen/store/sql/postgres/0010_audit_chain.sql",
            "CREATE TRIGGER intents_chain_settle BEFORE UPDATE ON intents FOR EACH ROW\n"
            "    WHEN (OLD.state",
            "CREATE TRIGGER intents_chain_settle BEFORE UPDATE ON intents FOR EACH ROW\n"
            "    WHEN (false AND OLD.state",
            (*T_AUDIT, "-k", "every_usual_way and postgres")),
     Mutant("audit-head-unlocked-postgres", "links are made one transaction at a time: one "
-           "linear chain", "poimen/store/sql/postgres/0009_audit_chain.sql",
+           "linear chain", "poimen/store/sql/postgres/0010_audit_chain.sql",
            "    UPDATE audit_head SET seq = seq + 1,\n"
            "        hash = encode(sha256(decode(hash, 'hex') || poimen_audit_bytes(NEW)), 'hex')\n"
            "        RETURNING seq, hash INTO NEW.chain_seq, NEW.chain_hash;\n",
@@ -544,4 +550,39 @@ MUTANTS: list[Mutant] = [
            STORE, "        if row[0] != S.INDETERMINATE:\n            raise NotIndeterminateError(",
            "        if False:\n            raise NotIndeterminateError(",
            ("tests/integration/test_bulk_resolve.py", "-k", "racing")),
+    # Transactional: the marker commits with the write; recovery reads it, and fences.
+    Mutant("tx-marker-apart", "a Transactional marker is written in the tool's transaction", TX,
+           "            landed = s.execute(s.q(_LAND),",
+           "            s.commit()\n            landed = s.execute(s.q(_LAND),", T_TX_CRASH),
+    Mutant("tx-no-marker-read", "Transactional recovery reads the marker before a retry", DECIDE,
+           '                case Unasked():\n                    return Ask("marker")',
+           "                case Unasked():\n                    return Retry()", T_DECIDE),
+    Mutant("tx-lookup-no-fence", "a marker lookup fences out the attempts it answers for", TX,
+           "            s.execute(s.q(_FENCE), (intent.id, intent.attempts, time.time()))\n", "",
+           (*T_TX, "-k", "fences")),
+    Mutant("tx-marker-not-unique", "of two attempts one marker lands; a fenced one never", TX,
+           '    f"WHERE {MARKERS}.landed = 0 AND {MARKERS}.attempt < excluded.attempt"\n)\n'
+           "# A lookup", '    "WHERE 1 = 1"\n)\n# A lookup', (*T_TX, "-k", "fences or two_open")),
+    Mutant("tx-own-unfenced", "on the log's database the outcome commits only on its fence",
+           STORE, "        if not self._settle(conn, o):\n            conn.rollback()",
+           "        if not (self._settle(conn, o) or True):\n            conn.rollback()",
+           (*T_TX, "-k", "only_on_its_fence and sqlite")),
+    Mutant("tx-write-sent", "a Transactional tool's handle writes are refused", DECIDE,
+           "    if isinstance(s.effect, Transactional):\n        return Refused(",
+           "    if False:\n        return Refused(", (*T_TX, "-k", "handle and sqlite-other")),
+    Mutant("tx-denial-under-lock", "a denied write rolls its transaction back first", CAP,
+           "        if abort is not None:\n            abort()\n", "",
+           (*T_TX, "-k", "handle and sqlite-own")),
+    Mutant("tx-timeout-unbounded", "a transaction is bounded by the tool's timeout", TX,
+           "        if spent > self._timeout:", "        if False:",
+           (*T_TX, "-k", "outlives and sqlite")),
+    Mutant("tx-shadow-commits", "a shadow kernel's transaction always rolls back", TX,
+           'if run.kind != "completed" or not self._live:', 'if run.kind != "completed":',
+           (*T_TX, "-k", "shadow")),
+    Mutant("tx-stays-open", "ctx.tx is closed once the call is over", TX,
+           "        why = self._closed\n        if why is not None:",
+           "        why = self._closed\n        if False:", (*T_TX, "-k", "closed_once")),
+    Mutant("tx-tool-commit-ignored", "a transaction the tool ended is an operator's", TX,
+           "        if ended:\n            s.rollback()", "        if False:\n            s.rollback()",
+           (*T_TX, "-k", "sql_that_ends and postgres")),
 ]

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from poimen._core.effects import EffectClass
     from poimen._core.intents import Intent
     from poimen._core.tools import Caps
+    from poimen._engine.transactional import Tx
     from poimen.store import Store
 
 
@@ -174,17 +175,23 @@ class Issuer:
         caps: Caps,
         *,
         read_only: bool = False,
+        transactional: bool = False,
     ) -> CallScope:
-        return CallScope(self, tool_id, intent_id, attempt, key, caps, read_only=read_only)
+        return CallScope(
+            self, tool_id, intent_id, attempt, key, caps, read_only=read_only,
+            transactional=transactional,
+        )
 
 
 class CallScope:
     """One running attempt of a guarded call (Idempotent: writes carry its key; ReadOnly: no
-    write at all): what its handles may do, and its denials."""
+    write at all; Transactional: none but through `ctx.tx`): what its handles may do, and its
+    denials."""
 
     __slots__ = (
         "_issuer",
         "_token",
+        "abort",
         "attempt",
         "caps",
         "ended",
@@ -192,6 +199,7 @@ class CallScope:
         "key",
         "read_only",
         "tool_id",
+        "transactional",
         "unseen",
     )
 
@@ -205,9 +213,14 @@ class CallScope:
         caps: Caps,
         *,
         read_only: bool = False,
+        transactional: bool = False,
     ) -> None:
         self._issuer = issuer
-        self.read_only = read_only
+        self.read_only = read_only or transactional
+        self.transactional = transactional
+        # Run before a denial is recorded (a Transactional call's: roll its transaction back,
+        # which may hold the lock the denial's commit needs).
+        self.abort: Callable[[], object] | None = None
         self.tool_id = tool_id
         self.intent_id = intent_id
         self.attempt = attempt
@@ -277,6 +290,8 @@ class CallScope:
     def deny_out_of_band(self, action: str, target: str) -> NoReturn:
         if self.ended:
             self.deny(action, target, "call_ended: the tool wrote after its call ended")
+        if self.transactional:
+            self.deny(action, target, "transactional: a Transactional tool writes only through ctx.tx")
         if self.read_only:
             self.deny(action, target, "read_only: a ReadOnly tool writes nothing")
         self.deny(
@@ -287,7 +302,10 @@ class CallScope:
 
     def deny(self, action: str, target: str, reason: str) -> NoReturn:
         """Commit the denial row, then raise."""
-        deny(self._issuer.store, self.tool_id, self.intent_id, self.attempt, action, target, reason)
+        deny(
+            self._issuer.store, self.tool_id, self.intent_id, self.attempt, action, target, reason,
+            self.abort,
+        )
 
 
 def deny(
@@ -298,8 +316,11 @@ def deny(
     action: str,
     target: str,
     reason: str,
+    abort: Callable[[], object] | None = None,
 ) -> NoReturn:
-    """Commit the denial row, then raise. The audit write itself must pass the guard."""
+    """Commit the denial row, then raise. The audit write itself must pass the guard.
+    `abort` runs first: a denied write ends a Transactional attempt, and its open
+    transaction may hold the lock the denial's commit waits for (SQLite, one database)."""
     # A name that is not UTF-8 text, or holds a NUL, must still fit in the denial row.
     target = target.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00")
     msg = (
@@ -316,6 +337,8 @@ def deny(
     }
     token = _guard.suspend()
     try:
+        if abort is not None:
+            abort()
         denial = store.record_denial(now=store.now(), **data)
     except PoimenError as exc:
         raise CapabilityDeniedError(
@@ -331,8 +354,8 @@ class AttemptRecord:
     judges each request on, how many writes may have gone out, the gate's first refusal, and
     the requests of `ctx.ahttp` still running in their threads."""
 
-    __slots__ = ("_issuer", "_lock", "_pending", "effect", "intent", "refused", "timeout",
-                 "tool_id", "writes")
+    __slots__ = ("_issuer", "_lock", "_pending", "abort", "effect", "intent", "refused",
+                 "timeout", "tool_id", "writes")
 
     def __init__(
         self,
@@ -353,6 +376,7 @@ class AttemptRecord:
         self.refused: Refused | None = None
         self._lock = threading.Lock()
         self._pending: set[concurrent.futures.Future[Any]] | None = None
+        self.abort: Callable[[], object] | None = None  # as `CallScope.abort`
 
     def admit(self, action: str, target: Callable[[], str], write: bool, within: float | None) -> None:
         """The send gate, right before a request leaves: let it go (a write counts as gone
@@ -388,6 +412,7 @@ class AttemptRecord:
             action,
             target(),
             f"{refused.reason}: {refused.detail}",
+            self.abort,
         )
 
     def not_sent(self, write: bool) -> int:
@@ -450,6 +475,7 @@ class ToolContext:
         "_scope",
         "_timeout",
         "_tool_id",
+        "_tx",
     )
 
     def __init__(
@@ -465,6 +491,7 @@ class ToolContext:
         scope: CallScope | None = None,
         timeout: float | None = None,
         record: AttemptRecord | None = None,
+        tx: Tx | None = None,
     ) -> None:
         self._tool_id = tool_id
         self._intent_id = intent_id
@@ -478,6 +505,7 @@ class ToolContext:
         self._http: HttpHandle | None = None
         self._ahttp: AsyncHttpHandle | None = None
         self._record = record
+        self._tx = tx
 
     @property
     def tool_id(self) -> str:
@@ -508,6 +536,18 @@ class ToolContext:
     def request_id(self) -> str | None:
         """The kernel-minted request id (Queryable tools only)."""
         return self._request_id
+
+    @property
+    def tx(self) -> Tx:
+        """A Transactional tool's connection, inside the transaction poimen commits with the
+        call's marker once the tool returns (docs/concepts.md): execute on it, never commit."""
+        if self._tx is None:
+            raise PoimenError(
+                f"tool {self._tool_id!r} is not Transactional: ctx.tx exists only for a tool "
+                "registered with effects=Transactional(database=...)",
+                tool_id=self._tool_id,
+            )
+        return self._tx
 
     def _need_issuer(self) -> tuple[Issuer, AttemptRecord]:
         if self._issuer is None or self._record is None:

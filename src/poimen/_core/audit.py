@@ -4,7 +4,7 @@ Every event and denial, each intent once it is settled, and each prune's record 
 link: its position in the chain (``chain_seq``, in commit order) and ``chain_hash`` =
 SHA-256 over (the previous link's hash, 32 bytes || the row's canonical bytes). The first
 link follows `GENESIS`. The database makes the links, whatever code writes the rows
-(schema version 9: triggers; on SQLite they call `sqlite_link`, on PostgreSQL a PL/pgSQL
+(schema version 10: triggers; on SQLite they call `sqlite_link`, on PostgreSQL a PL/pgSQL
 copy of `row_bytes`), under one head row (``audit_head``) that every chained write moves in
 its own transaction: one linear chain, whatever number of writers.
 

@@ -20,6 +20,7 @@ from poimen._core.effects import (
     NotLanded,
     Queryable,
     ReadOnly,
+    Transactional,
     Unknown,
     Unsafe,
     effect_name,
@@ -57,7 +58,7 @@ Answer = Unasked | KeyDerived | KeyFailed | Landed | NotLanded | Unknown
 class Ask:
     """Gather this evidence, then decide again."""
 
-    what: Literal["key", "lookup"]
+    what: Literal["key", "lookup", "marker"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +159,21 @@ def decide(
                         return MarkIndeterminate("retries_exhausted")
                     return Retry()
                 case Unknown(reason=why):
-                    n = intent.unknown_count + 1
-                    if n >= policy.lookup_limit:
-                        return MarkIndeterminate("lookup_unknown_limit")
-                    delay = policy.lookup.delay(n)
-                    return Defer(now + delay, n, f"lookup_unknown: {why}"[:500])
+                    return _ask_later(intent, why, now, policy)
+        case Transactional():
+            match answer:
+                case Unasked():
+                    return Ask("marker")
+                case Landed(result=result):
+                    # The marker committed with the tool's transaction: its write landed.
+                    return Complete(result)
+                case NotLanded():
+                    # Asking fenced every attempt so far out of the marker: none can land now.
+                    if intent.attempts >= policy.max_attempts:
+                        return Fail("retries_exhausted")
+                    return Retry()
+                case Unknown(reason=why):
+                    return _ask_later(intent, why, now, policy)
         case Unsafe():
             return MarkIndeterminate("unsafe_unknown_outcome")
         case ReadOnly():
@@ -173,6 +184,15 @@ def decide(
         case _:
             assert_never(current)
     raise TypeError(f"{type(answer).__name__} is no answer for a {intent.effect} intent")
+
+
+def _ask_later(intent: Intent, why: str, now: float, policy: Policy) -> Defer | MarkIndeterminate:
+    """A lookup that could not say: back off and ask again, up to `lookup_limit` answers."""
+    n = intent.unknown_count + 1
+    if n >= policy.lookup_limit:
+        return MarkIndeterminate("lookup_unknown_limit")
+    delay = policy.lookup.delay(n)
+    return Defer(now + delay, n, f"lookup_unknown: {why}"[:500])
 
 
 def key_window_passed(ttl: float | None, key_from: float, at: float) -> bool:
@@ -220,6 +240,8 @@ def send_gate(s: Send) -> Refused | None:
         return Refused("effect_changed", f"the call was recorded {s.recorded}")
     if isinstance(s.effect, ReadOnly):
         return Refused("read_only", "a ReadOnly tool writes nothing")
+    if isinstance(s.effect, Transactional):
+        return Refused("transactional", "a Transactional tool writes only through ctx.tx")
     if not s.live:
         return Refused("sandbox", "a shadow or replay kernel lets no write leave")
     if s.state != IntentState.DISPATCHED:
@@ -246,8 +268,9 @@ def after_refusal(
 ) -> Fail | MarkIndeterminate:
     """How an attempt ends once the gate refused one of its requests, whatever the tool did
     next: FAILED if nothing of the call can have gone out (no write of this attempt left, and
-    no earlier attempt may have landed), else Indeterminate by the refusal's reason."""
-    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly)
+    no earlier attempt may have landed), else Indeterminate by the refusal's reason. A
+    Transactional retry follows a lookup that fenced every earlier attempt out: none landed."""
+    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly | Transactional)
     if writes == 0 and not landed_before:
         return Fail(f"send refused: {refused.reason}: {refused.detail}")
     return MarkIndeterminate(refused.reason)

@@ -239,10 +239,53 @@ class ReadOnly:
     (through its handles or out of band) is denied and recorded."""
 
 
-EffectClass = Idempotent | Queryable | Unsafe | ReadOnly
+#: A Transactional tool's database: a URL (``sqlite:///path``, ``postgresql://...``) or a
+#: function returning a new DB-API connection (sqlite3 or psycopg 3) each time it is called.
+Database = str | Callable[[], Any]
 
 
-EffectName = Literal["idempotent", "queryable", "unsafe", "readonly"]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transactional:
+    """The tool's whole effect is a write to one SQL database, made through `ctx.tx` (a
+    connection inside a transaction poimen opens): poimen commits that transaction with a
+    marker of the call, so the write lands exactly once (docs/design.md §2). Every other
+    write the tool tries (HTTP, sinks, files) is denied and recorded.
+
+    `database`: ``sqlite:///path``, ``postgresql://...``, or a function returning a new
+    sqlite3 or psycopg 3 connection (called once per attempt; poimen closes what it returns).
+    """
+
+    database: Database
+
+    def __post_init__(self) -> None:
+        db = self.database
+        if isinstance(db, str):
+            if not db.startswith(("sqlite:///", "postgresql://", "postgres://")) or db in (
+                "sqlite:///",
+            ):
+                raise RegistrationError(
+                    "Transactional(database=...) must be a sqlite:///path or postgresql://... "
+                    f"URL, or a function returning a connection, not {_shown(db)!r}",
+                    field="database",
+                )
+        elif not callable(db):
+            raise RegistrationError(
+                "Transactional(database=...) must be a sqlite:///path or postgresql://... URL, "
+                f"or a function returning a connection, not {type(db).__name__}",
+                field="database",
+            )
+
+
+def _shown(url: str) -> str:
+    from poimen._core.present import redact_store_url  # the URL may hold a password
+
+    return redact_store_url(url)
+
+
+EffectClass = Idempotent | Queryable | Unsafe | ReadOnly | Transactional
+
+
+EffectName = Literal["idempotent", "queryable", "unsafe", "readonly", "transactional"]
 
 
 def effect_name(effects: EffectClass) -> EffectName:
@@ -255,5 +298,7 @@ def effect_name(effects: EffectClass) -> EffectName:
             return "unsafe"
         case ReadOnly():
             return "readonly"
+        case Transactional():
+            return "transactional"
         case _:
             assert_never(effects)

@@ -1,4 +1,4 @@
-"""Tool registrations: no field has a default, and only the three effect classes register."""
+"""Tool registrations: no field has a default, and only the effect classes register."""
 
 from __future__ import annotations
 
@@ -14,7 +14,15 @@ from typing import Any
 
 import pydantic
 
-from poimen._core.effects import EffectClass, Idempotent, KeyDerivation, Queryable, ReadOnly, Unsafe
+from poimen._core.effects import (
+    EffectClass,
+    Idempotent,
+    KeyDerivation,
+    Queryable,
+    ReadOnly,
+    Transactional,
+    Unsafe,
+)
 from poimen._core.keys import MAX_TOOL_ID_BYTES, JSONValue
 from poimen.errors import ArgumentError, RegistrationError
 
@@ -78,10 +86,10 @@ class ToolRegistration:
 
     def __post_init__(self) -> None:
         check_tool_id(self.id)
-        if not isinstance(self.effects, Idempotent | Queryable | Unsafe | ReadOnly):
+        if not isinstance(self.effects, Idempotent | Queryable | Unsafe | ReadOnly | Transactional):
             raise RegistrationError(
                 f"tool {self.id!r}: effects must be Idempotent(key=...), Queryable(lookup=...), "
-                f"Unsafe() or ReadOnly(), not {self.effects!r}",
+                f"Unsafe(), ReadOnly() or Transactional(database=...), not {self.effects!r}",
                 tool_id=self.id,
             )
         if isinstance(self.effects, Idempotent) and not isinstance(self.effects.key, KeyDerivation):

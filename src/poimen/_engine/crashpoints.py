@@ -4,13 +4,16 @@
 ``POIMEN_PAUSE_AT=point`` writes ``POIMEN_PAUSE_FILE`` and waits there for the parent's SIGKILL.
 Points: ``before_dispatch_commit``, ``after_dispatch_commit``, ``mid_call`` (inside a test tool,
 before its effect), ``after_effect`` (the tool returned, its outcome not yet committed),
+``before_tx_commit`` (a Transactional tool returned and its marker, or on the log's own
+database its outcome, is written in its transaction, which is not yet committed),
 ``before_notify`` (an INDETERMINATE state and its outbox row committed, not yet delivered),
 ``undo_landed`` (`Kernel.undo`: an undo's outcome committed, its "undone" event not yet
 recorded), ``between_undos`` (an undo and its event recorded, the next undo not started),
 ``after_approval`` (an integration applied an approver's decision, the call not yet run).
 
 ``POIMEN_CRASH_CALL=call id`` narrows both to the points the kernel hits for that call
-(``before_dispatch_commit``, ``after_dispatch_commit``, ``after_effect``): `poimen crashtest`
+(``before_dispatch_commit``, ``after_dispatch_commit``, ``after_effect``,
+``before_tx_commit``): `poimen crashtest`
 stops one call of a run that makes many, whatever order they run in.
 """
 
@@ -26,6 +29,7 @@ POINTS = (
     "after_dispatch_commit",
     "mid_call",
     "after_effect",
+    "before_tx_commit",
     "before_notify",
     "undo_landed",
     "between_undos",

@@ -45,6 +45,7 @@ from poimen.store import Store
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
+    from poimen._engine.transactional import Database
     from poimen._observe import Observation
 
 
@@ -118,6 +119,8 @@ class Engine:
         self.issuer = issuer
         self.settings = settings
         self.tools: dict[str, Tool] = {}
+        # The databases of Transactional tools, by tool id.
+        self.databases: dict[str, Database] = {}
         self.retries: dict[str, RetryPolicy] = {}
         self.approvals: dict[str, ApprovalRule] = {}
         self.repeating: set[str] = set()  # tools registered with coalesce=False

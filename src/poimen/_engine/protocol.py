@@ -239,6 +239,8 @@ def run_steps(
                 if never_left
                 else Run("indeterminate", reason="refused_after_unknown", error=run.error)
             )
+        if run.kind == "committed":  # the outcome committed with the tool's transaction
+            return Completed(intent.id, run.value)
         if run.kind in ("completed", "failed"):
             return (yield from _write_outcome(e, intent, run))
         now = e.store.now()
@@ -289,6 +291,10 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
                 got = yield Lookup(t, intent.request_id)
                 if c.cancelled:
                     return Pending(intent.id, "cancelled")
+            case Ask(what="marker"):
+                if c.cancelled:
+                    return Pending(intent.id, "cancelled")
+                got = yield Lookup(t, intent.id, intent)
             case Complete(result=result):
                 # The provider says it landed: that decides, even if its answer does not
                 # encode (then, as on the call path, no result is recorded).

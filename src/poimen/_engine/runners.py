@@ -26,14 +26,22 @@ from poimen._core.effects import (
     NotLanded,
     Queryable,
     ReadOnly,
+    Transactional,
     Unknown,
 )
 from poimen._core.intents import Intent
 from poimen._core.tools import Tool
 from poimen._engine.protocol import printable
 from poimen._engine.steps import Block, CallState, Invoke, Lookup, Run, Sleep, Steps
+from poimen._engine.transactional import Tx
 from poimen._observe import observed_ainvoke, observed_invoke, observed_lookup
-from poimen.errors import CapabilityDeniedError, DefiniteFailure, NotSent
+from poimen.errors import (
+    CapabilityDeniedError,
+    DefiniteFailure,
+    NotSent,
+    TransactionalDatabaseError,
+    TransactionControlError,
+)
 
 if TYPE_CHECKING:
     from poimen._engine.engine import Engine
@@ -45,15 +53,24 @@ T = TypeVar("T")
 # Invoking a tool.
 
 
-def context(e: Engine, t: Tool, intent: Intent) -> ToolContext:
+def context(e: Engine, t: Tool, intent: Intent, tx: Tx | None = None) -> ToolContext:
     reg = t.registration
     key = intent.key
-    # Idempotent and ReadOnly calls are guarded: their handles carry a token for this attempt.
+    # Idempotent, ReadOnly and Transactional calls are guarded: their handles carry a token
+    # for this attempt.
     scope = None
     if key is not None and isinstance(reg.effects, Idempotent):
         scope = e.issuer.scope(t.id, intent.id, intent.attempts, key, reg.caps)
     elif isinstance(reg.effects, ReadOnly):
         scope = e.issuer.scope(t.id, intent.id, intent.attempts, "", reg.caps, read_only=True)
+    elif isinstance(reg.effects, Transactional):
+        scope = e.issuer.scope(t.id, intent.id, intent.attempts, "", reg.caps, transactional=True)
+    record = AttemptRecord(e.issuer, t.id, intent, reg.effects, reg.timeout)
+    if tx is not None:
+        # A denied write ends the attempt: its transaction is rolled back before the denial
+        # is recorded (on the log's own SQLite file, it holds the lock that commit needs).
+        assert scope is not None
+        record.abort = scope.abort = functools.partial(tx._abort, "a write of the tool was denied")
     return ToolContext(
         tool_id=t.id,
         intent_id=intent.id,
@@ -64,14 +81,36 @@ def context(e: Engine, t: Tool, intent: Intent) -> ToolContext:
         issuer=e.issuer,
         scope=scope,
         timeout=reg.timeout,
-        record=AttemptRecord(e.issuer, t.id, intent, reg.effects, reg.timeout),
+        record=record,
+        tx=tx,
     )
+
+
+def _begin(e: Engine, step: Invoke) -> Tx | Run | None:
+    """A Transactional attempt's transaction (None for the other classes), or how the
+    attempt ends if it cannot begin: nothing of it happened."""
+    db = e.databases.get(step.tool.id)
+    if db is None:
+        return None
+    try:
+        return db.begin(step.intent, step.tool.registration.timeout, live=e.issuer.live)
+    except NotSent as exc:
+        return Run("not_sent", error=printable(str(exc)))
+    except TransactionalDatabaseError as exc:
+        return Run("failed", error=printable(str(exc)))
+
+
+def _end(e: Engine, tx: Tx | None, run: Run) -> Run:
+    return run if tx is None else tx._finish(run, e.store)
 
 
 @observed_invoke
 def invoke_sync(e: Engine, step: Invoke) -> Run:
     t = step.tool
-    ctx = context(e, t, step.intent)
+    tx = _begin(e, step)
+    if isinstance(tx, Run):
+        return tx
+    ctx = context(e, t, step.intent, tx)
     scope = ctx._scope
     try:
         if t.is_async:
@@ -82,11 +121,11 @@ def invoke_sync(e: Engine, step: Invoke) -> Run:
             # A sync tool cannot be preempted; its timeout sets the lease and deadline.
             value = t.fn(ctx, **step.kwargs)
     except Exception as exc:  # timeouts included: the outcome is unknown
-        return classify(exc, ctx)
+        return _end(e, tx, classify(exc, ctx))
     finally:
         if scope is not None:
             scope.end()
-    return completed(value, ctx)
+    return _end(e, tx, completed(value, ctx))
 
 
 async def _tool_coroutine(t: Tool, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
@@ -107,16 +146,23 @@ async def _tool_coroutine(t: Tool, ctx: ToolContext, kwargs: dict[str, Any]) -> 
 async def invoke_async(e: Engine, step: Invoke) -> Run:
     """An async tool, awaited in the caller's task (so a cancelled caller cancels it)."""
     t = step.tool
-    ctx = context(e, t, step.intent)
+    tx = _begin(e, step)
+    if isinstance(tx, Run):
+        return tx
+    ctx = context(e, t, step.intent, tx)
     scope = ctx._scope
     try:
         value = await _tool_coroutine(t, ctx, step.kwargs)
     except Exception as exc:
-        return classify(exc, ctx)
+        return _end(e, tx, classify(exc, ctx))
+    except BaseException:  # cancelled with its caller: the transaction never commits
+        if tx is not None:
+            tx._abort("the call was cancelled")
+        raise
     finally:
         if scope is not None:
             scope.end()
-    return completed(value, ctx)
+    return _end(e, tx, completed(value, ctx))
 
 
 def completed(value: Any, ctx: ToolContext) -> Run:
@@ -143,8 +189,10 @@ def classify(exc: BaseException, ctx: ToolContext) -> Run:
     chain = _causes(exc)
     if any(isinstance(x, NotSent) for x in chain) and writes == 0:
         return Run("not_sent", error=_failure(exc))
-    if isinstance(exc, DefiniteFailure | CapabilityDeniedError) and not isinstance(exc, NotSent):
-        return _refused(exc, writes)
+    if isinstance(exc, DefiniteFailure | CapabilityDeniedError | TransactionControlError) and (
+        not isinstance(exc, NotSent)
+    ):
+        return _refused(exc, writes)  # a tool ending its own transaction would do so again
     # A library that wrapped a denial (raise ... from it) hides a write that never left.
     for seen in chain[1:]:
         if isinstance(seen, CapabilityDeniedError):
@@ -192,10 +240,17 @@ def lookup_sync(e: Engine, step: Lookup) -> LookupAnswer:
     """Ask the provider, bounded by the tool's timeout: a lookup that hangs must not hang
     recovery (its thread is left to finish on its own)."""
     effects = step.tool.registration.effects
-    assert isinstance(effects, Queryable)
     timeout = step.tool.registration.timeout
     ctx = contextvars.copy_context()
-    fut = e.pool("lookup", 32).submit(ctx.run, _ask, effects.lookup, step.request_id)
+    if isinstance(effects, Transactional):
+        db, it = e.databases[step.tool.id], step.intent
+        assert it is not None
+        fut = e.pool("lookup", 32).submit(
+            ctx.run, db.lookup, it, e.store, timeout, live=e.issuer.live
+        )
+    else:
+        assert isinstance(effects, Queryable)
+        fut = e.pool("lookup", 32).submit(ctx.run, _ask, effects.lookup, step.request_id)
     try:
         got = fut.result(timeout=timeout)
     except concurrent.futures.TimeoutError:

@@ -39,8 +39,12 @@ class Invoke:
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
+    """Ask whether a request landed: a Queryable tool's provider about `request_id`, or a
+    Transactional tool's marker table about `intent`."""
+
     tool: Tool
     request_id: str
+    intent: Intent | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +60,10 @@ Steps = Generator[Step, Any, T]
 class Run:
     """How one invocation of a tool ended; `reason` says why one ended "indeterminate" (an
     operator decides at once: a denial or refused send after a write, a refusal after an
-    attempt whose outcome is unknown)."""
+    attempt whose outcome is unknown). "committed": completed, its outcome already committed
+    with the tool's own transaction (a Transactional tool on the log's database)."""
 
-    kind: Literal["completed", "failed", "unknown", "not_sent", "indeterminate"]
+    kind: Literal["completed", "committed", "failed", "unknown", "not_sent", "indeterminate"]
     value: Any = None
     error: str | None = None
     reason: str | None = None

@@ -56,7 +56,7 @@ def run(ns: argparse.Namespace, store: Store) -> int:
         head = store.audit_head()
         if head is None:
             _emit(ns, {"head": None}, "this log has no audit chain (schema older than "
-                  "version 9, or its head row is gone)", err=True)
+                  "version 10, or its head row is gone)", err=True)
             return NOT_FOUND
         data = {"log_id": head.log_id, "seq": head.seq, "hash": head.hash, "at": store.now()}
         _emit(ns, data, head.token())

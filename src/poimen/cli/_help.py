@@ -95,8 +95,10 @@ _ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "migrate": (
         "Create the schema, or upgrade it to this poimen's version. No other command changes "
-        "the schema.",
-        ("poimen migrate --db postgresql://agent@db/agent",),
+        "the schema. --transactional URL makes the marker table Transactional tools commit "
+        "with, in that application database (they make it on first use otherwise).",
+        ("poimen migrate --db postgresql://agent@db/agent",
+         "poimen migrate --transactional postgresql://app@db/shop"),
     ),
     "prune": (
         "Remove settled intents and their history last changed longer ago than the window, a "

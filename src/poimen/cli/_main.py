@@ -25,6 +25,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from poimen._core.effects import Transactional
+from poimen._engine import transactional as _tx
 from poimen._kernel import Kernel
 from poimen.cli import _aids as aids
 from poimen.cli import _audit as audit_cli
@@ -38,10 +40,13 @@ from poimen.errors import (
     NotAwaitingApprovalError,
     NotDispatchedError,
     NotIndeterminateError,
+    NotSent,
     OperatorsFileError,
     PoimenError,
+    RegistrationError,
     SchemaTooNewError,
     StoreError,
+    TransactionalDatabaseError,
     UnknownOperatorError,
 )
 from poimen.operator import _health as health
@@ -410,6 +415,11 @@ def cmd_undo(ns: argparse.Namespace) -> int:
 
 
 def cmd_migrate(ns: argparse.Namespace) -> int:
+    made = _transactional_markers(ns.transactional or [])
+    if made and not (ns.db or os.environ.get("POIMEN_DB")):
+        _emit(ns, {"transactional": made}, lambda: "\n".join(
+            f"marker table {_tx.MARKERS} ready in {u}" for u in made))
+        return OK
     url = _db_url(ns)
     before = open_store(url, migrate=False)
     try:
@@ -423,14 +433,31 @@ def cmd_migrate(ns: argparse.Namespace) -> int:
         store.close()
     _emit(
         ns,
-        {"from": found, "to": now},
-        lambda: (
+        {"from": found, "to": now, **({"transactional": made} if made else {})},
+        lambda: "\n".join([
             f"schema version {found} -> {now}"
             if now != found
-            else f"schema is current (version {now})"
-        ),
+            else f"schema is current (version {now})",
+            *(f"marker table {_tx.MARKERS} ready in {u}" for u in made),
+        ]),
     )
     return OK
+
+
+def _transactional_markers(urls: list[str]) -> list[str]:
+    """`migrate --transactional URL`: the marker table of Transactional tools, made now in each
+    application database; returns their URLs as shown (password masked)."""
+    made = []
+    for url in urls:
+        try:
+            db = _tx.Database(Transactional(database=url), "")
+            db.create_markers()
+        except RegistrationError as exc:
+            raise CliError(str(exc), code=USAGE) from exc
+        except (NotSent, TransactionalDatabaseError) as exc:
+            raise CliError(str(exc), code=STORE) from exc
+        made.append(db.shown)
+    return made
 
 
 def cmd_operators(ns: argparse.Namespace) -> int:

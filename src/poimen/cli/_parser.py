@@ -323,7 +323,14 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="only show what would be undone; change nothing"
     )
 
-    sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    s = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    s.add_argument(
+        "--transactional",
+        action="append",
+        metavar="URL",
+        help="also make the marker table of Transactional tools in this application "
+        "database (sqlite:///path or postgresql://...); may be repeated",
+    )
 
     s = sub.add_parser(
         "prune", parents=[common], help="remove settled intents and their history past a window"

@@ -19,6 +19,7 @@ from poimen._core.audit import (
     unchained_finding,
     walk,
 )
+from poimen.store._chain import CHAIN_VERSION
 
 
 def verify(
@@ -28,8 +29,8 @@ def verify(
     a head published earlier, which must be a link of it; `archived`: the rows of prune
     archives (`archive_links`), which must be the links the chain removed."""
     want = None if published is None else parse_published(published)
-    if store.schema_version() < 9:
-        return Report(None, 0, 0, None, note="the log's schema is older than version 9 "
+    if store.schema_version() < CHAIN_VERSION:
+        return Report(None, 0, 0, None, note="the log's schema is older than version 10 "
                       "(`poimen migrate` adds the chain)")
     with store.audit_chain() as view:
         return check_view(view, want, archived)

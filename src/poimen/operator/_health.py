@@ -41,7 +41,7 @@ PG_TRIGGERS = frozenset({
     "events_append_only", "events_append_only_t", "denials_append_only", "denials_append_only_t",
     "audit_pruned_append_only", "audit_pruned_append_only_t",
 })  # fmt: skip
-# The triggers that make the audit chain's links (schema version 9, docs/audit.md).
+# The triggers that make the audit chain's links (schema version 10, docs/audit.md).
 PG_CHAIN_TRIGGERS = frozenset({
     "events_chain", "denials_chain", "audit_pruned_chain", "intents_chain_settle",
 })  # fmt: skip

@@ -5,7 +5,8 @@
   divergence: refused with `DivergenceError` (``on_divergence="raise"``) or answered
   ``Pending("not_in_recording")`` (``on_divergence="record"``).
 - **shadow** (`live=`, optional): ReadOnly tools run for real, through the normal protocol on
-  this kernel's own log. Every other call is never dispatched: one that matches the live run's
+  this kernel's own log, and so do Transactional tools, whose transaction is always rolled
+  back (no marker, nothing committed): their answer is what the tool would return now. Every other call is never dispatched: one that matches the live run's
   intent (call id, tool and arguments) gets the live outcome, any other is recorded as
   ``would_have_called`` and answered ``Pending("would_have_called")``.
 
@@ -23,7 +24,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from poimen._core.effects import ReadOnly, Unsafe
+from poimen._core.effects import ReadOnly, Transactional, Unsafe
 from poimen._core.intents import (
     Completed,
     Failed,
@@ -54,6 +55,9 @@ _OUTCOMES: dict[str, type[Any]] = {
     c.__name__: c for c in (Completed, Failed, Indeterminate, Resolved, Pending)
 }
 _UNSETTLED = (IntentState.DISPATCHED, IntentState.AWAITING_APPROVAL)
+# What a shadow kernel runs for real: tools that change nothing, or whose every write it rolls
+# back (a Transactional tool's transaction never commits in a sandbox kernel).
+_SHADOW_RUNS = (ReadOnly, Transactional)
 
 
 def check_options(
@@ -158,11 +162,11 @@ class Sandbox:
     # The call entry.
 
     def runs(self, t: Tool, d: NewDispatch) -> bool:
-        """Whether this call runs for real: a ReadOnly tool in shadow mode that needs no
-        operator's approval (a call that would wait for one is not run)."""
+        """Whether this call runs for real: a ReadOnly or Transactional tool in shadow mode
+        that needs no operator's approval (a call that would wait for one is not run)."""
         return (
             self.mode == "shadow"
-            and isinstance(t.registration.effects, ReadOnly)
+            and isinstance(t.registration.effects, _SHADOW_RUNS)
             and self.engine.approval(t, d) is None
         )
 
@@ -308,7 +312,8 @@ class Sandbox:
 
     def recovery_engine(self) -> Engine:
         """The kernel's engine as recovery may use it: with only the tools this mode may
-        run (shadow: ReadOnly; replay: none). An intent of any other tool in this log stays
+        run without asking (shadow: ReadOnly; replay: none). An intent of any other tool in
+        this log stays
         as it is, reported as unregistered, and is never dispatched."""
         e = copy.copy(self.engine)
         e.tools = {

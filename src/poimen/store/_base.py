@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -111,6 +111,22 @@ class Store(Protocol):
         error: str | None,
         now: float,
     ) -> bool: ...
+    def commit_outcome_in(
+        self,
+        conn: Any,
+        intent_id: str,
+        fence: int,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+        before_commit: Callable[[], object] | None = None,
+    ) -> bool:
+        """Settle COMPLETED on the fence inside `conn`'s open transaction on this log's own
+        database (a Transactional tool's) and commit both; False (rolled back) if the fence
+        moved."""
+        ...
+
     def record_unknown(
         self, intent_id: str, fence: int, error: str, now: float, deadline_at: float | None = None
     ) -> bool: ...
@@ -277,7 +293,7 @@ NOTIFICATION_COLUMNS = (
 DENIAL_COLUMNS = "id, at, tool_id, intent_id, attempt, action, target, reason"
 DELIVERY_COLUMNS = "notification_id, notifier, delivered_at, attempts, last_error, next_attempt_at"
 
-_EFFECTS = frozenset({"idempotent", "queryable", "unsafe", "readonly"})
+_EFFECTS = frozenset({"idempotent", "queryable", "unsafe", "readonly", "transactional"})
 
 
 def _owner(worker: Any, host: Any, pid: Any, start: Any) -> Owner | None:

@@ -1,4 +1,4 @@
-"""The audit chain as the store reads it (schema version 9, docs/audit.md): its head, and its
+"""The audit chain as the store reads it (schema version 10, docs/audit.md): its head, and its
 links in position order, read in one snapshot and streamed, so a check of a large log holds
 one row per table in memory, not the log. The links themselves are made by the database's
 triggers (migration 0009); the rules that check them are `poimen._core.audit`'s.
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from poimen._core.audit import COLUMNS, SETTLED, TABLES, Head, Link
 
 #: The first schema version with the chain.
-CHAIN_VERSION = 9
+CHAIN_VERSION = 10
 #: A query inside a streaming snapshot: its rows, fetched as they are read.
 Stream = Callable[[str, tuple[Any, ...]], Iterator[Any]]
 _SETTLED = "(" + ", ".join(f"'{s}'" for s in SETTLED) + ")"
@@ -76,7 +76,7 @@ class Chain:
         raise NotImplementedError
 
     def audit_head(self) -> Head | None:
-        """The chain's last link; None for a log without a chain (before version 9, or its
+        """The chain's last link; None for a log without a chain (before version 10, or its
         head row gone)."""
         if self.schema_version() < CHAIN_VERSION:
             return None

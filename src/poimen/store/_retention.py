@@ -182,7 +182,7 @@ class Retention:
 
     @staticmethod
     def _chained(rows: Callable[[str], Sequence[Any]]) -> bool:
-        """Whether the log has the audit chain (schema version 9): a prune then records what
+        """Whether the log has the audit chain (schema version 10): a prune then records what
         it removed from it, and its archive carries the links. Read in the caller's own
         transaction (`rows`), so it is of the same snapshot as what the caller reads."""
         return int(rows("SELECT MAX(version) FROM poimen_schema")[0][0] or 0) >= CHAIN_VERSION

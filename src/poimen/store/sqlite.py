@@ -330,7 +330,7 @@ class SqliteStore(SqlStore):
             conn = self._open_ro() if self._readonly else self._open(self.path, uri=False)
             if writer:  # WAL is a property of the file: the writer sets it, readers find it
                 _set_wal(conn)
-                # The audit chain's triggers link each history row with it (schema 9).
+                # The audit chain's triggers link each history row with it (schema 10).
                 conn.create_function("poimen_link", -1, sqlite_link)
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
             conn.execute("PRAGMA busy_timeout=30000")
@@ -599,6 +599,10 @@ class SqliteStore(SqlStore):
     def _settle_op(self, o: Outcome) -> Callable[[sqlite3.Connection], bool]:
         fn = self._outcome_op(o)
         return lambda conn: fn(conn, False)
+
+    def _linking(self, conn: Any) -> None:
+        raw = getattr(conn, "conn", conn)  # a Transactional tool's session, or its connection
+        raw.create_function("poimen_link", -1, sqlite_link)
 
     def _writer_open(self) -> GroupCommit:
         if self._closed:

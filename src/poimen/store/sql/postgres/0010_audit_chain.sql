@@ -1,4 +1,4 @@
--- poimen intent log, PostgreSQL dialect, version 9: a tamper-evident audit (docs/audit.md).
+-- poimen intent log, PostgreSQL dialect, version 10: a tamper-evident audit (docs/audit.md).
 -- Every event and denial, each intent once it is settled, and each prune's record carries a
 -- link of the log's one hash chain: chain_seq, its position in commit order, and chain_hash,
 -- SHA-256 over (the previous link's hash || the row's canonical bytes). audit_head holds the
