@@ -59,6 +59,7 @@ def violated(report: SoakReport) -> dict[str, int]:
     return {c.name: len(c.violations) for c in report.checks if c.violations}
 
 
+@pytest.mark.timeout(900)  # a minute alone, several on a loaded machine
 def test_fifty_kills_on_sqlite_hold_and_a_doctored_witness_is_caught(tmp_path: Path) -> None:
     base = tmp_path / "soak"
     report = soak(tmp_path, "sqlite", workdir=str(base))
@@ -223,9 +224,12 @@ def live_ownership(sides: Path) -> tuple[str, str, float]:
 
 
 @pytest.mark.postgres
+@pytest.mark.timeout(900)
 def test_fifty_kills_on_postgres_hold(tmp_path: Path) -> None:
     with fresh_postgres_database() as url:
-        report = soak(tmp_path, url, workers=3)
+        # Workers live up to 2 s: a loaded server opens a new process's connections slowly,
+        # and undo needs a charge completed while the workers run.
+        report = soak(tmp_path, url, workers=3, max_delay=2.0)
     assert_clean(report)
 
 
