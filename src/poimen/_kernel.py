@@ -23,13 +23,23 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from poimen import _approval, _guard, _observe, _protocol, _runners, _sandbox, _undo, call_ids
+from poimen import (
+    _approval,
+    _guard,
+    _hooks,
+    _observe,
+    _protocol,
+    _runners,
+    _sandbox,
+    _undo,
+    call_ids,
+)
 from poimen._aids import Aids
 from poimen._approval import ApprovalRule, approval_due, approval_rule
 from poimen._capability import Issuer, Sink, ToolContext
 from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
 from poimen._evidence import Evidence, Found, Gather
-from poimen._intents import Denial, Intent, Outcome
+from poimen._intents import Denial, Intent, IntentState, Outcome
 from poimen._keys import args_digest, canonical, check_call_id, encode_args
 from poimen._liveness import current_owner
 from poimen._notify import LogNotifier, Notifier, Renotifier, notifier_names
@@ -49,6 +59,7 @@ from poimen._undo import UndoArgs, UndoReport, UndoRule
 from poimen._upkeep import Upkeep
 from poimen._workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen.errors import (
+    ApprovalExpiredError,
     IntentNotFoundError,
     NondeterministicKeyError,
     PoimenError,
@@ -56,7 +67,14 @@ from poimen.errors import (
     UnknownToolError,
     WrongRunnerError,
 )
-from poimen.events import KernelEvent, Observer
+from poimen.events import (
+    AbandonedEvent,
+    ApprovalDecidedEvent,
+    KernelEvent,
+    LeasesRenewedEvent,
+    Observer,
+    ResolvedEvent,
+)
 from poimen.store import Store, open_store
 from poimen.store._base import NewDispatch
 
@@ -424,14 +442,13 @@ class Kernel:
             return lambda f: self.on(kind, f)
         if not callable(fn):
             raise PoimenError(f"on() needs a function to call, not {fn!r}", field="fn")
-        _observe.install(self._engine, self._issuer).hook_thread().on(kind, fn)
+        _observe.install(self._engine, self._issuer).subscribe(kind, fn)
         return fn
 
     def off(self, kind: type[E], fn: Callable[[E], object]) -> None:
         """Stop calling `fn` for `kind` (as registered with `on`)."""
-        obs = self._engine.observer
-        if obs is not None and obs.hooks is not None:
-            obs.hooks.off(kind, fn)
+        if self._engine.observer is not None:
+            _observe.install(self._engine, self._issuer).unsubscribe(kind, fn)
 
     def denials(
         self, tool_id: str | None = None, since: float | None = None, *, limit: int = 1000
@@ -512,7 +529,7 @@ class Kernel:
         intent = _approval.followed(self.store, intent)
         e = self._engine
         if approval_due(intent, read_at):  # no decision came within its window
-            e.store.expire_approvals(read_at, 1, intent.id)
+            _hooks.expired(e, e.store.expire_approvals(read_at, 1, intent.id), intent)
             intent = e.store.get_intent(intent.id) or intent
         t = e.tools.get(intent.tool_id)
         if t is not None and e.claimable(intent, read_at) == "claimable":
@@ -562,10 +579,12 @@ class Kernel:
         self.close()
 
     def _renew(self) -> None:
-        ids = self._engine.holds.ids()
+        e = self._engine
+        ids = e.holds.ids()
         if ids:
             now = self.store.now()
-            self._engine.store.renew_leases(self.worker_id, ids, now + self.lease_ttl, now)
+            n = e.store.renew_leases(self.worker_id, ids, now + self.lease_ttl, now)
+            _hooks.point(e, lambda base: LeasesRenewedEvent(**base, held=len(ids), renewed=n))
 
     def _after_fork_in_child(self) -> None:
         """A forked child is another process: a new identity, no calls of the parent's, its
@@ -579,8 +598,7 @@ class Kernel:
         e.holds.reset()
         e.continuations = set()
         e.shutdown_pools(forked=True)
-        if e.observer is not None:
-            e.observer.after_fork()
+        _observe.after_fork(e)
         self._deliver_lock = threading.Lock()
         self._issuer.after_fork()
         self._aids.gatherer.after_fork()
@@ -625,7 +643,7 @@ class Kernel:
         e = self._engine
         steps = call_steps(e, t, d, kwargs, CallState(), approval)
         if e.observer is not None:
-            return e.observer.call(d, lambda: run_sync(e, steps))
+            return _hooks.observed_call(e.observer, d, lambda: run_sync(e, steps))
         return run_sync(e, steps)
 
     async def acall(
@@ -651,7 +669,7 @@ class Kernel:
         approval = self._approval(t, d)
         run = run_async(e, call_steps(e, t, d, kwargs, c, approval), c)
         if e.observer is not None:
-            return await e.observer.acall(d, run)
+            return await _hooks.observed_acall(e.observer, d, run)
         return await run
 
     def _prepare(
@@ -721,25 +739,32 @@ class Kernel:
         self, intent_id: str, *, landed: bool, result: Any = None, operator: str, reason: str
     ) -> Intent:
         """An operator's decision on an INDETERMINATE intent; terminal and audited."""
-        return operator_resolve(
-            self._engine.store,
-            intent_id,
-            landed=landed,
-            result=result,
-            operator=operator,
-            reason=reason,
+        e = self._engine
+        it = operator_resolve(
+            e.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
+        _hooks.report(e, ResolvedEvent, it, landed=landed, operator=operator, reason=reason)
+        return it
 
     def abandon(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator gives up on a DISPATCHED intent whose worker will not come back: it
         becomes INDETERMINATE (`abandoned_by_operator`), notified to this kernel's notifiers,
         for an operator to resolve."""
+        e = self._engine
         done = operator_abandon(
-            self._engine.store,
+            e.store,
             intent_id,
             operator=operator,
             reason=reason,
             notifiers=notifier_names(self.notifiers),
+        )
+        _hooks.report(
+            e,
+            AbandonedEvent,
+            done,
+            fence=done.fence,
+            reason=done.reason or "abandoned",
+            operator=operator,
         )
         self._notify_soon()
         return done
@@ -755,15 +780,26 @@ class Kernel:
             return _approval.approve_edited(
                 self, intent_id, operator=operator, reason=reason, args=args
             )
-        return operator_decide_approval(
-            self._engine.store, intent_id, approve=True, operator=operator, reason=reason
-        )
+        return self._decide(intent_id, True, operator, reason)
 
     def reject(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator rejects a call awaiting approval: FAILED, nothing is sent."""
-        return operator_decide_approval(
-            self._engine.store, intent_id, approve=False, operator=operator, reason=reason
-        )
+        return self._decide(intent_id, False, operator, reason)
+
+    def _decide(self, intent_id: str, approve: bool, operator: str, reason: str) -> Intent:
+        e = self._engine
+        try:
+            it = operator_decide_approval(
+                e.store, intent_id, approve=approve, operator=operator, reason=reason
+            )
+        except ApprovalExpiredError as exc:
+            if getattr(exc, "expired_here", False):  # this decision came late and expired it
+                _hooks.expired(e, [intent_id])
+            raise
+        if it.state != IntentState.AWAITING_APPROVAL:  # not one approval of several
+            decided = {"approved": approve, "operator": operator, "reason": reason}
+            _hooks.report(e, ApprovalDecidedEvent, it, **decided)
+        return it
 
     def undo(
         self,

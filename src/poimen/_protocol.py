@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from poimen import _crashpoints
+from poimen import _crashpoints, _hooks
+from poimen import events as ev
 from poimen._approval import approval_due
 from poimen._capability import Issuer
 from poimen._decide import (
@@ -82,7 +83,7 @@ from poimen.store import Store
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
-    from poimen._observe import Observation
+    from poimen._hooks import ObserverHooks
 
 log = logging.getLogger("poimen")
 S = IntentState
@@ -126,7 +127,7 @@ class Engine:
         self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._pools_lock = threading.Lock()
         self.continuations: set[threading.Thread] = set()
-        self.observer: Observation | None = None  # set while the kernel has observers
+        self.observer: ObserverHooks | None = None  # set while the kernel has observers
 
     def retry(self, t: Tool) -> RetryPolicy:
         return self.retries.get(t.id, self.default_retry)
@@ -194,6 +195,8 @@ def call_steps(
         )
         if not created:
             return (yield from existing_steps(e, t, intent, d, c))
+        if e.observer is not None:
+            _hooks.dispatched(e, d, intent)
         _crashpoints.hit("after_dispatch_commit", d.call_id)
         if c.cancelled:  # cancelled during the dispatch commit: the tool never ran
             return (
@@ -227,6 +230,7 @@ def _await_approval(
     )
     if not created:
         return (yield from existing_steps(e, t, intent, d, c))
+    _hooks.report(e, ev.ApprovalRequestedEvent, intent, expires_at=approval.expires_at)
     e.notify()
     return Pending(intent.id, "awaiting_approval")
 
@@ -248,7 +252,8 @@ def existing_steps(
     read_at = d.now  # the clock before the row was read (the dispatch commit read it)
     while True:
         if approval_due(intent, read_at):  # repeated after its window: it expires now
-            yield Block(e.store.expire_approvals, (read_at, 1, intent.id))
+            gone = yield Block(e.store.expire_approvals, (read_at, 1, intent.id))
+            _hooks.expired(e, gone, intent)
             intent = (yield Block(e.store.get_intent, (intent.id,))) or intent
         if intent.state != S.DISPATCHED:
             return answer(intent)
@@ -276,9 +281,17 @@ def orphan_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
         # would otherwise hand the call to two live drivers.
         seized = yield Block(e.store.seize, (intent.id, intent.fence, intent.lease_expires_at))
         if not seized:
+            _hooks.fenced(e, intent, intent.fence, "seize")
             return None
-        if e.observer is not None:
-            e.observer.takeover(intent)
+        _hooks.report(
+            e,
+            ev.TakeoverEvent,
+            intent,
+            fence=intent.fence,
+            attempt=intent.attempts,
+            previous_owner=None if intent.owner is None else intent.owner.worker_id,
+            reason="approved" if intent.attempts == 0 else "owner_gone",
+        )
         later = takeover_deadline(intent, e.store.now(), e.deadline_margin)
         if later is not None and isinstance(t.registration.effects, Queryable):
             # Its owner stopped mid-attempt: what it sent until now may still land.
@@ -338,9 +351,12 @@ def run_steps(
                 attempt_deadline(now, intent.timeout_s, e.deadline_margin),
             )
             intent = dataclasses.replace(intent, deadline_at=deadline)
-        yield Block(
-            e.store.record_unknown, (intent.id, intent.fence, run.error or "unknown", now, deadline)
-        )
+        error = run.error or "unknown"
+        ok = yield Block(e.store.record_unknown, (intent.id, intent.fence, error, now, deadline))
+        if ok:
+            _hooks.report(e, ev.UnknownOutcomeEvent, intent, fence=intent.fence, error=error)
+        else:
+            _hooks.fenced(e, intent, intent.fence, "unknown")
         if run.kind == "indeterminate":
             return (yield from indeterminate_steps(e, intent, run.reason or "unknown"))
         nxt = yield from decide_steps(e, t, intent, c)
@@ -374,7 +390,7 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
                 if c.cancelled or intent.request_id is None:
                     return Pending(intent.id, "cancelled" if c.cancelled else "no_request_id")
                 asked = e.store.now()
-                got = yield Lookup(t, intent.request_id)
+                got = yield Lookup(t, intent.request_id, intent.id)
                 if c.cancelled:
                     return Pending(intent.id, "cancelled")
             case Complete(result=result):
@@ -383,13 +399,16 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
                 text = _encode_result(result, intent.id, "<lookup result>")
                 ok = yield Block(e.store.complete_landed, (intent.id, intent.fence, text, now))
                 if ok:
+                    _hooks.report(e, ev.CompletedEvent, intent, fence=intent.fence, via="lookup")
                     return Completed(intent.id, None if text is None else json.loads(text))
+                _hooks.fenced(e, intent, intent.fence, "complete_landed")
                 return (yield from answer_current(e, intent.id))
             case Defer(at=at, unknown_count=n, reason=reason):
                 ok = yield Block(
                     _defer,
                     (e.store, intent.id, intent.fence, at, n, reason, now, intent.deadline_at),
                 )
+                _deferred(e, intent, ok, reason, at)
                 if ok:
                     return Pending(intent.id, reason)
                 return (yield from answer_current(e, intent.id))
@@ -417,6 +436,7 @@ def _retry(
             _defer,
             (e.store, intent.id, intent.fence, at, intent.unknown_count, "retry_deferred", now),
         )
+        _deferred(e, intent, ok, "retry_deferred", at)
         return (
             Pending(intent.id, "retry_deferred")
             if ok
@@ -441,7 +461,9 @@ def _retry(
         ),
     )
     if claimed is None:
+        _hooks.fenced(e, intent, intent.fence, "claim")
         return Pending(intent.id, "lost_race")
+    _hooks.report(e, ev.RetryEvent, claimed, attempt=claimed.attempts, fence=claimed.fence)
     return (yield from _stamp_deadline(e, t, claimed, now))
 
 
@@ -452,8 +474,10 @@ def indeterminate_steps(e: Engine, intent: Intent, reason: str) -> Steps[Outcome
         (intent.id, intent.fence, reason, indeterminate_note(intent, reason, e.notifiers), now),
     )
     if ok:
+        _hooks.report(e, ev.IndeterminateEvent, intent, fence=intent.fence, reason=reason)
         e.notify()
         return Indeterminate(intent.id, reason)
+    _hooks.fenced(e, intent, intent.fence, "mark_indeterminate")
     return (yield from answer_current(e, intent.id))
 
 
@@ -474,7 +498,10 @@ def _write_outcome(e: Engine, intent: Intent, run: Run) -> Steps[Outcome]:
         {"result": w.result, "error": w.error, "now": store.now()},
     )
     if ok:
+        if e.observer is not None:
+            _hooks.settled(e, intent, w.state == S.COMPLETED, w.error)
         return w.outcome(intent.id)
+    _hooks.fenced(e, intent, intent.fence, "outcome")
     return (yield from answer_current(e, intent.id))
 
 
@@ -526,6 +553,13 @@ def _claim(
         deadline_at=deadline,
         now=now,
     )
+
+
+def _deferred(e: Engine, it: Intent, ok: bool, reason: str, until: float) -> None:
+    if ok:
+        _hooks.report(e, ev.DeferredEvent, it, fence=it.fence, reason=reason, until=until)
+    else:
+        _hooks.fenced(e, it, it.fence, "defer")
 
 
 def _defer(

@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import assert_never
 
+from poimen import _hooks
+from poimen._hooks import observed_pass, observed_recovery
 from poimen._intents import Completed, Failed, Indeterminate, Intent, Outcome, Pending, Resolved
-from poimen._observe import observed_pass, observed_recovery
 from poimen._protocol import Engine, orphan_steps
 from poimen._runners import run_sync
 from poimen._steps import CallState
@@ -109,7 +110,9 @@ def recover_pass(
     `progress`, if given, is called with the number of intents scanned so far; `workers`
     intents of a page are resolved side by side."""
     report = RecoveryReport()
-    report.expired = len(e.store.expire_approvals(e.store.now()))
+    gone = e.store.expire_approvals(e.store.now())
+    _hooks.expired(e, gone)
+    report.expired = len(gone)
     after = ""
     step = batch
     while True:

@@ -28,8 +28,8 @@ from poimen._effects import (
     ReadOnly,
     Unknown,
 )
+from poimen._hooks import observed_ainvoke, observed_invoke, observed_lookup
 from poimen._intents import Intent
-from poimen._observe import observed_ainvoke, observed_invoke, observed_lookup
 from poimen._protocol import Engine, printable
 from poimen._steps import Block, CallState, Invoke, Lookup, Run, Sleep, Steps
 from poimen._tools import Tool

@@ -41,6 +41,7 @@ class Invoke:
 class Lookup:
     tool: Tool
     request_id: str
+    intent_id: str | None = None  # for the observers' events
 
 
 @dataclass(frozen=True, slots=True)

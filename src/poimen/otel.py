@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from poimen import _metrics
 from poimen import events as ev
+from poimen._hooks import EVERYTHING, outcome_kind, raised
 from poimen._intents import IntentState
 from poimen._present import redact_store_url, redact_urls
 from poimen.errors import MissingExtraError
@@ -46,13 +47,20 @@ try:
     from opentelemetry import propagate as otel_propagate
     from opentelemetry import trace as otel_trace
     from opentelemetry.metrics import CallbackOptions, Observation
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.otel", "otel", exc) from exc
+try:  # the API's stand-in until a global meter provider is set
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
+except ImportError:  # pragma: no cover - another API version: taken as set, never watched
+    _ProxyMeterProvider = ()  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
+    from poimen._intents import Intent, Outcome
     from poimen._kernel import Kernel
+    from poimen._steps import Run
     from poimen.store import Store
+    from poimen.store._base import NewDispatch
 
 __all__ = ["OpenTelemetry"]
 
@@ -113,7 +121,13 @@ class OpenTelemetry(ev.Observer):
     `log_gauges` exports the gauges read from the log (open Indeterminate intents, ...).
     They describe the whole log, whichever process reads it: turn them on in one process
     per log (or scrape the console's ``/metrics``), so that summing them does not count the
-    log once per kernel. Each observation names its log in ``poimen.log``."""
+    log once per kernel. Each observation names its log in ``poimen.log``.
+
+    A call is one span and its attempts one each, opened from what the call has (the
+    attributes of a tool are built once); transitions are events on them; metric points use
+    the instruments directly. With neither an SDK's tracer nor its meter, the observer asks
+    for nothing and the kernel calls none of its hooks (it looks again at each call until
+    global providers are set)."""
 
     def __init__(
         self,
@@ -161,6 +175,138 @@ class OpenTelemetry(ev.Observer):
         self._kernels: list[weakref.ref[Kernel]] = []
         self._lock = threading.Lock()
         self._propagate = propagate
+        self._providers = (tracer_provider, meter_provider)
+        self._tools: dict[str, _Tool] = {}
+        self._tracing = False
+        self.wants = 0
+        self.watching = True
+        self.refresh()
+
+    def refresh(self) -> None:
+        """What to ask for: everything if an SDK traces or measures, else nothing; looked
+        at again while a global provider may still be set."""
+        tp, mp = self._providers
+        tp = otel_trace.get_tracer_provider() if tp is None else tp
+        mp = otel_metrics.get_meter_provider() if mp is None else mp
+        self._tracing = not isinstance(tp, ProxyTracerProvider | otel_trace.NoOpTracerProvider)
+        measuring = not isinstance(mp, _ProxyMeterProvider | otel_metrics.NoOpMeterProvider)
+        self.wants = EVERYTHING if self._tracing or measuring else 0
+        self.watching = isinstance(tp, ProxyTracerProvider) or isinstance(mp, _ProxyMeterProvider)
+
+    def _tool(self, tool_id: str, effect: str) -> _Tool:
+        t = self._tools.get(tool_id)
+        if t is None or t.effect != effect:
+            if len(self._tools) >= 4096:  # ids seen in a log, not only registered ones
+                self._tools.clear()
+            t = self._tools[tool_id] = _Tool(tool_id, effect)
+        return t
+
+    # A call and its attempts, from what the call has.
+
+    def call_started(self, d: NewDispatch) -> object:
+        if not self._tracing:
+            return None
+        t = self._tool(d.tool_id, d.effect)
+        attrs = t.call.copy()
+        attrs["poimen.call_id"] = attrs["gen_ai.tool.call.id"] = d.call_id
+        span = self._tracer.start_span(t.call_name, kind=SpanKind.INTERNAL, attributes=attrs)
+        return span, otel_context.attach(otel_trace.set_span_in_context(span))
+
+    def call_finished(
+        self,
+        token: object,
+        d: NewDispatch,
+        out: Outcome | None,
+        exc: BaseException | None,
+        duration: float,
+    ) -> None:
+        outcome, reason = raised(exc) if exc is not None else outcome_kind(out)
+        if token is not None:
+            span, ctx_token = cast("tuple[Any, Any]", token)
+            try:
+                if span.is_recording():
+                    attrs: dict[str, Any] = {"poimen.outcome": outcome}
+                    if out is not None:
+                        attrs["poimen.intent_id"] = out.intent_id
+                    if reason is not None:
+                        attrs["poimen.reason"] = reason
+                    if outcome in _CALL_ERRORS:
+                        attrs["error.type"] = _error_type(outcome, reason)
+                        span.set_status(Status(StatusCode.ERROR, _shown(reason)))
+                    span.set_attributes(attrs)
+            finally:
+                otel_context.detach(ctx_token)
+                span.end()
+        points = self._tool(d.tool_id, d.effect).points(outcome)
+        self._calls.add(1, points)
+        self._call_duration.record(duration, points)
+
+    def attempt_started(self, it: Intent) -> object:
+        if _PASS.get() is not None:
+            self._materialize()
+        if not self._tracing:
+            return None
+        t = self._tool(it.tool_id, it.effect)
+        attrs = t.ids.copy()
+        attrs["poimen.call_id"] = it.call_id
+        attrs["poimen.intent_id"] = it.id
+        attrs["poimen.attempt"] = it.attempts
+        attrs["poimen.fence"] = it.fence
+        span = self._tracer.start_span(t.attempt_name, attributes=attrs)
+        return span, otel_context.attach(otel_trace.set_span_in_context(span))
+
+    def attempt_finished(
+        self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
+    ) -> None:
+        outcome, error = (
+            (run.kind, run.error)
+            if run is not None
+            else raised(exc)
+            if exc is not None
+            else ("error", None)
+        )
+        if token is not None:
+            span, ctx_token = cast("tuple[Any, Any]", token)
+            try:
+                if span.is_recording():
+                    if outcome == "completed":
+                        span.set_attribute("poimen.outcome", outcome)
+                    else:
+                        span.set_attributes({"poimen.outcome": outcome, "error.type": outcome})
+                        span.set_status(Status(StatusCode.ERROR, _shown(error)))
+            finally:
+                otel_context.detach(ctx_token)
+                span.end()
+        self._attempts.add(1, self._tool(it.tool_id, it.effect).points(outcome))
+
+    def dispatched(self, d: NewDispatch, intent: Intent) -> None:
+        if self._tracing:
+            self._transition("poimen.dispatched", intent, intent.fence, None)
+
+    def settled(self, it: Intent, completed: bool, error: str | None) -> None:
+        if _PASS.get() is not None:
+            self._materialize()
+        if not self._tracing:
+            return
+        if completed:
+            self._transition("poimen.completed", it, it.fence, ("poimen.via", "call"))
+        else:
+            shown = None if error is None else ("poimen.error", redact_urls(error))
+            self._transition("poimen.failed", it, it.fence, shown)
+
+    def _transition(
+        self, name: str, it: Intent, fence: int, extra: tuple[str, Any] | None
+    ) -> None:
+        span = otel_trace.get_current_span()
+        if not span.is_recording():
+            return
+        attrs = self._tool(it.tool_id, it.effect).ids.copy()
+        attrs["poimen.call_id"] = it.call_id
+        attrs["poimen.intent_id"] = it.id
+        attrs["poimen.fence"] = fence
+        if extra is not None:
+            attrs[extra[0]] = extra[1]
+        span.add_event(name, attrs)
 
     def bind(self, kernel: Kernel) -> None:
         with self._lock:
@@ -308,6 +454,33 @@ class OpenTelemetry(ev.Observer):
             k = ref()
             if k is not None and not k._closed:
                 yield k.store
+
+
+class _Tool:
+    """What a tool's spans and points share, built once: names, attributes, and the metric
+    attributes of each outcome."""
+
+    __slots__ = ("attempt_name", "call", "call_name", "effect", "ids", "outcomes", "tool_id")
+
+    def __init__(self, tool_id: str, effect: str) -> None:
+        self.tool_id = tool_id
+        self.effect = effect
+        self.call_name = f"execute_tool {tool_id}"
+        self.attempt_name = f"poimen.attempt {tool_id}"
+        self.ids: dict[str, Any] = {"poimen.tool_id": tool_id, "poimen.effect": effect}
+        self.call = {
+            **self.ids,
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool_id,
+            "gen_ai.tool.type": "function",  # run by the application, not the model's provider
+        }
+        self.outcomes: dict[str, dict[str, str]] = {}
+
+    def points(self, outcome: str) -> dict[str, str]:
+        a = self.outcomes.get(outcome)
+        if a is None:
+            a = self.outcomes[outcome] = {"poimen.tool_id": self.tool_id, "poimen.outcome": outcome}
+        return a
 
 
 #: The events a metric counts (the others pass by at the cost of one set lookup).
