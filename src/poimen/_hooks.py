@@ -123,12 +123,16 @@ def ids(it: Intent) -> dict[str, Any]:
 # Calls.
 
 
-def observed_call(obs: ObserverHooks, d: NewDispatch, run: Callable[[], Outcome]) -> Outcome:
-    """`run()` as a call's scope, for the observers that want calls."""
+def calls_wanted(obs: ObserverHooks) -> bool:
+    """At a call's start: whether an observer wants calls (looked at again first, while what
+    one wants may change)."""
     if obs.watching:
         obs.refresh()
-    if not obs.wants & CALLS:
-        return run()
+    return bool(obs.wants & CALLS)
+
+
+def observed_call(obs: ObserverHooks, d: NewDispatch, run: Callable[[], Outcome]) -> Outcome:
+    """`run()` as a call's scope, for the observers that want calls."""
     token = obs.call_started(d)
     began = time.perf_counter()
     try:
@@ -141,10 +145,6 @@ def observed_call(obs: ObserverHooks, d: NewDispatch, run: Callable[[], Outcome]
 
 
 async def observed_acall(obs: ObserverHooks, d: NewDispatch, run: Awaitable[Outcome]) -> Outcome:
-    if obs.watching:
-        obs.refresh()
-    if not obs.wants & CALLS:
-        return await run
     token = obs.call_started(d)
     began = time.perf_counter()
     try:
@@ -312,18 +312,6 @@ observed_recovery = _scoped(
 
 
 # Transitions, each reported after its commit.
-
-
-def dispatched(e: Engine, d: NewDispatch, intent: Intent) -> None:
-    obs = e.observer
-    if obs is not None and obs.wants & TRANSITIONS:
-        obs.dispatched(d, intent)
-
-
-def settled(e: Engine, it: Intent, completed: bool, error: str | None) -> None:
-    obs = e.observer
-    if obs is not None and obs.wants & TRANSITIONS:
-        obs.settled(it, completed, error)
 
 
 def report(e: Engine, kind: type[ev.IntentEvent], it: Intent, **fields: Any) -> None:

@@ -642,8 +642,9 @@ class Kernel:
         self._upkeep.held()
         e = self._engine
         steps = call_steps(e, t, d, kwargs, CallState(), approval)
-        if e.observer is not None:
-            return _hooks.observed_call(e.observer, d, lambda: run_sync(e, steps))
+        obs = e.observer
+        if obs is not None and _hooks.calls_wanted(obs):
+            return _hooks.observed_call(obs, d, lambda: run_sync(e, steps))
         return run_sync(e, steps)
 
     async def acall(
@@ -668,8 +669,9 @@ class Kernel:
         c = CallState()
         approval = self._approval(t, d)
         run = run_async(e, call_steps(e, t, d, kwargs, c, approval), c)
-        if e.observer is not None:
-            return await _hooks.observed_acall(e.observer, d, run)
+        obs = e.observer
+        if obs is not None and _hooks.calls_wanted(obs):
+            return await _hooks.observed_acall(obs, d, run)
         return await run
 
     def _prepare(

@@ -48,6 +48,7 @@ from poimen._decide import (
     takeover_deadline,
 )
 from poimen._effects import Idempotent, Queryable
+from poimen._hooks import TRANSITIONS
 from poimen._intents import (
     Completed,
     Failed,
@@ -195,8 +196,9 @@ def call_steps(
         )
         if not created:
             return (yield from existing_steps(e, t, intent, d, c))
-        if e.observer is not None:
-            _hooks.dispatched(e, d, intent)
+        obs = e.observer
+        if obs is not None and obs.wants & TRANSITIONS:
+            obs.dispatched(d, intent)
         _crashpoints.hit("after_dispatch_commit", d.call_id)
         if c.cancelled:  # cancelled during the dispatch commit: the tool never ran
             return (
@@ -498,8 +500,9 @@ def _write_outcome(e: Engine, intent: Intent, run: Run) -> Steps[Outcome]:
         {"result": w.result, "error": w.error, "now": store.now()},
     )
     if ok:
-        if e.observer is not None:
-            _hooks.settled(e, intent, w.state == S.COMPLETED, w.error)
+        obs = e.observer
+        if obs is not None and obs.wants & TRANSITIONS:
+            obs.settled(intent, w.state == S.COMPLETED, w.error)
         return w.outcome(intent.id)
     _hooks.fenced(e, intent, intent.fence, "outcome")
     return (yield from answer_current(e, intent.id))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import importlib.metadata
+import sys
 import threading
 import time
 import weakref
@@ -50,10 +51,6 @@ try:
     from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.otel", "otel", exc) from exc
-try:  # the API's stand-in until a global meter provider is set
-    from opentelemetry.metrics._internal import _ProxyMeterProvider
-except ImportError:  # pragma: no cover - another API version: taken as set, never watched
-    _ProxyMeterProvider = ()  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
     from poimen._intents import Intent, Outcome
@@ -102,6 +99,34 @@ def _present(kind: type[ev.KernelEvent], names: tuple[str, ...]) -> tuple[tuple[
         have = {f.name for f in dataclasses.fields(kind)}
         got = _PRESENT[(kind, names)] = tuple((n, f"poimen.{n}") for n in names if n in have)
     return got
+
+
+# The global providers, None while unset. Asked at each call until both are set: the API's
+# getters also look at the environment each time, so the values are read where the API keeps
+# them once the getters have had their one look (at import); the getters are the fallback.
+
+otel_trace.get_tracer_provider()
+otel_metrics.get_meter_provider()
+_METRICS_API = sys.modules[otel_metrics.get_meter_provider.__module__]
+
+
+def _global_tracer_provider() -> Any:
+    tp = getattr(otel_trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if tp is _UNKNOWN:  # pragma: no cover - another API version
+        tp = otel_trace.get_tracer_provider()
+        return None if isinstance(tp, ProxyTracerProvider) else tp
+    return tp
+
+
+def _global_meter_provider() -> Any:
+    mp = getattr(_METRICS_API, "_METER_PROVIDER", _UNKNOWN)
+    if mp is _UNKNOWN:  # pragma: no cover - another API version
+        mp = otel_metrics.get_meter_provider()
+        return None if type(mp).__name__ == "_ProxyMeterProvider" else mp
+    return mp
+
+
+_UNKNOWN = object()
 
 
 def _inject(headers: dict[str, str]) -> None:
@@ -178,6 +203,11 @@ class OpenTelemetry(ev.Observer):
         self._providers = (tracer_provider, meter_provider)
         self._tools: dict[str, _Tool] = {}
         self._tracing = False
+        # This observer's innermost open span: transitions are events on it (another
+        # observer's span may be the current one).
+        self._open: contextvars.ContextVar[Any] = contextvars.ContextVar(
+            "poimen_otel_open", default=None
+        )
         self.wants = 0
         self.watching = True
         self.refresh()
@@ -186,12 +216,12 @@ class OpenTelemetry(ev.Observer):
         """What to ask for: everything if an SDK traces or measures, else nothing; looked
         at again while a global provider may still be set."""
         tp, mp = self._providers
-        tp = otel_trace.get_tracer_provider() if tp is None else tp
-        mp = otel_metrics.get_meter_provider() if mp is None else mp
-        self._tracing = not isinstance(tp, ProxyTracerProvider | otel_trace.NoOpTracerProvider)
-        measuring = not isinstance(mp, _ProxyMeterProvider | otel_metrics.NoOpMeterProvider)
+        tp = _global_tracer_provider() if tp is None else tp
+        mp = _global_meter_provider() if mp is None else mp
+        self._tracing = tp is not None and not isinstance(tp, otel_trace.NoOpTracerProvider)
+        measuring = mp is not None and not isinstance(mp, otel_metrics.NoOpMeterProvider)
         self.wants = EVERYTHING if self._tracing or measuring else 0
-        self.watching = isinstance(tp, ProxyTracerProvider) or isinstance(mp, _ProxyMeterProvider)
+        self.watching = tp is None or mp is None
 
     def _tool(self, tool_id: str, effect: str) -> _Tool:
         t = self._tools.get(tool_id)
@@ -210,7 +240,18 @@ class OpenTelemetry(ev.Observer):
         attrs = t.call.copy()
         attrs["poimen.call_id"] = attrs["gen_ai.tool.call.id"] = d.call_id
         span = self._tracer.start_span(t.call_name, kind=SpanKind.INTERNAL, attributes=attrs)
-        return span, otel_context.attach(otel_trace.set_span_in_context(span))
+        return self._opened(span)
+
+    def _opened(self, span: Any) -> tuple[Any, Any, Any]:
+        """`span` made current, for the caller's code and for this observer's events."""
+        return span, otel_context.attach(otel_trace.set_span_in_context(span)), self._open.set(span)
+
+    def _closed(self, token: Any) -> None:
+        span, ctx_token, open_token = token
+        self._open.reset(open_token)
+        if ctx_token is not None:
+            otel_context.detach(ctx_token)
+        span.end()
 
     def call_finished(
         self,
@@ -222,7 +263,7 @@ class OpenTelemetry(ev.Observer):
     ) -> None:
         outcome, reason = raised(exc) if exc is not None else outcome_kind(out)
         if token is not None:
-            span, ctx_token = cast("tuple[Any, Any]", token)
+            span = cast("tuple[Any, ...]", token)[0]
             try:
                 if span.is_recording():
                     attrs: dict[str, Any] = {"poimen.outcome": outcome}
@@ -235,8 +276,7 @@ class OpenTelemetry(ev.Observer):
                         span.set_status(Status(StatusCode.ERROR, _shown(reason)))
                     span.set_attributes(attrs)
             finally:
-                otel_context.detach(ctx_token)
-                span.end()
+                self._closed(token)
         points = self._tool(d.tool_id, d.effect).points(outcome)
         self._calls.add(1, points)
         self._call_duration.record(duration, points)
@@ -253,7 +293,7 @@ class OpenTelemetry(ev.Observer):
         attrs["poimen.attempt"] = it.attempts
         attrs["poimen.fence"] = it.fence
         span = self._tracer.start_span(t.attempt_name, attributes=attrs)
-        return span, otel_context.attach(otel_trace.set_span_in_context(span))
+        return self._opened(span)
 
     def attempt_finished(
         self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
@@ -266,7 +306,7 @@ class OpenTelemetry(ev.Observer):
             else ("error", None)
         )
         if token is not None:
-            span, ctx_token = cast("tuple[Any, Any]", token)
+            span = cast("tuple[Any, ...]", token)[0]
             try:
                 if span.is_recording():
                     if outcome == "completed":
@@ -275,8 +315,7 @@ class OpenTelemetry(ev.Observer):
                         span.set_attributes({"poimen.outcome": outcome, "error.type": outcome})
                         span.set_status(Status(StatusCode.ERROR, _shown(error)))
             finally:
-                otel_context.detach(ctx_token)
-                span.end()
+                self._closed(token)
         self._attempts.add(1, self._tool(it.tool_id, it.effect).points(outcome))
 
     def dispatched(self, d: NewDispatch, intent: Intent) -> None:
@@ -297,7 +336,7 @@ class OpenTelemetry(ev.Observer):
     def _transition(
         self, name: str, it: Intent, fence: int, extra: tuple[str, Any] | None
     ) -> None:
-        span = otel_trace.get_current_span()
+        span = self._open.get() or otel_trace.get_current_span()
         if not span.is_recording():
             return
         attrs = self._tool(it.tool_id, it.effect).ids.copy()
@@ -331,8 +370,8 @@ class OpenTelemetry(ev.Observer):
         else:
             span = self._tracer.start_span(_span_name(event), attributes=_attrs(event))
         if not span.get_span_context().is_valid:  # no SDK: nothing to make current
-            return span, None
-        return span, otel_context.attach(otel_trace.set_span_in_context(span))
+            return span, None, self._open.set(span)
+        return self._opened(span)
 
     def _materialize(self) -> None:
         """Open the span of the background pass this runs in, if it has none yet."""
@@ -346,9 +385,9 @@ class OpenTelemetry(ev.Observer):
             lazy.ctx_token = otel_context.attach(otel_trace.set_span_in_context(lazy.span))
 
     def finish(self, token: object, event: ev.FinishEvent) -> None:
-        first, ctx_token = cast("tuple[Any, Any]", token)
+        first = cast("tuple[Any, ...]", token)[0]
         if isinstance(first, _LazyPass):
-            self._finish_pass(first, ctx_token, event)
+            self._finish_pass(first, cast("tuple[Any, Any]", token)[1], event)
             return
         span = first
         try:
@@ -356,9 +395,7 @@ class OpenTelemetry(ev.Observer):
                 span.set_attributes(_attrs(event, _FINISH_ATTRS))
                 self._ended(span, event)
         finally:
-            if ctx_token is not None:
-                otel_context.detach(ctx_token)
-            span.end()
+            self._closed(token)
         self._measure(event)
 
     def _finish_pass(self, lazy: _LazyPass, pass_token: Any, event: ev.FinishEvent) -> None:
@@ -421,7 +458,7 @@ class OpenTelemetry(ev.Observer):
             self._tracer.start_span(name, attributes=_event_attrs(event)).end()
             self._measure(event)
             return
-        span = otel_trace.get_current_span()
+        span = self._open.get() or otel_trace.get_current_span()
         if span.is_recording():
             span.add_event(f"poimen.{event.kind}", _event_attrs(event))
         self._measure(event)
