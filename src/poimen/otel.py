@@ -214,14 +214,16 @@ class OpenTelemetry(ev.Observer):
 
     def refresh(self) -> None:
         """What to ask for: everything if an SDK traces or measures, else nothing; looked
-        at again while a global provider may still be set."""
+        at again while the global tracer provider may still be set."""
         tp, mp = self._providers
         tp = _global_tracer_provider() if tp is None else tp
         mp = _global_meter_provider() if mp is None else mp
         self._tracing = tp is not None and not isinstance(tp, otel_trace.NoOpTracerProvider)
         measuring = mp is not None and not isinstance(mp, otel_metrics.NoOpMeterProvider)
         self.wants = EVERYTHING if self._tracing or measuring else 0
-        self.watching = tp is None or mp is None
+        # A global meter provider set later changes nothing here (the instruments made from
+        # the API's stand-in pass their points on to it); a tracer provider does.
+        self.watching = tp is None
 
     def _tool(self, tool_id: str, effect: str) -> _Tool:
         t = self._tools.get(tool_id)
