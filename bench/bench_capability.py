@@ -26,8 +26,9 @@ from typing import Any
 import httpx
 
 from bench._util import Row, fresh
-from poimen import Caps, Completed, Idempotent, Kernel, KeyDerivation, ToolContext, _guard
-from poimen._capability import ToolContext as _Ctx
+from poimen import Caps, Completed, Idempotent, Kernel, KeyDerivation, ToolContext
+from poimen._capability import guard as _guard
+from poimen._capability.context import ToolContext as _Ctx
 from poimen.store.sqlite import SqliteStore
 
 GROUP = "6 capability"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from poimen import IntentState, Kernel, Notification
-from poimen._intents import Intent
+from poimen._core.intents import Intent
 from poimen.testing import kill_at_pause, register_test_tools, spawn_call
 
 TIMEOUT = 0.5  # tool timeout in crash tests: keeps Queryable deadlines short

@@ -1,7 +1,8 @@
 """poimen: crash-safe tool calls for AI agents."""
 
-from poimen._capability import Sink, ToolContext
-from poimen._effects import (
+from poimen._capability.context import Sink, ToolContext
+from poimen._capability.handles import AsyncHttpHandle, HttpHandle, SinkHandle
+from poimen._core.effects import (
     EffectClass,
     Idempotent,
     KeyDerivation,
@@ -11,12 +12,11 @@ from poimen._effects import (
     Queryable,
     ReadOnly,
     RequestIdLookup,
+    Transactional,
     Unknown,
     Unsafe,
 )
-from poimen._evidence import Evidence, Fact, RecordedCall, Suggestion
-from poimen._handles import AsyncHttpHandle, HttpHandle, SinkHandle
-from poimen._intents import (
+from poimen._core.intents import (
     Attempt,
     Completed,
     Denial,
@@ -28,15 +28,18 @@ from poimen._intents import (
     Notification,
     Outcome,
     Pending,
+    RecoveryReport,
     Resolved,
 )
+from poimen._core.keys import MAX_ARGS_BYTES, MAX_CALL_ID_BYTES, MAX_NESTING, MAX_TOOL_ID_BYTES
+from poimen._core.retry import Retry
+from poimen._core.spec import ToolSpec
+from poimen._core.tools import Caps, ToolRegistration
+from poimen._engine.evidence import Evidence, Fact, RecordedCall, Suggestion
+from poimen._engine.notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
+from poimen._engine.transactional import Tx, TxCursor
 from poimen._kernel import Kernel
-from poimen._keys import MAX_ARGS_BYTES, MAX_CALL_ID_BYTES, MAX_NESTING, MAX_TOOL_ID_BYTES
-from poimen._notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
-from poimen._recovery import RecoveryReport
-from poimen._retry import Retry
-from poimen._spec import ToolHandle, ToolSpec
-from poimen._tools import Caps, ToolRegistration
+from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport, UndoStep
 from poimen.errors import DefiniteFailure, NotSent
 
@@ -87,6 +90,9 @@ __all__ = [
     "ToolHandle",
     "ToolRegistration",
     "ToolSpec",
+    "Transactional",
+    "Tx",
+    "TxCursor",
     "UndoReport",
     "UndoStep",
     "Unknown",

@@ -1,5 +1,5 @@
-"""What a kernel does to help an operator decide: its tools' evidence (`poimen._evidence`),
-their ageing thresholds and the escalation line (`poimen._ageing`), wired to the kernel's
+"""What a kernel does to help an operator decide: its tools' evidence (`poimen._engine.evidence`),
+their ageing thresholds and the escalation line (`poimen.operator._ageing`), wired to the kernel's
 delivery of notifications. None of it runs on a caller's thread or in recovery."""
 
 from __future__ import annotations
@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from poimen import _ageing, _evidence, _guard
-from poimen._notify import Notifier, deliver, notifier_names
-from poimen._operator import Identity, find
+from poimen._capability import guard as _guard
+from poimen._engine import evidence as _evidence
+from poimen._engine.notify import Notifier, deliver, notifier_names
+from poimen.operator import _ageing
+from poimen.operator._ops import Identity, find
 
 if TYPE_CHECKING:
-    from poimen._capability import Issuer
-    from poimen._tools import Tool
-    from poimen._upkeep import Duty
+    from poimen._capability.context import Issuer
+    from poimen._core.tools import Tool
+    from poimen._engine.upkeep import Duty
     from poimen.store._base import Store
 
 

@@ -1,101 +1,22 @@
-"""When a tool's call waits for an operator's approval (docs/approvals.md): always, or when a
-predicate on the recorded arguments says so; and for how long."""
+"""Approvals as a kernel applies them (docs/approvals.md): the edited call a caller resumes
+with, and an approval with edited arguments. The rules of when a call waits are
+`poimen._core.approval`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from poimen import _undo, call_ids
-from poimen._intents import Intent, IntentState
-from poimen._notify import approval_note
-from poimen._operator import Identity, who_and_why
-from poimen.errors import (
-    ArgumentError,
-    IntentNotFoundError,
-    NotAwaitingApprovalError,
-    RegistrationError,
-)
+from poimen import call_ids
+from poimen._core.intents import Intent, IntentState
+from poimen._engine.engine import MAKING
+from poimen._engine.notify import approval_note
+from poimen.errors import IntentNotFoundError, NotAwaitingApprovalError
+from poimen.operator._ops import Identity, who_and_why
 from poimen.store import Store
 
 if TYPE_CHECKING:
     from poimen._kernel import Kernel
-
-
-class ApprovalRule:
-    """When a tool's call waits for an operator: always, or when a predicate on the recorded
-    arguments says so."""
-
-    __slots__ = ("approvers", "predicate", "ttl")
-
-    def __init__(
-        self,
-        predicate: Callable[[Mapping[str, Any]], bool] | None,
-        ttl: float | None,
-        approvers: int = 1,
-    ):
-        self.predicate = predicate
-        self.ttl = ttl
-        self.approvers = approvers
-
-    def needed(self, tool_id: str, recorded: Mapping[str, Any]) -> bool:
-        if self.predicate is None:
-            return True
-        try:
-            return bool(self.predicate(recorded))
-        except Exception as exc:  # nothing is recorded: the caller learns why
-            raise ArgumentError(
-                f"tool {tool_id!r}: its approval rule raised {type(exc).__name__}: {exc}",
-                tool_id=tool_id,
-                argument="<requires_approval>",
-            ) from exc
-
-
-def approval_rule(
-    tool_id: str, requires: object, ttl: float | None, approvers: object = 1
-) -> ApprovalRule | None:
-    if ttl is not None and (
-        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0
-    ):
-        raise RegistrationError(
-            f"tool {tool_id!r}: approval_ttl must be a positive number of seconds or None, "
-            f"not {ttl!r}",
-            tool_id=tool_id,
-        )
-    if isinstance(approvers, bool) or not isinstance(approvers, int) or approvers < 1:
-        raise RegistrationError(
-            f"tool {tool_id!r}: approvers must be a whole number from 1, not {approvers!r}",
-            tool_id=tool_id,
-        )
-    if requires is False:
-        if approvers > 1:
-            raise RegistrationError(
-                f"tool {tool_id!r}: approvers needs requires_approval", tool_id=tool_id
-            )
-        if ttl is not None:
-            raise RegistrationError(
-                f"tool {tool_id!r}: approval_ttl needs requires_approval", tool_id=tool_id
-            )
-        return None
-    if requires is True:
-        return ApprovalRule(None, ttl, approvers)
-    if callable(requires):
-        return ApprovalRule(requires, ttl, approvers)
-    raise RegistrationError(
-        f"tool {tool_id!r}: requires_approval must be True, False or a predicate on the "
-        f"arguments, not {requires!r}",
-        tool_id=tool_id,
-    )
-
-
-def approval_due(intent: Intent, now: float) -> bool:
-    """Whether a call awaiting approval is past its window at `now` (it must expire, and no
-    decision may dispatch it any more)."""
-    return (
-        intent.state == IntentState.AWAITING_APPROVAL
-        and intent.next_check_at is not None
-        and intent.next_check_at <= now
-    )
 
 
 def followed(store: Store, intent: Intent) -> Intent:
@@ -132,11 +53,11 @@ def approve_edited(
         )
     name, why, context = who_and_why("approve", operator, reason)
     edit_id = call_ids.edit_of(it.call_id)
-    making = _undo._MAKING.set(edit_id)
+    making = MAKING.set(edit_id)
     try:
         _, d, _ = kernel._prepare(it.tool_id, args, edit_id)
     finally:
-        _undo._MAKING.reset(making)
+        MAKING.reset(making)
     now = store.now()
     if d.args_hash == it.args_hash:  # nothing edited: a plain approval
         return store.decide_approval(

@@ -4,68 +4,56 @@ This module is over 600 lines on purpose: `Kernel` is the public API, and its me
 in one place; each is a few lines that hand the work to the modules of docs/design.md's
 module map (the protocol, recovery, upkeep, sandbox, undo, observers).
 
-The protocol itself is `poimen._protocol`; the decisions `poimen._decide`; the background
-duties `poimen._upkeep`. This module holds what belongs to one kernel: its identity (again
+The protocol itself is `poimen._engine.protocol`; the decisions `poimen._core.decide`; the background
+duties `poimen._engine.upkeep`. This module holds what belongs to one kernel: its identity (again
 after a fork), its settings, its tools and its public API (docs/design.md §8 maps them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import os
-import random
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from poimen import (
-    _approval,
-    _guard,
-    _hooks,
-    _observe,
-    _protocol,
-    _runners,
-    _sandbox,
-    _undo,
-    call_ids,
-)
+from poimen import _approval, _observe, _undo
 from poimen._aids import Aids
-from poimen._approval import ApprovalRule, approval_due, approval_rule
-from poimen._capability import Issuer, Sink, ToolContext
-from poimen._effects import EffectClass, Idempotent, Queryable, ReadOnly, effect_name
-from poimen._evidence import Evidence, Found, Gather
-from poimen._intents import Denial, Intent, IntentState, Outcome
-from poimen._keys import args_digest, canonical, check_call_id, encode_args
-from poimen._liveness import current_owner
-from poimen._notify import LogNotifier, Notifier, Renotifier, notifier_names
+from poimen._capability import guard as _guard
+from poimen._capability.context import Issuer, Sink, ToolContext
+from poimen._core.approval import ApprovalRule, approval_due, approval_rule
+from poimen._core.audit import Head
+from poimen._core.effects import EffectClass, Idempotent, ReadOnly, Transactional
+from poimen._core.intents import Denial, Intent, IntentState, Outcome, RecoveryReport
+from poimen._core.retry import Retry
+from poimen._core.spec import ToolSpec, safe_name, spec_of
+from poimen._core.tools import Caps, Tool, ToolRegistration, build_tool
+from poimen._engine import hooks as _hooks
+from poimen._engine import protocol as _protocol
+from poimen._engine import runners as _runners
+from poimen._engine.audit_head import HeadPublisher, check_every
+from poimen._engine.engine import Engine, Settings
+from poimen._engine.evidence import Evidence, Found, Gather
+from poimen._engine.liveness import current_owner
+from poimen._engine.notify import LogNotifier, Notifier, Renotifier, notifier_names
+from poimen._engine.protocol import orphan_steps
+from poimen._engine.recovery import recover_pass
+from poimen._engine.runners import run_sync
+from poimen._engine.steps import CallState
+from poimen._engine.transactional import Database
+from poimen._engine.upkeep import Upkeep
+from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen._observe import logging_wanted
-from poimen._operator import Identity
-from poimen._operator import abandon as operator_abandon
-from poimen._operator import decide_approval as operator_decide_approval
-from poimen._operator import resolve as operator_resolve
-from poimen._protocol import Engine, call_steps, orphan_steps
-from poimen._recovery import RecoveryReport, recover_pass
-from poimen._retry import Retry
-from poimen._runners import run_async, run_sync
-from poimen._spec import ToolHandle, ToolSpec, safe_name, spec_of
-from poimen._steps import CallState
-from poimen._tools import Caps, Tool, ToolRegistration, build_tool
+from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoArgs, UndoReport, UndoRule
-from poimen._upkeep import Upkeep
-from poimen._workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen.errors import (
     ApprovalExpiredError,
     IntentNotFoundError,
-    NondeterministicKeyError,
     PoimenError,
     RegistrationError,
     UnknownToolError,
-    WrongRunnerError,
 )
 from poimen.events import (
     AbandonedEvent,
@@ -75,6 +63,11 @@ from poimen.events import (
     Observer,
     ResolvedEvent,
 )
+from poimen.operator._ops import Identity
+from poimen.operator._ops import abandon as operator_abandon
+from poimen.operator._ops import decide_approval as operator_decide_approval
+from poimen.operator._ops import resolve as operator_resolve
+from poimen.sandbox import _modes as _sandbox
 from poimen.store import Store, open_store
 from poimen.store._base import NewDispatch
 
@@ -104,8 +97,9 @@ class Kernel:
             lease has run out. Default: the hostname, boot id and pid namespace; give hosts
             that may share a hostname distinct names (docs/postgres.md).
         mode: ``"live"`` runs tools; ``"replay"`` answers every call from `recording` and runs
-            none; ``"shadow"`` runs only ReadOnly tools and answers the others from `live`, or
-            as "would have called" (docs/sandbox.md).
+            none; ``"shadow"`` runs only ReadOnly tools, and Transactional ones whose
+            transaction it rolls back, and answers the others from `live`, or as "would have
+            called" (docs/sandbox.md).
         lease_ttl: How long a dispatched call's lease lasts (at least its tool's timeout). The
             kernel renews the leases of the calls it runs; another kernel may take over a call
             only after its lease ran out (or its owner is seen gone on this host).
@@ -142,6 +136,9 @@ class Kernel:
             `poimen.otel.OpenTelemetry()`.
         log_events: Log each transition on the ``poimen`` loggers: True, False, or None
             (default) to follow the logging configuration (docs/observability.md).
+        audit_head_every: Publish the head of the log's audit chain every this many seconds
+            after `launch()`, when it moved: a log line, the notifiers, the observers
+            (docs/audit.md). None (default): not published.
     """
 
     def __init__(
@@ -168,6 +165,7 @@ class Kernel:
         on_divergence: Literal["raise", "record"] = "raise",
         observers: Sequence[Observer] | None = None,
         log_events: bool | None = None,
+        audit_head_every: float | None = None,
     ) -> None:
         if not isinstance(store, str) and not callable(getattr(store, "record_dispatch", None)):
             raise PoimenError(
@@ -182,16 +180,17 @@ class Kernel:
             raise PoimenError(
                 f"worker_id must be a non-empty string, not {worker_id!r}", field="worker_id"
             )
-        _check_settings(
-            positive={
-                "lease_ttl": lease_ttl,
-                "lookup_backoff": lookup_backoff,
-                "max_backoff": max_backoff,
-                "recover_interval": recover_interval,
-            },
-            non_negative={"deadline_margin": deadline_margin, "wait_bound": wait_bound},
-            counts={"max_attempts": max_attempts, "lookup_limit": lookup_limit},
+        settings = Settings(
+            lease_ttl=lease_ttl,
+            max_attempts=max_attempts,
+            lookup_limit=lookup_limit,
+            lookup_backoff=lookup_backoff,
+            max_backoff=max_backoff,
+            deadline_margin=deadline_margin,
+            wait_bound=wait_bound,
+            recover_interval=recover_interval,
         )
+        check_every(audit_head_every)
         # One name each (escalation notifiers too): refused here, not mid-recovery.
         notifier_names([*(notifiers or ()), *escalate_to])
         self._given_worker_id = worker_id
@@ -204,20 +203,11 @@ class Kernel:
             release_worker_id(owner.worker_id, self)
             raise
         self.mode: Mode = mode
-        self.lease_ttl = lease_ttl
         self.notifiers: list[Notifier] = (
             list(notifiers) if notifiers is not None else [LogNotifier()]
         )
-        self.max_attempts = max_attempts
-        self.lookup_limit = lookup_limit
-        self.lookup_backoff = lookup_backoff
-        self.max_backoff = max_backoff
-        self.deadline_margin = deadline_margin
-        self.wait_bound = wait_bound
-        self.recover_interval = recover_interval
         # Reminders for INDETERMINATE intents still open after this many seconds.
         self._renotifier = Renotifier(renotify_after) if renotify_after is not None else None
-        self._closed = False
         self._deliver_lock = threading.Lock()
         self._on_close: list[Callable[[], object]] = []
         # Layer 2: write tokens, registered sinks, the shared HTTP pool of ctx.http.
@@ -227,28 +217,26 @@ class Kernel:
             self.store,
             owner,
             self._issuer,
-            lease_ttl=lease_ttl,
-            deadline_margin=deadline_margin,
-            wait_bound=wait_bound,
-            max_attempts=max_attempts,
-            lookup_limit=lookup_limit,
-            lookup_backoff=lookup_backoff,
-            max_backoff=max_backoff,
+            settings,
             notify=self._notify_soon,
             notifiers=self.notifiers,
+            on_call=self._before_call,
         )
         # Evidence, ageing, escalation: gathered and sent by the delivery duty (poimen._aids).
         self._aids = Aids(self.store, self._issuer, self._engine.tools, escalate_to)
+        self._heads = HeadPublisher(
+            self.store, lambda: self.notifiers, self._emit, lambda: self.worker_id
+        )
         self._upkeep = Upkeep(
             renew=self._renew,
             recover=self.recover,
             deliver=self._delivery_round,
             lease_ttl=lease_ttl,
             recover_interval=recover_interval,
+            publish=None if audit_head_every is None else self._heads.publish,
+            publish_every=audit_head_every or 3600.0,
         )
         self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
-        self._approvals: dict[str, ApprovalRule] = {}
-        self._repeating: set[str] = set()  # tools registered with coalesce=False
         self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
         self._names: dict[str, str] = {}  # provider-safe name -> tool id
         self._specs: dict[str, ToolSpec] = {}
@@ -256,12 +244,13 @@ class Kernel:
         # Logging configured later is looked for at each call and pass (_observe.relog).
         self._log_watch = _observe.watching(self, log_events)
         LIVE.add(self)
-        # Shadow and replay answer calls without effects: poimen._sandbox, docs/sandbox.md.
+        # Shadow and replay answer calls without effects: poimen.sandbox._modes, docs/sandbox.md.
         self._sandbox: _sandbox.Sandbox | None = None
         if mode != "live":
             try:
                 self._sandbox = _sandbox.Sandbox(
-                    self,
+                    self._engine,
+                    self.store,
                     mode,
                     source=recording if mode == "replay" else live,
                     scope=scope,
@@ -271,6 +260,7 @@ class Kernel:
                 self.close()
                 raise
             self._on_close.append(self._sandbox.close)
+            self._engine.sandbox = self._sandbox
 
     @property
     def owner(self) -> Any:
@@ -283,8 +273,30 @@ class Kernel:
         return str(self._engine.owner.worker_id)
 
     @property
+    def settings(self) -> Settings:
+        """The settings this kernel was made with (frozen, validated once)."""
+        return self._engine.settings
+
+    lease_ttl = property(lambda self: self.settings.lease_ttl, doc="`Settings.lease_ttl`")
+    max_attempts = property(lambda self: self.settings.max_attempts, doc="`Settings.max_attempts`")
+    lookup_limit = property(lambda self: self.settings.lookup_limit, doc="`Settings.lookup_limit`")
+    lookup_backoff = property(lambda self: self.settings.lookup_backoff)
+    max_backoff = property(lambda self: self.settings.max_backoff)
+    deadline_margin = property(lambda self: self.settings.deadline_margin)
+    wait_bound = property(lambda self: self.settings.wait_bound)
+    recover_interval = property(lambda self: self.settings.recover_interval)
+
+    @property
+    def _closed(self) -> bool:
+        return self._engine.closed
+
+    @property
     def _tools(self) -> dict[str, Tool]:
         return self._engine.tools
+
+    @property
+    def _approvals(self) -> dict[str, ApprovalRule]:
+        return self._engine.approvals
 
     # Registration.
 
@@ -388,8 +400,13 @@ class Kernel:
         if isinstance(fn, ToolHandle):  # one function registered under another id as well
             fn = fn.__wrapped__
         tool = build_tool(registration, fn)
-        if isinstance(registration.effects, Idempotent | ReadOnly):
+        if isinstance(registration.effects, Idempotent | ReadOnly | Transactional):
             _guard.install()
+        db = (
+            Database(registration.effects, self.store.url)
+            if isinstance(registration.effects, Transactional)
+            else None
+        )
         rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
         undo_rule = _undo.rule(registration.id, undo, undo_args)
         aids = self._aids.register(registration.id, evidence, escalate_after)
@@ -401,14 +418,16 @@ class Kernel:
         name = safe_name(registration.id, set(self._names))
         spec = spec_of(tool, name, description)
         self._engine.tools[registration.id] = tool
+        if db is not None:
+            self._engine.databases[registration.id] = db
         if rule is not None:
-            self._approvals[registration.id] = rule
+            self._engine.approvals[registration.id] = rule
         if retry is not None:
             self._engine.retries[registration.id] = retry
         if undo_rule is not None:
             self._undos[registration.id] = undo_rule
         if not coalesce:
-            self._repeating.add(registration.id)
+            self._engine.repeating.add(registration.id)
         aids()
         self._names[name] = registration.id
         self._specs[registration.id] = spec
@@ -556,7 +575,7 @@ class Kernel:
         store. Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        self._engine.closed = True
         self._aids.gatherer.close()
         self._upkeep.stop(within=10.0)
         _runners.wait_continuations(self._engine, within=30.0)
@@ -619,33 +638,7 @@ class Kernel:
         `scope` (a conversation, a thread, a run): an identical call in it that is not settled
         answers this call instead of a dispatch (default: the scope of a call id made by
         `poimen.call_ids.derived` for this call; docs/design.md section 4)."""
-        if _guard.current() is not None:
-            # Called from inside a guarded tool: the kernel's writes are not that tool's, and
-            # the inner tool is guarded by its own class.
-            token = _guard.suspend()
-            try:
-                return self.call(tool, args, call_id=call_id, scope=scope)
-            finally:
-                _guard.resume(token)
-        if self._sandbox is not None:
-            return self._sandbox.call(tool, args, call_id)
-        t, d, kwargs = self._prepare(tool, args, call_id, scope)
-        approval = self._approval(t, d)
-        if t.is_async and _loop_running() and approval is None:
-            raise WrongRunnerError(
-                f"tool {t.id!r} is async and an event loop runs in this thread: "
-                "use `await kernel.acall(...)`; nothing was recorded",
-                tool_id=t.id,
-            )
-        if self._log_watch and logging_wanted():
-            self._start_logging()
-        self._upkeep.held()
-        e = self._engine
-        steps = call_steps(e, t, d, kwargs, CallState(), approval)
-        obs = e.observer
-        if obs is not None and _hooks.calls_wanted(obs):
-            return _hooks.observed_call(obs, d, lambda: run_sync(e, steps))
-        return run_sync(e, steps)
+        return self._engine.run_call(tool, args, call_id=call_id, scope=scope)
 
     async def acall(
         self, tool: str, args: Mapping[str, Any], *, call_id: str, scope: str | None = None
@@ -653,71 +646,17 @@ class Kernel:
         """`call` for async callers. A cancelled caller gets `CancelledError` at once; the
         call itself is settled with its real outcome (a sync tool's thread is followed until
         it returns), and nothing new (retry, lookup) starts for it."""
-        if _guard.current() is not None:  # see call()
-            token = _guard.suspend()
-            try:
-                return await self.acall(tool, args, call_id=call_id, scope=scope)
-            finally:
-                _guard.resume(token)
-        if self._sandbox is not None:
-            return await self._sandbox.acall(tool, args, call_id)
-        t, d, kwargs = self._prepare(tool, args, call_id, scope)
+        return await self._engine.arun_call(tool, args, call_id=call_id, scope=scope)
+
+    def _before_call(self) -> None:
         if self._log_watch and logging_wanted():
             self._start_logging()
         self._upkeep.held()
-        e = self._engine
-        c = CallState()
-        approval = self._approval(t, d)
-        run = run_async(e, call_steps(e, t, d, kwargs, c, approval), c)
-        obs = e.observer
-        if obs is not None and _hooks.calls_wanted(obs):
-            return await _hooks.observed_acall(obs, d, run)
-        return await run
 
     def _prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str, scope: str | None = None
     ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
-        if self._closed:
-            raise PoimenError("the kernel is closed")
-        e = self._engine
-        t = e.tools.get(tool) if isinstance(tool, str) else None
-        if t is None:
-            raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
-        check_call_id(call_id)
-        _undo.check_not_reserved(call_id)
-        effects = t.registration.effects
-        data, _ = encode_args(args)
-        recorded, kwargs = t.validate(data)
-        text = canonical(recorded)
-        key = request_id = None
-        if isinstance(effects, Idempotent):
-            key = effects.key.derive(t.id, recorded)
-            if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:
-                raise NondeterministicKeyError(
-                    f"tool {t.id!r}: its key derivation gave two keys for one set of arguments",
-                    tool_id=t.id,
-                )
-        elif isinstance(effects, Queryable):
-            request_id = _new_request_id()
-        now = self.store.now()
-        timeout = t.registration.timeout
-        d = NewDispatch(
-            intent_id=_new_id(),
-            call_id=call_id,
-            tool_id=t.id,
-            effect=effect_name(effects),
-            args=text,
-            args_hash=args_digest(text),
-            key=key,
-            request_id=request_id,
-            owner=e.owner,
-            lease_expires_at=now + max(self.lease_ttl, timeout),
-            timeout_s=timeout,
-            deadline_at=now + timeout + self.deadline_margin,
-            now=now,
-            scope=call_ids.scope_for(call_id, t.id, args, scope, t.id not in self._repeating),
-        )
-        return t, d, kwargs
+        return self._engine.prepare(tool, args, call_id, scope)
 
     def _context(self, t: Tool, intent: Intent) -> ToolContext:
         return _runners.context(self._engine, t, intent)
@@ -833,12 +772,6 @@ class Kernel:
             self.undo, scope, operator=operator, reason=reason, dry_run=dry_run
         )
 
-    def _approval(self, t: Tool, d: NewDispatch) -> _protocol.Approval | None:
-        rule = self._approvals.get(t.id)
-        if rule is None or not rule.needed(t.id, json.loads(d.args)):
-            return None
-        return _protocol.Approval(None if rule.ttl is None else d.now + rule.ttl, rule.approvers)
-
     async def alaunch(self, *, background: bool = True) -> RecoveryReport:
         """`launch` for async applications (the pass runs off the event loop)."""
         return await asyncio.to_thread(self.launch, background=background)
@@ -887,53 +820,18 @@ class Kernel:
         only: it never decides, and a failure is recorded, not raised."""
         return self._aids.evidence(intent_id, operator)
 
+    def publish_audit_head(self) -> Head | None:
+        """Publish the head of the log's audit chain now, as ``audit_head_every`` does (a log
+        line, the notifiers, the observers); returns it, or None for a log without a chain."""
+        return self._heads.publish(force=True)
+
+    def _emit(self, event: KernelEvent) -> None:
+        _hooks.point(self._engine, lambda base: event)
+
     def _notify_soon(self) -> None:
         """The outbox row is committed: have the delivery duty deliver it, so a slow webhook
         never holds up the caller (nor other callers behind the delivery lock)."""
-        from poimen import _crashpoints
+        from poimen._engine import crashpoints as _crashpoints
 
         _crashpoints.hit("before_notify")
         self._upkeep.notify_soon()
-
-
-def _check_settings(
-    *, positive: dict[str, float], non_negative: dict[str, float], counts: dict[str, int]
-) -> None:
-    for name, v in {**positive, **non_negative}.items():
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, int | float)
-            or not math.isfinite(v)
-            or (v <= 0 if name in positive else v < 0)
-        ):
-            kind = "positive" if name in positive else "non-negative"
-            raise PoimenError(f"{name} must be a {kind} number of seconds, not {v!r}", field=name)
-    for name, n in counts.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise PoimenError(f"{name} must be a whole number of at least 1, not {n!r}", field=name)
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-# Intent ids need uniqueness, not secrecy. os.urandom per call hands the GIL back for a
-# system call and, with the store's writer thread busy, waited 60 us to win it again (profile
-# of 64 async callers); a generator seeded from it once per process, and again in a forked
-# child, does not.
-_ids = random.Random(os.urandom(32))
-os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
-
-
-def _new_id() -> str:
-    # Time-ordered, so recovery scans the oldest unfinished intents first.
-    return f"in_{time.time_ns():016x}{_ids.getrandbits(40):010x}"
-
-
-def _new_request_id() -> str:
-    # Request ids go to providers, and a lookup trusts what answers under one: unpredictable.
-    return "rq_" + secrets.token_hex(16)

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from poimen import _crashpoints
+from poimen._engine import crashpoints as _crashpoints
 from poimen.testing import CHARGE, EMAIL, SHIP
 
 Tool = Callable[[dict[str, Any]], Any]

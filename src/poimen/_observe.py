@@ -1,4 +1,4 @@
-"""A kernel's observers behind the hooks the engine calls (`poimen._hooks`).
+"""A kernel's observers behind the hooks the engine calls (`poimen._engine.hooks`).
 
 `Observation` is all of them at once: it calls each observer only for what the observer
 wants, and logs an observer's exception instead of letting it reach the caller. poimen's own
@@ -18,17 +18,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, cast
 
-from poimen import _hooks
 from poimen import events as ev
-from poimen._hooks import CALLS, EVERYTHING, RECOVERY, TRANSITIONS, ObserverHooks, ids
-from poimen._present import redact_urls
+from poimen._core.present import redact_urls
+from poimen._engine import hooks as _hooks
+from poimen._engine.hooks import CALLS, EVERYTHING, RECOVERY, TRANSITIONS, ObserverHooks, ids
 from poimen.errors import PoimenError
 
 if TYPE_CHECKING:
-    from poimen._intents import Intent, Outcome
+    from poimen._core.intents import Intent, Outcome
+    from poimen._engine.engine import Engine
+    from poimen._engine.steps import Run
     from poimen._kernel import Kernel
-    from poimen._protocol import Engine
-    from poimen._steps import Run
     from poimen.store._base import NewDispatch
 
 log = logging.getLogger("poimen.observe")

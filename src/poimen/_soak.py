@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,14 +43,21 @@ from typing import Any
 
 import httpx
 
-from poimen._capability import ToolContext
-from poimen._effects import Idempotent, KeyDerivation, Queryable, ReadOnly, Unsafe
+from poimen._capability.context import ToolContext
+from poimen._core.effects import (
+    Idempotent,
+    KeyDerivation,
+    Queryable,
+    ReadOnly,
+    Transactional,
+    Unsafe,
+)
+from poimen._core.intents import Intent
+from poimen._core.tools import Caps
+from poimen._engine.steps import Holds
 from poimen._faults import Faults
-from poimen._intents import Intent
 from poimen._kernel import Kernel
 from poimen._provider import ProviderProcess
-from poimen._steps import Holds
-from poimen._tools import Caps
 
 __all__ = ["SoakConfig", "run_soak"]
 
@@ -58,10 +66,11 @@ DEFAULT_FAULTS = ("before=0.04,after=0.04,lost=0.04,refuse=0.02,latency=0.3,max_
 POSTGRES_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 # A call id says which tool it calls, so that a later worker can call it again.
-TOOLS = {"i": "soak.charge", "q": "soak.ship", "u": "soak.email", "r": "soak.read"}
+TOOLS = {"i": "soak.charge", "q": "soak.ship", "u": "soak.email", "r": "soak.read",
+         "t": "soak.note"}
 CLASS = {"soak.charge": "idempotent", "soak.ship": "queryable", "soak.email": "unsafe",
-         "soak.read": "readonly"}
-_WEIGHTS = (("i", 0.3), ("q", 0.3), ("u", 0.25), ("r", 0.15))
+         "soak.read": "readonly", "soak.note": "transactional"}
+_WEIGHTS = (("i", 0.25), ("q", 0.25), ("u", 0.2), ("r", 0.15), ("t", 0.15))
 
 
 def call_of(call_id: str) -> tuple[str, dict[str, Any]]:
@@ -72,6 +81,7 @@ def call_of(call_id: str) -> tuple[str, dict[str, Any]]:
         "soak.ship": {"order_id": call_id, "address": "1 Main St"},
         "soak.email": {"to": call_id, "subject": "soak"},
         "soak.read": {"order_id": call_id},
+        "soak.note": {"order_id": call_id},
     }
     return tool, every[tool]
 
@@ -246,6 +256,41 @@ def register_soak_tools(kernel: Kernel, url: str, side: Side, timeout: float) ->
     def read(ctx: ToolContext, order_id: str) -> int:
         with run(ctx):
             return ctx.http.get(f"{url}/requests/{order_id}").status_code
+
+    # Its witness is the application's own table (`app_db`): a row per landed write.
+    @kernel.tool(id="soak.note", effects=Transactional(database=app_db(kernel.store.url)),
+                 caps=caps, timeout=timeout)
+    def note(ctx: ToolContext, order_id: str) -> int:
+        with run(ctx):
+            q = "?" if ctx.tx.paramstyle == "qmark" else "%s"
+            ctx.tx.execute(f"INSERT INTO soak_notes (call_id) VALUES ({q})", (order_id,))
+            if ctx.attempt == 1 and zlib.crc32(order_id.encode()) % 8 == 0:
+                raise RuntimeError("soak: a tool that fails after its write")  # rolled back
+            return ctx.attempt
+
+
+def app_db(log_url: str) -> str:
+    """The Transactional tool's database: on SQLite a file beside the log, on PostgreSQL the
+    log's own database (its outcome commits with the write)."""
+    if log_url.startswith("sqlite:///"):
+        return log_url.rsplit("/", 1)[0] + "/app.db"
+    return log_url
+
+
+def make_app_table(log_url: str) -> None:
+    url = app_db(log_url)
+    sql = "CREATE TABLE IF NOT EXISTS soak_notes (call_id TEXT NOT NULL)"
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(url[len("sqlite:///") :])) as conn:
+            conn.execute(sql)
+            conn.commit()
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        pg.execute(sql)
 
 
 def soak_kernel(db: str, provider: str, worker_id: str, side: Side, *, timeout: float,
@@ -522,6 +567,7 @@ def run_soak(cfg: SoakConfig) -> Any:
     try:
         with _database(cfg.db, base, keep=cfg.workdir is not None) as db_url:
             Kernel(db_url, worker_id="migrate", notifiers=[]).close()  # one migrator, first
+            make_app_table(db_url)
             with ProviderProcess(base / "ledger.db", faults=spec) as provider:
                 run = drive(cfg, base, db_url, provider.url)
                 final_recovery(run, provider.url)

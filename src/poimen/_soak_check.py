@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poimen._intents import Attempt, Intent, IntentState
-from poimen._soak import CLASS, Run, SoakConfig, WorkerRecord
+from poimen._core.intents import Attempt, Intent, IntentState
+from poimen._soak import CLASS, Run, SoakConfig, WorkerRecord, app_db
 from poimen.store import open_store
 
 __all__ = ["Check", "SoakReport", "check_run", "save_run"]
@@ -152,6 +152,7 @@ def check_run(base: str | Path) -> SoakReport:
     finally:
         ledger.close()
     checks, effects = _ledger_checks(intents, entries, received)
+    checks.append(_rows_check(intents, _app_rows(data["db_url"])))
     waiting = [i for i in intents if i.state == IntentState.AWAITING_APPROVAL]
     left = Check("nothing unfinished after the final recovery", len(intents))
     left.violations += [f"{i.call_id} ({i.tool_id}) still {i.state.value}"
@@ -227,8 +228,8 @@ def _ledger_checks(
     never_failed = Check("no landed call is FAILED (Unsafe included)")
     has_effect = Check("a COMPLETED call has its effect")
     for i in intents:
-        if CLASS.get(i.tool_id) in (None, "readonly"):
-            continue
+        if CLASS.get(i.tool_id) in (None, "readonly", "transactional"):
+            continue  # no effect in the ledger: a Transactional one's is in its own table
         n = effects.get(i.id, 0)
         if i.state == IntentState.FAILED:
             never_failed.checked += 1
@@ -239,6 +240,39 @@ def _ledger_checks(
             if not n:
                 has_effect.violations.append(f"{i.call_id} COMPLETED without an effect")
     return [one_key, one_request, sent_once, owned, never_failed, has_effect], effects
+
+
+def _app_rows(log_url: str) -> dict[str, int]:
+    """The Transactional tool's witness: its rows in the application's own table, by call."""
+    url, sql = app_db(log_url), "SELECT call_id, COUNT(*) FROM soak_notes GROUP BY call_id"
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(f"file:{url[len('sqlite:///'):]}?mode=ro", uri=True)
+        try:
+            return {str(c): int(n) for c, n in conn.execute(sql).fetchall()}
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        return {str(c): int(n) for c, n in pg.execute(sql).fetchall()}
+
+
+def _rows_check(intents: list[Intent], rows: dict[str, int]) -> Check:
+    """Each Transactional write exactly once: a COMPLETED call's row is in the application's
+    table once, a FAILED call's never, no call's twice, and no row without its call."""
+    check = Check("Transactional: each write once in the application's table, never lost")
+    calls = {i.call_id: i for i in intents if CLASS.get(i.tool_id) == "transactional"}
+    check.checked = len(calls)
+    for call, n in rows.items():
+        if call not in calls:
+            check.violations.append(f"{n} row(s) of {call} match no intent")
+    for call, it in calls.items():
+        n = rows.get(call, 0)
+        if n > 1 or (it.state == IntentState.COMPLETED and n != 1) or (
+            it.state == IntentState.FAILED and n
+        ):
+            check.violations.append(f"{call} {it.state.value} with {n} row(s)")
+    return check
 
 
 # --------------------------------------------------------------------------- takeovers

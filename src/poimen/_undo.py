@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
-from poimen import _crashpoints
-from poimen import _operator as op
-from poimen._effects import Idempotent, _impure_names
-from poimen._intents import (
+from poimen._core.effects import Idempotent, _impure_names
+from poimen._core.intents import (
     Completed,
     Failed,
     Indeterminate,
@@ -28,9 +25,11 @@ from poimen._intents import (
     Pending,
     Resolved,
 )
-from poimen._keys import JSONValue, args_digest, canonical, check_call_id, encode_args
-from poimen._tools import check_tool_id
-from poimen.call_ids import is_edit, is_undo, undo_of
+from poimen._core.keys import JSONValue, args_digest, canonical, check_call_id, encode_args
+from poimen._core.tools import check_tool_id
+from poimen._engine import crashpoints as _crashpoints
+from poimen._engine.engine import MAKING
+from poimen.call_ids import is_undo, undo_of
 from poimen.errors import (
     AlreadyUndoneError,
     ArgumentError,
@@ -38,14 +37,14 @@ from poimen.errors import (
     NondeterministicUndoError,
     PoimenError,
     RegistrationError,
-    ReservedCallIdError,
     UndoError,
     UnknownToolError,
 )
+from poimen.operator import _ops as op
 
 if TYPE_CHECKING:
+    from poimen._core.tools import Tool
     from poimen._kernel import Kernel
-    from poimen._tools import Tool
     from poimen.store import Store
 
 S = IntentState
@@ -315,23 +314,6 @@ def undo(
     return UndoReport(scope, tuple(steps), dry_run)
 
 
-#: The undo call id `undo` itself is calling right now, in this context: the one call id
-#: under undo's prefix a call may use.
-_MAKING: ContextVar[str | None] = ContextVar("poimen_undo_making", default=None)
-
-
-def check_not_reserved(call_id: str) -> None:
-    """Refuse an application's call id under undo's prefix (``undo/``, ``undo#<n>/``): undo
-    finds its own calls by those ids and must never take another call for one."""
-    if (is_undo(call_id) or is_edit(call_id)) and _MAKING.get() != call_id:
-        raise ReservedCallIdError(
-            f"call id {call_id!r} starts with a prefix reserved for poimen's undo and edited "
-            "calls (undo/, undo#<n>/, edit/): choose another call id; nothing was recorded",
-            field="call_id",
-            call_id=call_id,
-        )
-
-
 def _check_scope(scope: object) -> None:
     if not isinstance(scope, str) or not scope:
         raise UndoError(f"scope must be a non-empty call-id prefix, not {scope!r}", field="scope")
@@ -435,13 +417,13 @@ def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
                                now=store.now())
         except AlreadyUndoneError as exc:  # another run's undo landed since we looked
             return _already(it, _undone_by(store, it) or {"undo_intent_id": exc.undo_intent_id})
-    making = _MAKING.set(uid)
+    making = MAKING.set(uid)
     try:
         out = kernel.call(r.tool, args, call_id=uid)
     except (ArgumentError, CallIdMismatchError) as exc:
         return _step(it, "stopped", **named, reason=str(exc))
     finally:
-        _MAKING.reset(making)
+        MAKING.reset(making)
     named["undo_intent_id"] = out.intent_id
     match out:
         case Completed() | Resolved(landed=True):

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from poimen._keys import MAX_CALL_ID_BYTES, args_digest, encode_args
+from poimen._core.keys import MAX_CALL_ID_BYTES, args_digest, encode_args
 from poimen.errors import ArgumentError, PoimenError
 
 __all__ = [

@@ -125,6 +125,17 @@ class NotSent(DefiniteFailure):
     """
 
 
+class TransactionControlError(PoimenError):
+    """A Transactional tool tried to end its own transaction (commit, rollback, close), or
+    used `ctx.tx` after its call ended: poimen commits the transaction, with the call's
+    marker, once the tool has returned. `tool_id`, `intent_id`, `action`."""
+
+
+class TransactionalDatabaseError(PoimenError):
+    """A Transactional tool's database cannot be opened, or is not one poimen can use (a
+    sqlite3 or psycopg 3 connection). `database` names it, its password masked."""
+
+
 class WrongRunnerError(PoimenError):
     """This call cannot run here (an async tool through `Kernel.call` inside a running event
     loop: use `await Kernel.acall`)."""

@@ -18,11 +18,10 @@ so it must be quick; a hook registered with `Kernel.on` runs on a thread of its 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from poimen._kernel import Kernel
-    from poimen._recovery import RecoveryReport
+    from poimen._core.intents import RecoveryReport
 
 __all__ = [
     "AbandonedEvent",
@@ -31,6 +30,7 @@ __all__ = [
     "ApprovalRequestedEvent",
     "AttemptFinishedEvent",
     "AttemptStartedEvent",
+    "AuditHeadEvent",
     "CallFinishedEvent",
     "CallStartedEvent",
     "CompletedEvent",
@@ -219,7 +219,8 @@ class DispatchedEvent(IntentEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompletedEvent(IntentEvent):
-    """COMPLETED: the tool returned (`via` "call"), or a lookup said it landed ("lookup")."""
+    """COMPLETED: the tool returned (`via` "call"), a lookup said it landed ("lookup"), or a
+    Transactional tool's transaction committed with the outcome ("transaction")."""
 
     kind: ClassVar[str] = "completed"
     fence: int
@@ -363,6 +364,18 @@ class LeasesRenewedEvent(KernelEvent):
     renewed: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditHeadEvent(KernelEvent):
+    """The head of the log's audit chain, published (``Kernel(audit_head_every=...)``):
+    keep it elsewhere, and `poimen audit verify --head SEQ:HASH` later shows whether the
+    chain was rewritten since (docs/audit.md)."""
+
+    kind: ClassVar[str] = "audit_head"
+    log_id: str
+    seq: int
+    hash: str
+
+
 class Observer:
     """Sees a kernel's events in the thread that caused them: override what you need, keep
     it quick (a slow observer slows calls down; use `Kernel.on` for slow reactions), and do
@@ -372,8 +385,9 @@ class Observer:
     make it current); by default each hands its event to `event`.
     """
 
-    def bind(self, kernel: Kernel) -> None:
-        """Called once when a kernel installs this observer."""
+    def bind(self, kernel: Any) -> None:
+        """Called once when a kernel (a `poimen.Kernel`: this module sits below it) installs
+        this observer."""
 
     def event(self, event: KernelEvent) -> None:
         """A point event (a transition, a denial, a renewal), or a scope's start or finish."""

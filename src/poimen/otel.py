@@ -35,12 +35,12 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from poimen import _metrics
 from poimen import events as ev
-from poimen._hooks import EVERYTHING, outcome_kind, raised
-from poimen._intents import IntentState
-from poimen._present import redact_store_url, redact_urls
+from poimen._core.intents import IntentState
+from poimen._core.present import redact_store_url, redact_urls
+from poimen._engine.hooks import EVERYTHING, outcome_kind, raised
 from poimen.errors import MissingExtraError
+from poimen.operator import _metrics
 
 try:
     from opentelemetry import context as otel_context
@@ -53,9 +53,9 @@ except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.otel", "otel", exc) from exc
 
 if TYPE_CHECKING:
-    from poimen._intents import Intent, Outcome
+    from poimen._core.intents import Intent, Outcome
+    from poimen._engine.steps import Run
     from poimen._kernel import Kernel
-    from poimen._steps import Run
     from poimen.store import Store
     from poimen.store._base import NewDispatch
 
@@ -459,6 +459,15 @@ class OpenTelemetry(ev.Observer):
             name = f"poimen.{_DECISIONS[type(event)]} {event.tool_id}"
             self._tracer.start_span(name, attributes=_event_attrs(event)).end()
             self._measure(event)
+            return
+        if isinstance(event, ev.AuditHeadEvent):
+            # Published by a duty, outside any call: a span of its own carries the event.
+            attrs: dict[str, Any] = {"poimen.log_id": event.log_id,
+                                     "poimen.audit.seq": event.seq,
+                                     "poimen.audit.hash": event.hash}
+            span = self._tracer.start_span("poimen.audit_head", attributes=attrs)
+            span.add_event("poimen.audit_head", attrs)
+            span.end()
             return
         span = self._open.get() or otel_trace.get_current_span()
         if span.is_recording():

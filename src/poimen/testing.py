@@ -33,9 +33,8 @@ from typing import Any
 
 import httpx
 
-from poimen import _crashpoints
-from poimen._capability import ToolContext
-from poimen._effects import (
+from poimen._capability.context import ToolContext
+from poimen._core.effects import (
     Idempotent,
     KeyDerivation,
     Landed,
@@ -45,10 +44,11 @@ from poimen._effects import (
     Unknown,
     Unsafe,
 )
-from poimen._intents import Outcome
+from poimen._core.intents import Outcome
+from poimen._core.tools import Caps
+from poimen._engine import crashpoints as _crashpoints
 from poimen._kernel import Kernel
 from poimen._provider import LOOKUP_MODES, ProviderClient, ProviderProcess
-from poimen._tools import Caps
 from poimen.errors import DefiniteFailure
 
 __all__ = [
@@ -380,7 +380,7 @@ def _stop_at(point: str, marker: str) -> None:
 
     def on_point(p: str, call_id: str | None = None) -> None:
         if p == point:
-            from poimen import _guard
+            from poimen._capability import guard as _guard
 
             token = _guard.suspend()  # the marker is the harness's write, not the tool's
             try:
@@ -553,7 +553,7 @@ def crash_drill(
 
 def _drill(base: Path, lookup_mode: str) -> DrillReport:
     from poimen import _naive
-    from poimen._notify import CallbackNotifier
+    from poimen._engine.notify import CallbackNotifier
 
     db_url = f"sqlite:///{base / 'intents.db'}"
     journal = base / "naive-journal.jsonl"

@@ -7,7 +7,7 @@ Webhooks library verifies them; `verify` does it here.
 
 from __future__ import annotations
 
-from poimen._notify import (
+from poimen._engine.notify import (
     DELIVERY_HEADER,
     ID_HEADER,
     SECRET_PREFIX,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from poimen._intents import IntentState, Owner
+from poimen._core.intents import IntentState, Owner
 from poimen.errors import ReadOnlyStoreError, StoreError
 from poimen.store import open_store
 from poimen.store._base import latest_version, migrations

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from poimen._intents import IntentState
+from poimen._core.intents import IntentState
 from poimen.errors import NotIndeterminateError
 from poimen.store import NewDispatch, open_store
 from poimen.store.postgres import Cursor, PostgresStore

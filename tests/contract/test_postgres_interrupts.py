@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import poimen.store.postgres as postgres_store
-from poimen._intents import IntentState
+from poimen._core.intents import IntentState
 from poimen.store.postgres import PostgresStore
 from tests.contract.test_store_contract import A, dispatch
 from tests.interrupts import Injection, Interrupted, every_point, raising_handler

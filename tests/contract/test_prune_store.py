@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from poimen._intents import IntentState
+from poimen._core.intents import IntentState
 from poimen.call_ids import undo_of
 from poimen.store import Store, open_store
 from tests.contract import test_store_contract

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from poimen._intents import IntentState
+from poimen._core.intents import IntentState
 from poimen.errors import (
     AlreadyUndoneError,
     IntentNotFoundError,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from poimen._intents import IntentState
+from poimen._core.intents import IntentState
 from poimen.store import open_store
 from tests.contract.test_history_in_row import settle, spill
 from tests.contract.test_store_contract import dispatch

@@ -19,7 +19,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from poimen._intents import TERMINAL, IntentState, Owner
+from poimen._core.intents import TERMINAL, IntentState, Owner
 from poimen.errors import NotIndeterminateError
 from poimen.store import NewDispatch, NewNotification, Store, open_store
 

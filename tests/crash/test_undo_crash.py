@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from poimen import IntentState
-from poimen import _operator as op
+from poimen.operator import _ops as op
 from poimen.testing import ProviderClient, ProviderProcess, kill_at_pause
 from tests.integration.undo_app import (
     CHARGE,

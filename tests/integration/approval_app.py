@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 
-from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext, Unsafe, _crashpoints
+from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext, Unsafe
+from poimen._engine import crashpoints as _crashpoints
 from poimen.testing import outcome_json
 
 CHARGE, EMAIL = "ap.charge", "ap.email"

@@ -20,8 +20,8 @@ from poimen import (
     Notification,
     ToolContext,
     Unsafe,
-    _metrics,
 )
+from poimen.operator import _metrics
 from poimen.store import open_store
 from poimen.testing import ProviderProcess
 from tests.integration.operator_app import poimen

@@ -38,7 +38,7 @@ from poimen import (
     ToolRegistration,
     Unsafe,
 )
-from poimen._intents import Owner
+from poimen._core.intents import Owner
 from poimen.errors import (
     ArgumentEncodingError,
     ArgumentError,

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from poimen import Evidence, IntentState, Kernel
-from poimen import _reconcile as rc
-from poimen._intents import Intent
+from poimen._core.intents import Intent
 from poimen.errors import NotIndeterminateError
+from poimen.operator import _reconcile as rc
 from poimen.store import open_store
 from poimen.testing import ProviderClient, ProviderProcess
 from tests.integration.operator_app import poimen
@@ -229,7 +229,7 @@ def test_a_single_resolve_racing_the_batch_leaves_exactly_one_decision_per_inten
             errors.append(exc)
 
     def single() -> None:
-        from poimen import _operator as op
+        from poimen.operator import _ops as op
 
         try:
             for i in [item.intent for item in plan.items]:  # meeting the batch at each one

@@ -33,7 +33,7 @@ from poimen import (
     ToolContext,
     Unsafe,
 )
-from poimen._intents import Owner
+from poimen._core.intents import Owner
 from poimen.errors import (
     ArgumentEncodingError,
     ArgumentError,
@@ -293,7 +293,7 @@ def test_shadow_mode_denies_unsafe_tools_outright(store_url: str, witness: Witne
 def _orphan(k: Kernel, tool: str, args: dict[str, Any], call_id: str, *, key: str | None,
             request_id: str | None, dead: Owner, timeout: float = 0.2) -> str:
     """An intent whose owner process is gone, recorded through the store's own API."""
-    from poimen._keys import args_digest, canonical
+    from poimen._core.keys import args_digest, canonical
 
     now = k.store.now()
     d = NewDispatch(
@@ -312,7 +312,7 @@ def dead_owner() -> Owner:
     import subprocess
     import sys
 
-    from poimen._liveness import default_host
+    from poimen._engine.liveness import default_host
 
     p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                        capture_output=True, text=True, check=True)

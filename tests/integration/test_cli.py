@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from poimen import IntentState
-from poimen import _operator as op
 from poimen.errors import NotDispatchedError
+from poimen.operator import _ops as op
 from poimen.store import open_store
 from poimen.store._base import latest_version
 from poimen.testing import EMAIL, SHIP, ProviderClient, ProviderProcess

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from poimen import IntentState
-from poimen._intents import Intent
+from poimen._core.intents import Intent
 from poimen.testing import ProviderClient, ProviderProcess
 from tests.integration.operator_app import poimen, poimen_json
 from tests.integration.outage_app import crash_mail

@@ -84,7 +84,7 @@ def test_a_pass_between_the_dispatch_commit_and_the_tool_leaves_the_call_alone(
         seen.append((to, intent.state))
         return "sent"
 
-    from poimen import _runners
+    from poimen._engine import runners as _runners
 
     real = _runners.invoke_sync
 
@@ -167,7 +167,7 @@ def test_recorded_arguments_that_no_longer_validate_become_indeterminate(
     url = f"sqlite:///{tmp_path / 'log.db'}"
     calls: list[str] = []
     # A new deployment whose tool changed its signature: the recorded arguments do not fit.
-    from poimen._intents import Owner
+    from poimen._core.intents import Owner
     from tests.integration.test_call_path import _orphan
 
     with Kernel(url, notifiers=[]) as k:
@@ -222,8 +222,8 @@ def test_two_threads_taking_over_one_intent_run_it_once(kernel: Kernel) -> None:
     import queue
 
     from poimen import Pending
-    from poimen._intents import Owner
-    from poimen._steps import Holds
+    from poimen._core.intents import Owner
+    from poimen._engine.steps import Holds
 
     runs: list[str] = []  # the application's own record of its effects
     started, release = threading.Event(), threading.Event()

@@ -37,7 +37,7 @@ from poimen import (
     ToolContext,
     Unsafe,
 )
-from poimen._capability import WriteToken
+from poimen._capability.context import WriteToken
 from poimen.errors import CapabilityDeniedError, NondeterministicKeyError, RegistrationError
 from poimen.testing import CHARGE, EMAIL, SHIP, ProviderClient, ProviderProcess
 from tests.helpers import crash_call, recovering_kernel
@@ -414,8 +414,8 @@ def test_forged_and_foreign_tokens_are_denied(
     )
     def mint(ctx: ToolContext, n: int) -> None:
         # A handle built from poimen's private parts, mirroring this call with its own key.
-        from poimen._capability import Issuer
-        from poimen._handles import HttpHandle
+        from poimen._capability.context import Issuer
+        from poimen._capability.handles import HttpHandle
 
         rogue = Issuer(kernel.store)
         scope = rogue.scope(

@@ -42,9 +42,9 @@ from poimen import (
     Unsafe,
     WebhookNotifier,
 )
-from poimen._intents import Intent, Owner
-from poimen._keys import args_digest, canonical
-from poimen._recovery import drive_orphan
+from poimen._core.intents import Intent, Owner
+from poimen._core.keys import args_digest, canonical
+from poimen._engine.recovery import drive_orphan
 from poimen.errors import PoimenError
 from poimen.store._base import NewDispatch
 from poimen.testing import ProviderClient, ProviderProcess, provider_lookup

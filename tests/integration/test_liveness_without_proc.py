@@ -18,9 +18,9 @@ REQUIRE_MOUNTS = os.environ.get("POIMEN_REQUIRE_MOUNTS") == "1"
 
 SCRIPT = """
 import json, os, sys
-from poimen._decide import claimability
-from poimen._intents import Intent, IntentState, Owner
-from poimen._liveness import current_owner, owner_alive, process_alive, process_start
+from poimen._core.decide import claimability
+from poimen._core.intents import Intent, IntentState, Owner
+from poimen._engine.liveness import current_owner, owner_alive, process_alive, process_start
 
 live, dead = int(sys.argv[1]), int(sys.argv[2])
 me = current_owner()

@@ -40,9 +40,8 @@ from poimen import (
     ToolContext,
     Unsafe,
 )
-from poimen import _operator as op
-from poimen._intents import Owner
-from poimen._keys import args_digest, canonical
+from poimen._core.intents import Owner
+from poimen._core.keys import args_digest, canonical
 from poimen.errors import PoimenError
 from poimen.events import (
     CallFinishedEvent,
@@ -51,6 +50,7 @@ from poimen.events import (
     LeasesRenewedEvent,
     Observer,
 )
+from poimen.operator import _ops as op
 from poimen.otel import OpenTelemetry
 from poimen.store._base import NewDispatch
 from poimen.testing import CHARGE, EMAIL, SHIP, ProviderClient, ProviderProcess
@@ -564,7 +564,7 @@ def test_console_refuses_a_metrics_token_that_is_the_console_token(store_url: st
 
 
 def test_the_denial_counter_reads_only_new_denials(store_url: str) -> None:
-    from poimen._metrics import DenialCounter
+    from poimen.operator._metrics import DenialCounter
     from poimen.store import open_store
 
     store = open_store(store_url)

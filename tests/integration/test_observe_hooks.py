@@ -1,4 +1,4 @@
-"""Observation through the engine's hooks (poimen._hooks): nothing wraps the store, each
+"""Observation through the engine's hooks (poimen._engine.hooks): nothing wraps the store, each
 write is reported once by the code that made it, an observer gets only what it asks for, and
 OpenTelemetry without an SDK asks for nothing until one is configured (docs/observability.md).
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from poimen import Caps, Completed, Kernel, Pending, Queryable, ToolContext, Unknown, Unsafe
-from poimen._hooks import CALLS, RECOVERY, TRANSITIONS
-from poimen._intents import Owner
+from poimen._engine.hooks import CALLS, RECOVERY, TRANSITIONS
+from poimen._core.intents import Owner
 from poimen.events import (
     CallFinishedEvent,
     FencedOutEvent,
@@ -162,7 +162,7 @@ def test_approvals_abandons_deferrals_and_fenced_writes_are_reported_once(
 
 
 def _orphan_dispatch(k: Kernel, call_id: str, now: float) -> Any:
-    from poimen._keys import args_digest, canonical
+    from poimen._core.keys import args_digest, canonical
     from poimen.store._base import NewDispatch
 
     text = canonical({"n": 1})

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from poimen import Caps, IntentState, Kernel, ToolContext, Unsafe
-from poimen._operator import OperatorInputError
+from poimen.operator._ops import OperatorInputError
 from tests.contract.test_store_contract import dispatch
 
 S = IntentState

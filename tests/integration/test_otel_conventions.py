@@ -16,8 +16,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import SpanKind, StatusCode
 
 from poimen import Completed, Failed, Indeterminate, Kernel
-from poimen import _operator as op
 from poimen.events import RecoveryPassFinishedEvent
+from poimen.operator import _ops as op
 from poimen.otel import OpenTelemetry
 from tests.integration.test_observability import (
     Telemetry,

@@ -19,8 +19,8 @@ import psycopg
 import pytest
 
 from poimen import Kernel
-from poimen._effects import Idempotent, KeyDerivation, Unsafe
-from poimen._tools import Caps
+from poimen._core.effects import Idempotent, KeyDerivation, Unsafe
+from poimen._core.tools import Caps
 from poimen.errors import StoreUnavailableError
 from poimen.store import open_store
 from poimen.store.postgres import PostgresStore

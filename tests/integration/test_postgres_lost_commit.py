@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from poimen import Kernel
-from poimen._intents import Owner
+from poimen._core.intents import Owner
 from poimen.store import NewDispatch
 from poimen.store.postgres import PostgresStore
 from poimen.testing import CHARGE, EMAIL, ProviderClient, register_test_tools
@@ -194,7 +194,7 @@ def _orphan(kernel: Kernel, tool: str, args: str, key: str | None) -> str:
 def test_lost_claim_commit_is_recognised_as_our_claim(
     cutter: tuple[CommitCutter, str], kernel: Kernel, ledger: ProviderClient
 ) -> None:
-    from poimen._effects import KeyDerivation
+    from poimen._core.effects import KeyDerivation
 
     args = {"order_id": "o-claim", "amount_cents": 9}
     key = KeyDerivation.fields("order_id", "amount_cents").derive(CHARGE, args)
@@ -241,7 +241,7 @@ def test_a_claim_whose_commit_never_landed_is_not_taken_for_a_rivals(
     """Our claim's COMMIT never reaches the server; a rival claims the intent at the next fence
     before our retry looks. The retry finds a claim at `fence + 1`, but not its own: it reports
     a lost race, and the call runs only for the rival (which, here, never runs it)."""
-    from poimen._effects import KeyDerivation
+    from poimen._core.effects import KeyDerivation
 
     args = {"order_id": "o-rival", "amount_cents": 9}
     key = KeyDerivation.fields("order_id", "amount_cents").derive(CHARGE, args)

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from poimen._intents import Owner
+from poimen._core.intents import Owner
 from poimen.errors import SchemaTooNewError
 from poimen.store import NewDispatch, open_store
 from poimen.store._base import latest_version, migrations

@@ -21,8 +21,8 @@ from poimen import (
     ToolContext,
     Unsafe,
 )
-from poimen._operator import OperatorInputError
-from poimen._prune import MIN_AGE, prune, read_archive
+from poimen.operator._ops import OperatorInputError
+from poimen.operator._prune import MIN_AGE, prune, read_archive
 from tests.contract.test_store_contract import raw, refusal
 from tests.integration.operator_app import poimen_json
 from tests.integration.test_lifecycle import intent_of, orphan

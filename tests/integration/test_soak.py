@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from poimen._soak import SoakConfig, run_soak
+from poimen._soak_check import _ENDING as ENDING
 from poimen._soak_check import SoakReport, check_run
 from tests.conftest import fresh_postgres_database
 
@@ -41,7 +42,7 @@ def assert_clean(report: SoakReport) -> None:
     assert all(faults.get(k, 0) > 0 for k in ("before", "after", "lost", "refuse")), faults
     assert report.stats["calls made again by call id"] > 0
     classes = report.stats["intents by class and state"]
-    assert set(classes) == {"idempotent", "queryable", "unsafe", "readonly"}
+    assert set(classes) == {"idempotent", "queryable", "unsafe", "readonly", "transactional"}
     assert classes["unsafe"].get("INDETERMINATE", 0) > 0  # Unsafe calls cut off, never re-sent
 
 
@@ -58,13 +59,20 @@ def test_fifty_kills_on_sqlite_hold_and_a_doctored_witness_is_caught(tmp_path: P
     intents = sqlite3.connect(base / "intents.db")
     failed = intents.execute(
         "SELECT call_id, key, request_id FROM intents WHERE state = 'FAILED' "
-        "AND tool_id != 'soak.read'"
+        "AND tool_id NOT IN ('soak.read', 'soak.note')"
     ).fetchone()
     assert failed is not None, "no FAILED call in the run (refusals are injected)"
     (charged,) = intents.execute(
         "SELECT call_id FROM intents WHERE state = 'COMPLETED' AND tool_id = 'soak.charge'"
     ).fetchone()
+    (noted,) = intents.execute(
+        "SELECT call_id FROM intents WHERE state = 'COMPLETED' AND tool_id = 'soak.note' "
+        "ORDER BY call_id"
+    ).fetchone()
     intents.close()
+    # The application's table doctored: a Transactional write applied twice.
+    with sqlite3.connect(base / "app.db") as app:
+        app.execute("INSERT INTO soak_notes (call_id) VALUES (?)", (noted,))
     ledger = sqlite3.connect(base / "ledger.db")
     with ledger:
         kind, key, request_id, body = ledger.execute(
@@ -110,6 +118,8 @@ def test_fifty_kills_on_sqlite_hold_and_a_doctored_witness_is_caught(tmp_path: P
     assert got.get("Unsafe: never sent twice", 0) >= 1, got
     assert got.get("no landed call is FAILED (Unsafe included)", 0) >= 1, got
     assert got.get("a COMPLETED call has its effect", 0) >= 1, got
+    assert got.get("Transactional: each write once in the application's table, never lost",
+                   0) == 1, got
     assert got.get("no live call taken over by another worker", 0) == 1, got
     assert got.get("each tool run by its attempt's owner in the log", 0) == 1, got
     assert "Idempotent: at most one effect per key and per call" not in got, got
@@ -124,7 +134,11 @@ def live_ownership(sides: Path) -> tuple[str, str, float]:
         recs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
         for r in recs:
             if r["e"] == "w" and r["op"] == "record_dispatch" and r["ok"]:
-                drop = next((d["t"] for d in recs if d["e"] == "drop" and d["i"] == r["i"]), None)
+                # It drives the call until it lets go of it or begins the write that ends it.
+                drop = min((d["t"] if d["e"] == "drop" else d["t0"] for d in recs
+                            if d.get("i") == r["i"] and (d["e"] == "drop" or (
+                                d["e"] == "w" and d["op"] in ENDING and d["t0"] > r["t1"]))),
+                           default=None)
                 if drop is not None and drop - r["t1"] > 0.002:
                     return path.stem, r["i"], (r["t1"] + drop) / 2
     raise AssertionError("no dispatch held for any time in the run")

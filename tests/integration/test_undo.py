@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from poimen import Completed, Intent, IntentState, Kernel, UndoReport
-from poimen._intents import Owner
-from poimen._keys import args_digest
+from poimen._core.intents import Owner
+from poimen._core.keys import args_digest
 from poimen.call_ids import undo_of
 from poimen.errors import ReservedCallIdError, UndoError, UnknownToolError
 from poimen.store import NewDispatch
@@ -221,7 +221,7 @@ def test_bad_requests_are_refused_before_anything_is_undone(
         for scope in ("", "undo/run-1/", "undo#2/run-1/", 7):
             with pytest.raises(UndoError):
                 k.undo(scope)  # type: ignore[arg-type]
-        from poimen._operator import OperatorInputError
+        from poimen.operator._ops import OperatorInputError
 
         with pytest.raises(OperatorInputError):
             k.undo("run-1/", operator="  ")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext, Unsafe
-from poimen._prune import prune, read_archive
+from poimen.operator._prune import prune, read_archive
 from poimen.store import open_store
 from poimen.testing import ProviderClient, ProviderProcess
 from tests.contract.test_store_contract import raw

@@ -26,15 +26,8 @@ from typing import Any
 
 import httpx
 
-from poimen import (
-    Caps,
-    Idempotent,
-    Kernel,
-    KeyDerivation,
-    ToolContext,
-    Unsafe,
-    _crashpoints,
-)
+from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext, Unsafe
+from poimen._engine import crashpoints as _crashpoints
 from poimen.errors import DefiniteFailure
 
 CHARGE, REFUND, EMAIL, RETRACT = "u.charge", "u.refund", "u.email", "u.retract"

@@ -33,15 +33,17 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
             naive: bool = False, resume: bool = False, scope: str = "conv-1",
             kill_at: str | None = None, tool: str = "email", reask: bool = False,
             pending_wait: float = 30.0, wait_bound: float = 5.0,
-            decide: str | None = None) -> Any:
+            decide: str | None = None, lookup_back: bool = False) -> Any:
         n = next(runs)
         report, pause = tmp_path / f"report-{n}.json", tmp_path / f"pause-{n}"
         cmd = [sys.executable, "-m", "tests.integrations.runner", framework, "--db", sqlite_url,
                "--provider", provider.url, "--scope", scope, "--tool-call-id", tool_call_id,
-               "--report", str(report), "--checkpoint", str(tmp_path / "checkpoints.db")]
+               "--report", str(report), "--checkpoint", str(tmp_path / "checkpoints.db"),
+               "--saved", str(tmp_path / "saved-state.json")]
         cmd += ["--naive"] * naive + ["--resume"] * resume + ["--reask"] * reask
         cmd += ["--tool", tool, "--pending-wait", str(pending_wait)]
         cmd += ["--wait-bound", str(wait_bound)] + (["--decide", decide] if decide else [])
+        cmd += ["--lookup-back"] * lookup_back
         env = {k: v for k, v in os.environ.items() if not k.startswith("POIMEN_")}
         if kill_after_effect:
             kill_at = "after_effect"
@@ -63,6 +65,7 @@ def run_agent(tmp_path: Path, sqlite_url: str, provider: ProviderProcess) -> Run
 LOST = "mail.lost"  # Unsafe; its request may have gone out when the connection broke
 TWICE = "mail.twice"  # Unsafe, coalesce=False: two identical calls are two emails
 GATED = "mail.gated"  # Unsafe, each call needs an operator's approval
+FOUR_EYES = "mail.four_eyes"  # Unsafe, each call needs two distinct operators' approval
 REFUSED = "mail.refused"  # the provider refuses: a definite failure
 
 
@@ -88,6 +91,12 @@ def kernel(sqlite_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
         """Send an email once an operator approved it."""
         return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
 
+    @k.tool(id=FOUR_EYES, effects=Unsafe(), caps=Caps(), timeout=5, requires_approval=True,
+            approvers=2)
+    def four_eyes(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email once two operators approved it."""
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
+
     @k.tool(id=REFUSED, effects=Unsafe(), caps=Caps(), timeout=5)
     def refused(ctx: ToolContext, to: str, subject: str) -> dict[str, str]:
         """Send an email to an address the provider refuses."""
@@ -98,3 +107,17 @@ def kernel(sqlite_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
         yield k
     finally:
         k.close()
+
+
+@pytest.fixture
+def saver(tmp_path: Path) -> Iterator[Any]:
+    """A LangGraph checkpointer on a SQLite file of the test."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(tmp_path / "checkpoints.db", check_same_thread=False)
+    try:
+        yield SqliteSaver(conn)
+    finally:
+        conn.close()

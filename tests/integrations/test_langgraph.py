@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,15 +39,6 @@ class Script:
                 break
             self.seen.insert(0, m)
         return {"content": "done"}
-
-
-@pytest.fixture
-def saver(tmp_path: Path) -> Iterator[SqliteSaver]:
-    conn = sqlite3.connect(tmp_path / "checkpoints.db", check_same_thread=False)
-    try:
-        yield SqliteSaver(conn)
-    finally:
-        conn.close()
 
 
 THREAD = {"configurable": {"thread_id": "th-1"}}
@@ -215,3 +203,78 @@ def test_an_edit_through_interrupt_sends_the_edited_call_and_a_reject_sends_noth
     state = graph.invoke(Command(resume=no), other)
     assert state["messages"][-2].status == "error" and "rejected by ann" in state["messages"][-2].content
     assert ledger.count() == 1
+
+
+def test_four_eyes_through_interrupt_asks_until_two_distinct_operators_approved(
+    kernel: Kernel, saver: SqliteSaver, ledger: ProviderClient
+) -> None:
+    from langgraph.types import Command
+
+    graph = build_graph(Script(("mail_four_eyes", BOB, "c1")), poimen_tools(kernel), saver)
+    first = asked(graph.invoke({"messages": [("user", "email bob")]}, THREAD))
+    assert first["approvals"] == {"needed": 2, "given": []}
+    ann = {"decision": "approve", "operator": "ann", "reason": "checked"}
+    again = asked(graph.invoke(Command(resume=ann), THREAD))  # one more operator
+    assert again["intent_id"] == first["intent_id"] and again["approvals"]["given"] == ["ann"]
+    # ann a second time does not count: the thread asks again, nothing is sent.
+    still = asked(graph.invoke(Command(resume=ann), THREAD))
+    assert still["approvals"]["given"] == ["ann"] and ledger.count() == 0
+    bob = {"decision": "approve", "operator": "bob", "reason": "checked too"}
+    state = graph.invoke(Command(resume=bob), THREAD)
+    assert state["messages"][-1].content == "done" and ledger.count() == 1
+    [approved] = [e for e in kernel.store.events(first["intent_id"]) if e.kind == "approved"]
+    assert json.loads(approved.detail or "{}")["approved_by"] == ["ann", "bob"]
+
+
+def test_four_eyes_with_an_edit_asks_the_second_operator_about_the_edited_call(
+    kernel: Kernel, saver: SqliteSaver, ledger: ProviderClient
+) -> None:
+    from langgraph.types import Command
+
+    graph = build_graph(Script(("mail_four_eyes", BOB, "c1")), poimen_tools(kernel), saver)
+    first = asked(graph.invoke({"messages": [("user", "email bob")]}, THREAD))
+    eve = {"to": "eve@example.com", "subject": "hello"}
+    edit = {"decision": "edit", "operator": "ann", "reason": "eve, not bob", "args": eve}
+    second = asked(graph.invoke(Command(resume=edit), THREAD))
+    assert second["args"] == eve and second["intent_id"] != first["intent_id"]
+    assert second["approvals"]["given"] == ["ann"] and ledger.count() == 0
+    bob = {"decision": "approve", "operator": "bob", "reason": "checked"}
+    state = graph.invoke(Command(resume=bob), THREAD)
+    assert state["messages"][-2].artifact["intent_id"] == second["intent_id"]
+    assert state["messages"][-2].artifact["outcome"] == "Completed"
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve@example.com"]
+
+
+def test_a_stale_checkpoint_resumed_after_an_edit_answers_the_edited_call(
+    kernel: Kernel, saver: SqliteSaver, ledger: ProviderClient
+) -> None:
+    from langgraph.types import Command
+
+    graph = approval_graph(kernel, saver)
+    graph.invoke({"messages": [("user", "email bob")]}, THREAD)
+    eve = {"to": "eve@example.com", "subject": "hello"}
+    edit = {"decision": "edit", "operator": "ann", "reason": "eve, not bob", "args": eve}
+    graph.invoke(Command(resume=edit), THREAD)
+    before = next(s for s in graph.get_state_history(THREAD) if s.interrupts)
+    state = graph.invoke(Command(resume=edit), before.config)
+    message = state["messages"][-2]
+    assert message.artifact["outcome"] == "Completed" and message.status == "success"
+    assert ledger.count() == 1
+
+
+def test_a_decision_that_does_not_count_is_asked_again_saying_why(
+    kernel: Kernel, saver: SqliteSaver, ledger: ProviderClient
+) -> None:
+    # LangGraph gives an interrupt's answer again each time the node runs again: a refused
+    # decision raised would come back on every resume, and the thread could never go on.
+    from langgraph.types import Command
+
+    graph = approval_graph(kernel, saver)
+    graph.invoke({"messages": [("user", "email bob")]}, THREAD)
+    again = asked(graph.invoke(Command(resume={"decision": "approve", "reason": "ok"}), THREAD))
+    assert "needs the operator's name" in again["refused"]
+    again = asked(graph.invoke(Command(resume={"decision": "maybe", "operator": "ann"}), THREAD))
+    assert "'maybe'" in again["refused"] and ledger.count() == 0
+    decision = {"decision": "approve", "operator": "ann", "reason": "checked"}
+    state = graph.invoke(Command(resume=decision), THREAD)
+    assert state["messages"][-1].content == "done" and ledger.count() == 1

@@ -443,10 +443,12 @@ def test_a_remote_poimen_servers_indeterminate_stays_indeterminate(
 # A server process killed after an Unsafe tool's effect.
 
 
-def stdio_params(db_url: str, provider_url: str, env: dict[str, str]) -> StdioServerParameters:
+def stdio_params(db_url: str, provider_url: str, env: dict[str, str], *options: str
+                 ) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "tests.integrations.mcp_runner", "--db", db_url, "--provider", provider_url],
+        args=["-m", "tests.integrations.mcp_runner", "--db", db_url, "--provider", provider_url,
+              *options],
         env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", **env},
         cwd=str(ROOT),
     )
@@ -512,8 +514,9 @@ def test_the_example_runs_offline(tmp_path: Path) -> None:
 
 # Approvals asked of the client's user by MCP elicitation.
 
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_an_approval_is_elicited_from_the_client_and_bound_to_the_call(
-    kernel: Kernel, provider: ProviderProcess, ledger: ProviderClient
+    mode: str, kernel: Kernel, provider: ProviderProcess, ledger: ProviderClient
 ) -> None:
     import httpx
 
@@ -533,7 +536,7 @@ def test_an_approval_is_elicited_from_the_client_and_bound_to_the_call(
         return types.ElicitResult(action="accept", content=answers.pop(0))
 
     async def body() -> list[types.CallToolResult]:
-        async with Client(mcp_server(kernel), elicitation_callback=elicit, mode="legacy") as c:
+        async with Client(mcp_server(kernel), elicitation_callback=elicit, mode=mode) as c:
             return [await c.call_tool("gated", {"to": to}, meta={CALL_ID_META: f"g-{n}"})
                     for n, to in enumerate(("bob", "joe", "zed"))]
 
@@ -547,3 +550,76 @@ def test_an_approval_is_elicited_from_the_client_and_bound_to_the_call(
     again = run(mcp_server(kernel), lambda c: c.call_tool("gated", {"to": "bob"},
                                                           meta={CALL_ID_META: "g-0"}))
     assert meta(again)[OUTCOME_META] == "completed" and ledger.count(kind="plain") == 2
+    # The edited call's id answers with the edited call, not with the original's "edited".
+    again = run(mcp_server(kernel), lambda c: c.call_tool("gated", {"to": "joe"},
+                                                          meta={CALL_ID_META: "g-1"}))
+    assert meta(again)[OUTCOME_META] == "completed" and not again.is_error
+    assert meta(again)["poimen/intent_id"] == meta(edited)["poimen/intent_id"]
+
+
+def four_eyes_tool(kernel: Kernel, provider: ProviderProcess) -> None:
+    import httpx
+
+    @kernel.tool(id="four_eyes", effects=Unsafe(), caps=Caps(), timeout=5,
+                 requires_approval=True, approvers=2)
+    def four_eyes(ctx: ToolContext, to: str) -> Any:
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": "x"}).json()
+
+
+# How a server asks its client: an elicitation request on the session (the initialize
+# handshake), or an input_required result answered by calling again (MCP 2026-07-28).
+MODES = pytest.mark.parametrize("mode", ["legacy", "auto"])
+
+
+def elicited(kernel: Kernel, answers: list[dict[str, Any]], asked: list[str],
+             calls: list[tuple[dict[str, Any], str]], mode: str) -> list[types.CallToolResult]:
+    """The calls made through one session whose user answers `answers` in turn (declines
+    when none is left), keeping what they were asked."""
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        if not answers:
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="accept", content=answers.pop(0))
+
+    async def body() -> list[types.CallToolResult]:
+        async with Client(mcp_server(kernel), elicitation_callback=elicit, mode=mode) as c:
+            return [await c.call_tool("four_eyes", args, meta={CALL_ID_META: call_id})
+                    for args, call_id in calls]
+
+    return asyncio.run(body())
+
+
+@MODES
+def test_four_eyes_by_elicitation_asks_until_two_distinct_operators_approved(
+    mode: str, kernel: Kernel, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    four_eyes_tool(kernel, provider)
+    ann = {"decision": "approve", "operator": "ann", "reason": "checked"}
+    bob = {"decision": "approve", "operator": "bob", "reason": "checked too"}
+    asked: list[str] = []
+    # ann twice does not count: the user is asked again, and bob's approval sends it.
+    [result] = elicited(kernel, [ann, dict(ann), bob], asked, [({"to": "bob"}, "fe-1")], mode)
+    assert meta(result)[OUTCOME_META] == "completed" and ledger.count(kind="plain") == 1
+    assert len(asked) == 3 and "approved so far by ann" in asked[1]
+    assert "approved so far by ann" in asked[2]
+    # A user who declines after one approval: the call awaits; called again, asked again.
+    asked.clear()
+    first, again = elicited(kernel, [ann], asked, [({"to": "zed"}, "fe-2")] * 2, mode)
+    assert meta(first)[OUTCOME_META] == "pending"
+    assert meta(first)["poimen/reason"] == "awaiting_approval"
+    assert meta(again)[OUTCOME_META] == "pending" and len(asked) == 3
+    [done] = elicited(kernel, [bob], asked, [({"to": "zed"}, "fe-2")], mode)
+    assert meta(done)[OUTCOME_META] == "completed" and ledger.count(kind="plain") == 2
+
+
+@MODES
+def test_four_eyes_with_an_edit_asks_the_second_user_about_the_edited_call(
+    mode: str, kernel: Kernel, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    four_eyes_tool(kernel, provider)
+    edit = {"decision": "edit", "operator": "ann", "reason": "eve", "args": '{"to": "eve"}'}
+    bob = {"decision": "approve", "operator": "bob", "reason": "checked"}
+    asked: list[str] = []
+    [result] = elicited(kernel, [edit, bob], asked, [({"to": "bob"}, "fe-3")], mode)
+    assert '{"to": "eve"}' in asked[1] and meta(result)[OUTCOME_META] == "completed"
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve"]

@@ -59,7 +59,7 @@ def test_the_model_sees_the_kernels_tools(kernel: Kernel) -> None:
     # Strict where every parameter is required (test.charge's `note` has a default).
     assert {t.name: t.strict_json_schema for t in script.tools} == {
         "test_charge": False, "test_ship": True, "test_email": True, "mail_lost": True,
-        "mail_refused": True, "mail_twice": True, "mail_gated": True}
+        "mail_refused": True, "mail_twice": True, "mail_gated": True, "mail_four_eyes": True}
 
 
 def test_a_completed_call_gives_the_model_its_result(kernel: Kernel, ledger: ProviderClient) -> None:
@@ -212,3 +212,83 @@ def test_an_edit_sends_the_edited_call_and_a_rejection_sends_nothing(
         asyncio.run(Runner.run(agent, state))
     assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve@example.com"]
     assert any("rejected by ann" in s for s in script.seen)
+
+
+def approval_run(kernel: Kernel, script: Script, scope: str = "s-1") -> tuple[Agent[Any], Any]:
+    agent = Agent(name="mailer", model=script.model(),
+                  tools=list(poimen_tools(kernel, scope=scope)))
+    return agent, asyncio.run(Runner.run(agent, "email bob"))
+
+
+def decided(kernel: Kernel, agent: Agent[Any], result: Any, operator: str, decision: str = "approve",
+            **kw: Any) -> Any:
+    """`operator` decides the run's one interruption; the run resumes."""
+    from poimen.integrations.openai_agents import decide
+
+    state = result.to_state()
+    [item] = state.get_interruptions()
+    asyncio.run(decide(kernel, state, item, scope="s-1", decision=decision, operator=operator,
+                       reason="checked", **kw))
+    return asyncio.run(Runner.run(agent, state))
+
+
+def test_four_eyes_interrupts_again_until_two_distinct_operators_approved(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from poimen.errors import SameApproverError
+
+    script = Script([("mail_four_eyes", BOB, "c1")])
+    agent, first = approval_run(kernel, script)
+    second = decided(kernel, agent, first, "ann")
+    # One more operator: the run stops again on the same call, nothing sent, nothing told.
+    [item] = second.interruptions
+    assert item.raw_item.call_id == "c1" and ledger.count() == 0 and script.seen == []
+    with pytest.raises(SameApproverError):
+        decided(kernel, agent, second, "ann")
+    done = decided(kernel, agent, second, "bob")
+    assert done.final_output == "done" and ledger.count() == 1
+    call_id = call_ids.derived("s-1", "mail.four_eyes", BOB, 1)
+    assert isinstance(kernel.outcome(call_id), Completed)
+
+
+def test_four_eyes_with_an_edit_has_the_second_operator_approve_the_edited_call(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    eve = {"to": "eve@example.com", "subject": "hello"}
+    script = Script([("mail_four_eyes", BOB, "c1")])
+    agent, first = approval_run(kernel, script)
+    second = decided(kernel, agent, first, "ann", "edit", args=eve)
+    assert len(second.interruptions) == 1 and ledger.count() == 0
+    done = decided(kernel, agent, second, "bob")
+    assert done.final_output == "done"
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve@example.com"]
+    call_id = call_ids.derived("s-1", "mail.four_eyes", BOB, 1)
+    [approved] = [e for e in kernel.store.events(kernel.outcome(call_id).intent_id)  # type: ignore[union-attr]
+                  if e.kind == "approved"]
+    assert approved.actor == "bob"
+
+
+def test_a_stale_state_resumed_with_another_decision_is_told_what_the_log_holds(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    script = Script([("mail_gated", BOB, "c1")])
+    agent, first = approval_run(kernel, script)
+    saved = first.to_state().to_string()
+    decided(kernel, agent, first, "ann")
+    from agents import RunState
+
+    from poimen.integrations.openai_agents import decide
+
+    async def late() -> Any:
+        state = await RunState.from_string(agent, saved)
+        [item] = state.get_interruptions()
+        await decide(kernel, state, item, scope="s-1", decision="reject", operator="bob",
+                     reason="too late")
+        return await Runner.run(agent, state)
+
+    result = asyncio.run(late())
+    assert ledger.count() == 1
+    [sent] = script.seen
+    [told] = [i for i in result.new_items if i.type == "tool_call_output_item"]
+    assert told.output == sent and "entry_id" in sent
+    assert told.raw_item["output"] == sent

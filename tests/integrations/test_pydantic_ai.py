@@ -281,3 +281,85 @@ def test_an_edit_sends_the_edited_call_and_a_rejection_sends_nothing(
     run(a, message_history=third.all_messages(), deferred_tool_results=results)
     assert ledger.count() == 1
     assert any("rejected by ann" in p.model_response_str() for p in script.seen)
+
+
+def test_four_eyes_ends_the_run_again_until_two_distinct_operators_approved(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from pydantic_ai import DeferredToolResults
+
+    from poimen.errors import SameApproverError
+    from poimen.integrations.pydantic_ai import decide
+
+    script = Script([("mail_four_eyes", BOB, "t1")])
+    a = agent(kernel, script, defer=True)
+    first = run(a, "email bob")
+    assert first.output.metadata["t1"]["poimen"]["approvals"] == {"needed": 2, "given": []}
+    results = DeferredToolResults()
+    asyncio.run(decide(kernel, results, first.output, "t1", decision="approve", operator="ann",
+                       reason="checked"))
+    second = run(a, message_history=first.all_messages(), deferred_tool_results=results)
+    # One more operator: the run ends again asking about the same call.
+    assert isinstance(second.output, DeferredToolRequests) and ledger.count() == 0
+    [call] = second.output.approvals
+    details = second.output.metadata[call.tool_call_id]["poimen"]
+    assert details["approvals"]["given"] == ["ann"]
+    with pytest.raises(SameApproverError):
+        asyncio.run(decide(kernel, DeferredToolResults(), second.output, call.tool_call_id,
+                           decision="approve", operator="ann", reason="again"))
+    results = DeferredToolResults()
+    asyncio.run(decide(kernel, results, second.output, call.tool_call_id, decision="approve",
+                       operator="bob", reason="checked too"))
+    third = run(a, message_history=second.all_messages(), deferred_tool_results=results)
+    assert third.output == "done" and ledger.count() == 1
+    assert isinstance(kernel.outcome(details["call_id"]), Completed)
+
+
+def test_four_eyes_with_an_edit_asks_the_second_operator_about_the_edited_call(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from pydantic_ai import DeferredToolResults
+
+    from poimen.integrations.pydantic_ai import decide
+
+    eve = {"to": "eve@example.com", "subject": "hello"}
+    a = agent(kernel, Script([("mail_four_eyes", BOB, "t1")]), defer=True)
+    first = run(a, "email bob")
+    results = DeferredToolResults()
+    asyncio.run(decide(kernel, results, first.output, "t1", decision="edit", operator="ann",
+                       reason="eve, not bob", args=eve))
+    second = run(a, message_history=first.all_messages(), deferred_tool_results=results)
+    [call] = second.output.approvals
+    details = second.output.metadata[call.tool_call_id]["poimen"]
+    assert details["args"] == eve and details["approvals"]["given"] == ["ann"]
+    results = DeferredToolResults()
+    asyncio.run(decide(kernel, results, second.output, call.tool_call_id, decision="approve",
+                       operator="bob", reason="checked"))
+    assert run(a, message_history=second.all_messages(),
+               deferred_tool_results=results).output == "done"
+    assert [e["body"]["to"] for e in ledger.entries(kind="plain")] == ["eve@example.com"]
+
+
+def test_a_stale_state_resumed_with_another_decision_is_told_what_the_log_holds(
+    kernel: Kernel, ledger: ProviderClient
+) -> None:
+    from pydantic_ai import DeferredToolResults
+
+    from poimen.integrations.pydantic_ai import decide
+
+    script = Script([("mail_gated", BOB, "t1")])
+    a = agent(kernel, script, defer=True)
+    first = run(a, "email bob")
+    results = DeferredToolResults()
+    asyncio.run(decide(kernel, results, first.output, "t1", decision="approve", operator="ann",
+                       reason="checked"))
+    run(a, message_history=first.all_messages(), deferred_tool_results=results)
+    # The saved pre-approval state, resumed by another approver who rejects: the email went
+    # out already, and the model is told so, not that it was rejected.
+    late = DeferredToolResults()
+    asyncio.run(decide(kernel, late, first.output, "t1", decision="reject", operator="bob",
+                       reason="too late"))
+    run(a, message_history=first.all_messages(), deferred_tool_results=late)
+    assert ledger.count() == 1
+    sent, told = script.seen
+    assert isinstance(told, ToolReturnPart) and told.content == sent.content

@@ -14,13 +14,16 @@ from typing import Any
 
 import pytest
 
-from poimen import _decide
-from poimen._decide import Defer, Retry
-from poimen._effects import EffectClass, Unsafe
-from poimen._intents import Intent, IntentState
+from poimen._core import decide as _decide
+from poimen._core.decide import Defer, Retry
+from poimen._core.effects import EffectClass, Unsafe
+from poimen._core.intents import Intent, IntentState
 from poimen._model import OLD_RULES, Config, Result, Rules, explore, main, replay
 
 QUERYABLE = Config(workers=1, intents=("queryable",), not_sent=False, refusals=False)
+# Two workers, one cut off past its lease while its transaction is open (no crash needed).
+TRANSACTIONAL = Config(workers=2, intents=("transactional",), crashes=False, not_sent=False,
+                       refusals=False, lost_commit_replies=False)
 
 
 def _holds(res: Result, at_least: int) -> None:
@@ -39,6 +42,7 @@ def test_the_rules_under_check_are_the_projects_own() -> None:
     assert r.failure_is_final is _decide.failure_is_final
     assert r.lookup_judged_as_asked and r.clock_before_read
     assert r.renewal_never_revives and r.defer_keeps_deadline and r.takeover_seizes
+    assert r.marker_fences
 
 
 # The protocol as built holds every property.
@@ -67,6 +71,14 @@ def test_queryable_holds_every_property() -> None:
     # was found with commits raising in their callers and no crashes).
     _holds(explore(QUERYABLE), 150_000)
     _holds(explore(dataclasses.replace(QUERYABLE, crashes=False)), 100_000)
+
+
+@pytest.mark.timeout(600)
+def test_transactional_holds_every_property() -> None:
+    # The marker decides, and its lookup fences: one commit, never after "not landed", even
+    # of an owner still running past its lease (not excused, unlike a Queryable request).
+    _holds(explore(Config(workers=1, intents=("transactional",))), 2000)
+    _holds(explore(TRANSACTIONAL), 100_000)
 
 
 # Finding 5's configuration: a renewal applied up to a commit's time after its clock was read.
@@ -169,6 +181,7 @@ def test_a_broken_rule_is_caught_with_a_trace(cfg: Config, rules: Rules, expecte
             Config(workers=2, intents=("unsafe",), slow_renewals=True),
             "renewed since",
         ),
+        ("marker-lookup-reads-only", TRANSACTIONAL, "is FAILED but its write committed"),
     ],
 )
 def test_a_findings_old_rule_is_caught_again(old_rule: str, cfg: Config, expected: str) -> None:

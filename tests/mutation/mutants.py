@@ -17,18 +17,25 @@ class Mutant:
     tests: tuple[str, ...]
 
 
-DECIDE = "poimen/_decide.py"
-PROTOCOL = "poimen/_protocol.py"
-RUNNERS = "poimen/_runners.py"
+DECIDE = "poimen/_core/decide.py"
+PROTOCOL = "poimen/_engine/protocol.py"
+RUNNERS = "poimen/_engine/runners.py"
 KERNEL = "poimen/_kernel.py"
-CAP = "poimen/_capability.py"
-HANDLES = "poimen/_handles.py"
-GUARD = "poimen/_guard.py"
+CAP = "poimen/_capability/context.py"
+HANDLES = "poimen/_capability/handles.py"
+GUARD = "poimen/_capability/guard.py"
 SQL = "poimen/store/_statements.py"
 STORE = "poimen/store/_sql.py"
 PG = "poimen/store/postgres.py"
 UNDO = "poimen/_undo.py"
+ENGINE = "poimen/_engine/engine.py"
+BACKOFF = "poimen/_core/backoff.py"
+AUDIT = "poimen/_core/audit.py"
+AUDIT_OP = "poimen/operator/_audit.py"
+RETENTION = "poimen/store/_retention.py"
+TX = "poimen/_engine/transactional.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
+T_AUDIT = ("tests/integration/test_audit_chain.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
 T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not postgres")
 T_BAD = ("tests/integration/test_bad_input.py", "-k", "sqlite or not postgres")
@@ -36,7 +43,11 @@ T_STORE = ("tests/contract/test_store_machine.py", "tests/contract/test_store_co
            "-k", "sqlite")
 T_GATE = ("tests/integration/test_send_gate.py",)
 T_UNSETTLED = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite or not postgres")
-T_RECOVERY = ("tests/integration/test_effect_recovery.py", "tests/crash", "-k",
+T_TX = ("tests/integration/test_transactional.py",)
+T_TX_CRASH = ("tests/crash/test_transactional_crash.py", "-k", "sqlite")
+# The crash tests of the provider-backed classes (Transactional's have mutants of their own).
+T_RECOVERY = ("tests/integration/test_effect_recovery.py", "tests/crash/test_crash_points.py",
+              "tests/crash/test_undo_crash.py", "-k",
               "sqlite or not postgres")
 
 MUTANTS: list[Mutant] = [
@@ -129,7 +140,8 @@ MUTANTS: list[Mutant] = [
            DECIDE, "    if effect_name(s.effect) != s.recorded:\n", "    if False:\n", T_DECIDE),
     Mutant("refusal-final-after-unknown", "a refused attempt is FAILED only if nothing of the "
            "call can have gone out", DECIDE,
-           "    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly)\n",
+           "    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly | "
+           "Transactional)\n",
            "    landed_before = False\n", (*T_DECIDE, *T_GATE, "-k", "gate or refusal or key")),
     Mutant("refusal-swallowed", "a refused send decides its attempt, whatever the tool does "
            "with the refusal", RUNNERS,
@@ -138,7 +150,7 @@ MUTANTS: list[Mutant] = [
            '    return Run("completed", value=value)',
            '    return Run("completed", value=value)',
            (*T_GATE, "-k", "sqlite and swallow")),
-    Mutant("key-from-raw-args", "the key is derived from the recorded arguments", KERNEL,
+    Mutant("key-from-raw-args", "the key is derived from the recorded arguments", ENGINE,
            "            key = effects.key.derive(t.id, recorded)\n",
            "            key = effects.key.derive(t.id, dict(args))\n",
            ("tests/integration/test_public_api.py", "-k", "recorded_arguments and sqlite")),
@@ -147,22 +159,22 @@ MUTANTS: list[Mutant] = [
            "        if registration.id in self._names:", "        if False:",
            ("tests/unit/test_registration.py", "-k", "model_facing")),
     Mutant("name-is-an-id", "a model-facing name is never another tool's id or name",
-           "poimen/_spec.py", "        if name not in taken:\n            return name\n",
+           "poimen/_core/spec.py", "        if name not in taken:\n            return name\n",
            "        return name\n",
            ("tests/unit/test_registration.py", "tests/integrations/test_mcp.py", "-k",
             "model_facing or filter_by_id")),
-    Mutant("hold-taken-twice", "a kernel never holds one intent twice", "poimen/_steps.py",
+    Mutant("hold-taken-twice", "a kernel never holds one intent twice", "poimen/_engine/steps.py",
            "            if intent_id in self._ids:\n                return False\n", "",
            ("tests/integration/test_in_process_races.py", "-k", "run_it_once and sqlite")),
     # Identity and background duties.
     Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
            "        e.owner = current_owner(", "        e.owner = e.owner or current_owner(",
            T_LIFE),
-    Mutant("duplicate-worker", "one identity per live kernel", "poimen/_workers.py",
+    Mutant("duplicate-worker", "one identity per live kernel", "poimen/_engine/workers.py",
            "if other is not None and other is not k and not other._closed:", "if False:",
            T_LIFE),
     Mutant("recovery-not-isolated", "one bad intent does not stop recovery",
-           "poimen/_recovery.py",
+           "poimen/_engine/recovery.py",
            '    except Exception:\n        log.exception("recovery of intent %s failed',
            '    except ZeroDivisionError:\n        log.exception("recovery of intent %s failed',
            T_LIFE),
@@ -286,8 +298,8 @@ MUTANTS: list[Mutant] = [
     Mutant("undone-event-ignored", "an original with an 'undone' event is undone (undo)",
            UNDO, "    if done is not None:  # undone for good", "    if False:  # undone for good",
            ("tests/integration/test_undo_retention.py", "-k", "undone_event and sqlite")),
-    Mutant("reserved-call-id-open", "an application's call id never uses undo's prefix", UNDO,
-           "if (is_undo(call_id) or is_edit(call_id)) and _MAKING.get() != call_id:", "if False:",
+    Mutant("reserved-call-id-open", "an application's call id never uses undo's prefix", ENGINE,
+           "if (is_undo(call_id) or is_edit(call_id)) and MAKING.get() != call_id:", "if False:",
            ("tests/integration/test_undo.py", "-k", "prefix_is_refused and sqlite")),
     Mutant("foreign-undo-taken", "undo takes as the reversal only its own undo", UNDO,
            "        foreign = _not_its_undo(latest, it, r, undo_tool)\n",
@@ -310,28 +322,28 @@ MUTANTS: list[Mutant] = [
            ("tests/contract/test_prune_store.py", "-k", "written_to and sqlite")),
     # The operator path.
     Mutant("redaction-skipped", "secrets are redacted wherever they are shown",
-           "poimen/_present.py",
+           "poimen/_core/present.py",
            'return SECRET_NAME.search(name.lower().replace("-", "_")) is not None',
            "return False", ("tests/unit/test_operator.py", "tests/integration/test_cli.py",
                             "-k", "redact or secret")),
     Mutant("event-detail-unredacted", "event details are redacted in JSON output",
-           "poimen/_operator.py", "    detail = _redacted_json(e.detail)\n",
+           "poimen/operator/_ops.py", "    detail = _redacted_json(e.detail)\n",
            "    detail = json.loads(e.detail) if e.detail else None\n",
            ("tests/unit/test_operator.py", "tests/integration/test_cli.py", "-k",
             "redact or secret")),
     Mutant("operator-name-blank", "an operator's decision needs a real name",
-           "poimen/_operator.py",
+           "poimen/operator/_ops.py",
            "    if not isinstance(operator, str) or not operator.strip():\n",
            "    if not isinstance(operator, str):\n",
            ("tests/integration/test_operator_names.py",)),
     Mutant("webhook-future-timestamp", "a webhook signature from the future is refused",
-           "poimen/_notify.py",
+           "poimen/_engine/notify.py",
            "if abs((time.time() if now is None else now) - int(timestamp)) > tolerance:",
            "if (time.time() if now is None else now) - int(timestamp) > tolerance:",
            ("tests/unit/test_operator.py", "tests/integration/test_webhook.py", "-k",
             "signature or timestamp")),
     Mutant("webhook-id-unsigned", "a webhook's signature covers its id (Standard Webhooks)",
-           "poimen/_notify.py",
+           "poimen/_engine/notify.py",
            'signed = msg_id.encode("utf-8") + b"." + timestamp.encode("ascii")',
            'signed = timestamp.encode("ascii")',
            ("tests/unit/test_operator.py", "-k", "signature or webhook")),
@@ -351,7 +363,7 @@ MUTANTS: list[Mutant] = [
            "        spec = spec_of(tool, name, description)\n",
            ("tests/integrations/test_mcp_bad_input.py", "-k", "local_tool")),
     Mutant("error-text-unredacted", "error texts are shown without the credentials of URLs",
-           "poimen/_operator.py",
+           "poimen/operator/_ops.py",
            "    return None if text is None else redact_urls(text)\n",
            "    return text\n",
            ("tests/integration/test_bad_input_operator.py", "-k", "error_texts and sqlite")),
@@ -359,7 +371,7 @@ MUTANTS: list[Mutant] = [
            "        if views:\n", "        if False:\n",
            ("tests/integration/test_bad_input_operator.py", "-k", "recursive_view")),
     Mutant("row-checks-skipped", "verify judges every row by the schema's constraints",
-           "poimen/_health.py", "        out += _row_problems(store, reference)\n", "",
+           "poimen/operator/_health.py", "        out += _row_problems(store, reference)\n", "",
            ("tests/integration/test_bad_input_operator.py", "-k", "verify_finds")),
     Mutant("csrf-skipped", "a console change needs the session's CSRF token",
            "poimen/console/_session.py", "        return _same(form_value, v.session.csrf)",
@@ -375,21 +387,21 @@ MUTANTS: list[Mutant] = [
     Mutant("login-unlimited", "failed logins are rate limited before their hash",
            "poimen/console/_app.py", "    if not c.logins.allowed(_client(request)):",
            "    if False:", ("tests/integration/test_console_signin.py", "-k", "rate_limited")),
-    Mutant("approval-expiry-ignored", "an approval window ends", "poimen/_recovery.py",
+    Mutant("approval-expiry-ignored", "an approval window ends", "poimen/_engine/recovery.py",
            "    report.expired = len(e.store.expire_approvals(e.store.now()))\n", "",
            ("tests/integration/test_approval.py", "-k", "sqlite")),
     # Issue 29: back-off is capped; a custom key derivation is derived twice at call time.
-    Mutant("lookup-backoff-uncapped", "a lookup's back-off never exceeds max_backoff", DECIDE,
-           "delay = min(policy.max_backoff, policy.lookup_backoff * 2 ** min(n - 1, 62))",
-           "delay = policy.lookup_backoff * 2 ** min(n - 1, 62)",
+    Mutant("lookup-backoff-uncapped", "a lookup's back-off never exceeds max_backoff", BACKOFF,
+           "cap: float = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
+           "cap: float = self.initial * 2 ** min(max(n - 1, 0), 62)",
            ("tests/integration/test_call_bounds.py", *T_DECIDE, "-k",
             "(sqlite or not postgres) and (unknown or decision)")),
     Mutant("retry-backoff-uncapped", "the call path's back-off never exceeds Retry.maximum",
-           "poimen/_retry.py", "cap = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
-           "cap = self.initial * 2 ** min(max(n - 1, 0), 62)",
+           BACKOFF, "cap: float = min(self.maximum, self.initial * 2 ** min(max(n - 1, 0), 62))",
+           "cap: float = self.initial * 2 ** min(max(n - 1, 0), 62)",
            ("tests/integration/test_call_bounds.py", "-k", "(sqlite or not postgres) and retr")),
     Mutant("custom-key-once", "a custom key derivation gives one key for one set of arguments",
-           KERNEL, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',
+           ENGINE, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',
            "if False:", ("tests/integration/test_call_bounds.py", "-k", "sqlite and custom")),
     # An identical call in a scope is not dispatched while the first is unsettled.
     Mutant("coalesce-skipped", "an unsettled identical call is never dispatched again",
@@ -422,7 +434,7 @@ MUTANTS: list[Mutant] = [
            'if intent.state == IntentState.FAILED and intent.reason == "edited":', "if False:",
            ("tests/integration/test_approval_edit.py", "-k", "sqlite")),
     Mutant("impure-nested", "a key derivation reading the clock in a nested function is refused",
-           "poimen/_effects.py",
+           "poimen/_core/effects.py",
            "        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))\n", "",
            ("tests/unit/test_keys.py", "tests/unit/test_registration.py")),
     # poimen crashtest and poimen scan (docs/design.md section 11).
@@ -436,7 +448,7 @@ MUTANTS: list[Mutant] = [
            'status = "double" if doubles else "ok"',
            ("tests/crashtest/test_crashtest.py", "-k", "left_dispatched")),
     Mutant("crashtest-other-call-killed", "a case stops only its own call",
-           "poimen/_crashpoints.py",
+           "poimen/_engine/crashpoints.py",
            "    if _CALL is not None and call_id != _CALL:\n        return\n", "",
            ("tests/crashtest/test_crashtest.py", "-k", "with_poimen and plain")),
     Mutant("witness-key-applied-twice", "the witness applies a keyed write once per key",
@@ -451,7 +463,7 @@ MUTANTS: list[Mutant] = [
            '"kernel" in ast.unparse(c.func.value).lower():\n                    return False',
            ("tests/scan/test_scan.py",)),
     # Evidence, ageing and bulk resolution (docs/design.md sections 3 and 7).
-    Mutant("evidence-writes", "an evidence function only reads", "poimen/_evidence.py",
+    Mutant("evidence-writes", "an evidence function only reads", "poimen/_engine/evidence.py",
            "read_only=True)", "read_only=False)",
            ("tests/integration/test_evidence.py", "-k", "only_read")),
     Mutant("evidence-in-recovery", "evidence is gathered on the delivery duty, never in a "
@@ -465,24 +477,112 @@ MUTANTS: list[Mutant] = [
            "not (False and self.gatherer.wait_idle())",
            ("tests/integration/test_evidence.py", "-k", "about_to_exit")),
     Mutant("evidence-not-awaited", "an intent's notifications wait for its evidence",
-           "poimen/_notify.py", "        if n.intent_id in hold:\n            continue\n", "",
+           "poimen/_engine/notify.py", "        if n.intent_id in hold:\n            continue\n", "",
            ("tests/integration/test_evidence.py", "-k", "killed_email and sqlite")),
     Mutant("suggestion-not-audited", "a decision records the suggestion in force",
-           "poimen/_operator.py", "        **_evidence.audit_of(store.events(intent_id), landed),\n",
+           "poimen/operator/_ops.py", "        **_evidence.audit_of(store.events(intent_id), landed),\n",
            "", ("tests/integration/test_evidence.py", "-k", "suggests_not_landed")),
     Mutant("escalation-line-skipped", "an overdue call is escalated to escalate_to too",
            "poimen/_aids.py", "notifier_names([*notifiers, *self.escalate_to])",
            "notifier_names(notifiers)", ("tests/integration/test_ageing.py", "-k", "sqlite")),
     Mutant("overdue-late", "a call is overdue once its tool's threshold has passed",
-           "poimen/_ageing.py", "if now - i.created_at >= after)",
+           "poimen/operator/_ageing.py", "if now - i.created_at >= after)",
            "if now - i.created_at >= 2 * after)",
            ("tests/integration/test_ageing.py", "-k", "sqlite")),
     Mutant("filter-takes-all", "a bulk filter never means every call by accident",
-           "poimen/_reconcile.py", "    if not parts:\n", "    if False:\n",
+           "poimen/operator/_reconcile.py", "    if not parts:\n", "    if False:\n",
            ("tests/unit/test_reconcile.py",)),
+    # The tamper-evident audit (docs/design.md section 7, docs/audit.md).
+    Mutant("audit-hash-unchecked", "each link is the hash of the one before and its row",
+           AUDIT, "    good = [x for x in at if link(prev, x.kind, x.values) == x.hash]\n",
+           "    good = list(at)\n", (*T_AUDIT, "-k", "edited and sqlite")),
+    Mutant("audit-gap-unnamed", "a position missing from the chain is a deleted row", AUDIT,
+           "        while expect < to:\n", "        while False:\n",
+           (*T_AUDIT, "-k", "deleted and sqlite")),
+    Mutant("audit-unlinked-ignored", "a row without a link was inserted behind the log's back",
+           AUDIT_OP, "        stray = next(iter(view.unlinked()), None)\n", "        stray = None\n",
+           (*T_AUDIT, "-k", "test_an_inserted_row and sqlite")),
+    Mutant("audit-head-unchecked", "the head is the hash of the last row", AUDIT,
+           "    if prev != head.hash:\n", "    if False:\n",
+           (*T_AUDIT, "-k", "cut_off and sqlite")),
+    Mutant("audit-move-called-edit", "a row moved in the chain is named reordered", AUDIT,
+           "        if link(y.hash, x.kind, x.values) == x.hash:\n", "        if False:\n",
+           (*T_AUDIT, "-k", "exchanged_in_the_chain and sqlite")),
+    Mutant("audit-published-ignored", "a published head must be a link of the chain", AUDIT,
+           "            w.published = _cmp(x.hash, want_hash)\n",
+           '            w.published = "ok"\n', (*T_AUDIT, "-k", "published and sqlite")),
+    Mutant("audit-archive-unchecked", "an archived row is the link the chain removed", AUDIT,
+           "        if prev is not None and link(prev, x.kind, x.values) != x.hash:\n",
+           "        if False:\n", (*T_AUDIT, "-k", "prune and sqlite")),
+    Mutant("audit-prune-unrecorded", "a prune records the positions it removed", RETENTION,
+           "        if chain:\n            self._record_pruned(",
+           "        if False:\n            self._record_pruned(",
+           (*T_AUDIT, "-k", "prune and sqlite")),
+    Mutant("audit-settled-unlinked-sqlite", "each settled intent carries a link",
+           "poimen/store/sql/sqlite/0010_audit_chain.sql",
+           "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
+           "WHEN OLD.state NOT IN",
+           "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
+           "WHEN 0 AND OLD.state NOT IN",
+           (*T_AUDIT, "-k", "every_usual_way and sqlite")),
+    Mutant("audit-settled-unlinked-postgres", "each settled intent carries a link",
+           "poimen/store/sql/postgres/0010_audit_chain.sql",
+           "CREATE TRIGGER intents_chain_settle BEFORE UPDATE ON intents FOR EACH ROW\n"
+           "    WHEN (OLD.state",
+           "CREATE TRIGGER intents_chain_settle BEFORE UPDATE ON intents FOR EACH ROW\n"
+           "    WHEN (false AND OLD.state",
+           (*T_AUDIT, "-k", "every_usual_way and postgres")),
+    Mutant("audit-head-unlocked-postgres", "links are made one transaction at a time: one "
+           "linear chain", "poimen/store/sql/postgres/0010_audit_chain.sql",
+           "    UPDATE audit_head SET seq = seq + 1,\n"
+           "        hash = encode(sha256(decode(hash, 'hex') || poimen_audit_bytes(NEW)), 'hex')\n"
+           "        RETURNING seq, hash INTO NEW.chain_seq, NEW.chain_hash;\n",
+           "    SELECT seq + 1, encode(sha256(decode(hash, 'hex') || poimen_audit_bytes(NEW)), "
+           "'hex')\n        INTO NEW.chain_seq, NEW.chain_hash FROM audit_head;\n"
+           "    PERFORM pg_sleep(0.01);\n"
+           "    UPDATE audit_head SET seq = NEW.chain_seq, hash = NEW.chain_hash;\n",
+           ("tests/integration/test_audit_writers.py", "-k", "processes and postgres")),
+    Mutant("audit-export-unsigned", "an export verifies only with its signer's key",
+           "poimen/operator/_audit_export.py", "        public_key.verify(sig, _DOMAIN + digest.digest())\n",
+           "        pass\n", (*T_AUDIT, "-k", "one_byte and sqlite")),
     # The batch goes through the store's one-winner check like a single resolve does.
     Mutant("bulk-two-winners", "a single resolve racing a batch: one decision per intent",
            STORE, "        if row[0] != S.INDETERMINATE:\n            raise NotIndeterminateError(",
            "        if False:\n            raise NotIndeterminateError(",
            ("tests/integration/test_bulk_resolve.py", "-k", "racing")),
+    # Transactional: the marker commits with the write; recovery reads it, and fences.
+    Mutant("tx-marker-apart", "a Transactional marker is written in the tool's transaction", TX,
+           "            landed = s.execute(s.q(_LAND),",
+           "            s.commit()\n            landed = s.execute(s.q(_LAND),", T_TX_CRASH),
+    Mutant("tx-no-marker-read", "Transactional recovery reads the marker before a retry", DECIDE,
+           '                case Unasked():\n                    return Ask("marker")',
+           "                case Unasked():\n                    return Retry()", T_DECIDE),
+    Mutant("tx-lookup-no-fence", "a marker lookup fences out the attempts it answers for", TX,
+           "            s.execute(s.q(_FENCE), (intent.id, intent.attempts, time.time()))\n", "",
+           (*T_TX, "-k", "fences")),
+    Mutant("tx-marker-not-unique", "of two attempts one marker lands; a fenced one never", TX,
+           '    f"WHERE {MARKERS}.landed = 0 AND {MARKERS}.attempt < excluded.attempt"\n)\n'
+           "# A lookup", '    "WHERE 1 = 1"\n)\n# A lookup', (*T_TX, "-k", "fences or two_open")),
+    Mutant("tx-own-unfenced", "on the log's database the outcome commits only on its fence",
+           STORE, "        if not self._settle(conn, o):\n            conn.rollback()",
+           "        if not (self._settle(conn, o) or True):\n            conn.rollback()",
+           (*T_TX, "-k", "only_on_its_fence and sqlite")),
+    Mutant("tx-write-sent", "a Transactional tool's handle writes are refused", DECIDE,
+           "    if isinstance(s.effect, Transactional):\n        return Refused(",
+           "    if False:\n        return Refused(", (*T_TX, "-k", "handle and sqlite-other")),
+    Mutant("tx-denial-under-lock", "a denied write rolls its transaction back first", CAP,
+           "        if abort is not None:\n            abort()\n", "",
+           (*T_TX, "-k", "handle and sqlite-own")),
+    Mutant("tx-timeout-unbounded", "a transaction is bounded by the tool's timeout", TX,
+           "        if spent > self._timeout:", "        if False:",
+           (*T_TX, "-k", "outlives and sqlite")),
+    Mutant("tx-shadow-commits", "a shadow kernel's transaction always rolls back", TX,
+           'if run.kind != "completed" or not self._live:', 'if run.kind != "completed":',
+           (*T_TX, "-k", "shadow")),
+    Mutant("tx-stays-open", "ctx.tx is closed once the call is over", TX,
+           "        why = self._closed\n        if why is not None:",
+           "        why = self._closed\n        if False:", (*T_TX, "-k", "closed_once")),
+    Mutant("tx-tool-commit-ignored", "a transaction the tool ended is an operator's", TX,
+           "        if ended:\n            s.rollback()", "        if False:\n            s.rollback()",
+           (*T_TX, "-k", "sql_that_ends and postgres")),
 ]

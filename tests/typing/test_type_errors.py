@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 HEADER = """\
-from poimen import Caps, Idempotent, KeyDerivation, Queryable, ToolRegistration, Unsafe
+from poimen import (
+    Caps, Idempotent, KeyDerivation, Queryable, ToolRegistration, Transactional, Unsafe,
+)
 """
 
 CASES = {
@@ -22,6 +24,10 @@ CASES = {
     "queryable_without_lookup": (
         "Queryable()",
         r'Missing named argument "lookup" for "Queryable"',
+    ),
+    "transactional_without_database": (
+        "Transactional()",
+        r'Missing named argument "database" for "Transactional"',
     ),
     "registration_without_effects": (
         'ToolRegistration(id="t", caps=Caps(), timeout=1.0)',
@@ -43,6 +49,8 @@ regs = [
                      timeout=1.0),
     ToolRegistration(id="b", effects=Queryable(lookup=lookup), caps=Caps(), timeout=1.0),
     ToolRegistration(id="c", effects=Unsafe(), caps=Caps(), timeout=1.0),
+    ToolRegistration(id="d", effects=Transactional(database="sqlite:///app.db"), caps=Caps(),
+                     timeout=1.0),
 ]
 """
 

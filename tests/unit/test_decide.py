@@ -17,10 +17,11 @@ from poimen import (
     NotLanded,
     Queryable,
     ReadOnly,
+    Transactional,
     Unknown,
     Unsafe,
 )
-from poimen._decide import (
+from poimen._core.decide import (
     Ask,
     Complete,
     Defer,
@@ -39,8 +40,8 @@ from poimen._decide import (
     send_gate,
     takeover_deadline,
 )
-from poimen._effects import effect_name
-from poimen._intents import Intent, Owner
+from poimen._core.effects import effect_name
+from poimen._core.intents import Intent, Owner
 
 S = IntentState
 POLICY = Policy(max_attempts=5, lookup_limit=8, lookup_backoff=1.0, max_backoff=300.0)
@@ -56,6 +57,7 @@ IDEMPOTENT = Idempotent(key=KeyDerivation.fields("x"))
 EXPIRING = Idempotent(key=KeyDerivation.fields("x"), key_ttl=60.0)
 QUERYABLE = Queryable(lookup=_lookup)
 UNSAFE = Unsafe()
+TRANSACTIONAL = Transactional(database="sqlite:///app.db")
 
 
 def intent(effect: str = "idempotent", **kw: Any) -> Intent:
@@ -96,6 +98,19 @@ def intent(effect: str = "idempotent", **kw: Any) -> Intent:
          Defer(1024.0, 3, "lookup_unknown: 503")),
         (QUERYABLE, intent("queryable", unknown_count=7), Unknown("503"), 1020.0,
          MarkIndeterminate("lookup_unknown_limit")),
+        # Transactional: the marker decides; asking fenced every attempt so far out of it, so
+        # "not landed" is final at once (no deadline), and a spent policy is a plain FAILED.
+        (TRANSACTIONAL, intent("transactional"), Unasked(), 1005.0, Ask("marker")),
+        (TRANSACTIONAL, intent("transactional"), Landed({"n": 1}), 1005.0, Complete({"n": 1})),
+        (TRANSACTIONAL, intent("transactional"), NotLanded(), 1005.0, Retry()),
+        (TRANSACTIONAL, intent("transactional", attempts=5), NotLanded(), 1005.0,
+         Fail("retries_exhausted")),
+        (TRANSACTIONAL, intent("transactional", unknown_count=2), Unknown("locked"), 1020.0,
+         Defer(1024.0, 3, "lookup_unknown: locked")),
+        (TRANSACTIONAL, intent("transactional", unknown_count=7), Unknown("down"), 1020.0,
+         MarkIndeterminate("lookup_unknown_limit")),
+        (TRANSACTIONAL, intent("idempotent"), Unasked(), 2000.0,
+         MarkIndeterminate("effect_changed")),
         # Unsafe: never retried.
         (UNSAFE, intent("unsafe"), Unasked(), 2000.0, MarkIndeterminate("unsafe_unknown_outcome")),
         # The recorded class decides: a changed one is an operator's call.
@@ -125,7 +140,7 @@ def test_an_answer_of_the_wrong_kind_is_a_programming_error() -> None:
 
 # Properties.
 
-effects = st.sampled_from([IDEMPOTENT, EXPIRING, QUERYABLE, UNSAFE])
+effects = st.sampled_from([IDEMPOTENT, EXPIRING, QUERYABLE, UNSAFE, TRANSACTIONAL])
 times = st.floats(min_value=0, max_value=1e6, allow_nan=False)
 answers = st.one_of(
     st.just(Unasked()),
@@ -137,7 +152,7 @@ answers = st.one_of(
 )
 intents = st.builds(
     intent,
-    effect=st.sampled_from(["idempotent", "queryable", "unsafe"]),
+    effect=st.sampled_from(["idempotent", "queryable", "unsafe", "transactional"]),
     attempts=st.integers(1, 8),
     unknown_count=st.integers(0, 10),
     deadline_at=st.one_of(st.none(), times),
@@ -155,6 +170,7 @@ _FOR = {
     "idempotent": (Unasked, KeyDerived, KeyFailed),
     "queryable": (Unasked, Landed, NotLanded, Unknown),
     "unsafe": (Unasked,),
+    "transactional": (Unasked, Landed, NotLanded, Unknown),
 }
 
 
@@ -185,11 +201,18 @@ def test_no_rule_ever_risks_a_second_effect(
             assert current.key_ttl is None or (
                 now + it.timeout_s - it.created_at <= current.key_ttl
             )
+        elif isinstance(current, Transactional):
+            assert isinstance(answer, NotLanded)  # the lookup that fenced every attempt out
         else:
             assert isinstance(answer, NotLanded)
             assert it.deadline_at is None or now >= it.deadline_at
     if isinstance(d, Complete):
-        assert isinstance(current, Queryable) and isinstance(answer, Landed)
+        assert isinstance(current, Queryable | Transactional) and isinstance(answer, Landed)
+    if isinstance(d, Fail):
+        # FAILED says no effect: only where nothing can have landed or land later.
+        assert isinstance(current, ReadOnly) or (
+            isinstance(answer, NotLanded) and isinstance(current, Transactional)
+        )
     if isinstance(d, Defer):
         assert d.at >= now or d.reason == "awaiting_deadline"
         if isinstance(answer, Unknown):
@@ -273,6 +296,10 @@ def _code(r: Refused | None) -> str | None:
         (send(UNSAFE, recorded="idempotent"), "effect_changed"),
         # ReadOnly writes nothing; a sandbox kernel lets no write leave.
         (send(READ_ONLY), "read_only"),
+        # Transactional writes only through its transaction, never a handle.
+        (send(TRANSACTIONAL), "transactional"),
+        (send(TRANSACTIONAL, live=False, attempt=2), "transactional"),
+        (send(TRANSACTIONAL, write=False), None),
         (send(READ_ONLY, live=False), "read_only"),
         (send(IDEMPOTENT, live=False), "sandbox"),
         (send(UNSAFE, live=False), "sandbox"),
@@ -306,6 +333,7 @@ def test_send_gate_table(s: Send, expected: str | None) -> None:
         (UNSAFE, 1, 0, Fail),
         (QUERYABLE, 2, 0, Fail),  # its attempt 1 did not land (a retry follows "not landed")
         (READ_ONLY, 4, 0, Fail),
+        (TRANSACTIONAL, 3, 0, Fail),  # its retry follows a lookup that fenced attempts 1, 2 out
         # A write of this attempt went out, or an earlier attempt may have landed.
         (IDEMPOTENT, 1, 1, MarkIndeterminate),
         (QUERYABLE, 1, 2, MarkIndeterminate),
@@ -324,8 +352,8 @@ def test_how_an_attempt_ends_after_a_refused_send(
 
 sends = st.builds(
     send,
-    effect=st.sampled_from([IDEMPOTENT, EXPIRING, QUERYABLE, UNSAFE, READ_ONLY]),
-    recorded=st.sampled_from(["idempotent", "queryable", "unsafe", "readonly"]),
+    effect=st.sampled_from([IDEMPOTENT, EXPIRING, QUERYABLE, UNSAFE, READ_ONLY, TRANSACTIONAL]),
+    recorded=st.sampled_from(["idempotent", "queryable", "unsafe", "readonly", "transactional"]),
     write=st.booleans(),
     live=st.booleans(),
     state=st.sampled_from(list(S)),
@@ -345,7 +373,7 @@ def test_no_write_leaves_where_it_could_double_an_effect(s: Send) -> None:
     if r is None and s.write:
         assert s.live and s.state == S.DISPATCHED
         assert effect_name(s.effect) == s.recorded
-        assert not isinstance(s.effect, ReadOnly)
+        assert not isinstance(s.effect, ReadOnly | Transactional)
         assert not (isinstance(s.effect, Unsafe) and s.attempt > 1)
         if isinstance(s.effect, Idempotent) and s.effect.key_ttl is not None and (
             s.attempt > 1 or s.writes > 0

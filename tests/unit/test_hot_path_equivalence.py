@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext
-from poimen._keys import KEY_DOMAIN, KEY_PREFIX, canonical, hash_key, to_json_value
+from poimen._core.keys import KEY_DOMAIN, KEY_PREFIX, canonical, hash_key, to_json_value
 from poimen.store.sqlite import SqliteStore
 
 

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from poimen import MAX_ARGS_BYTES, KeyDerivation
-from poimen._keys import canonical, encode_args, hash_key
+from poimen._core.keys import canonical, encode_args, hash_key
 from poimen.errors import ArgumentEncodingError, ArgumentTooLargeError
 
 json_values = st.recursive(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from poimen._liveness import default_host, pid_namespace, process_alive, process_start
+from poimen._engine.liveness import default_host, pid_namespace, process_alive, process_start
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -21,7 +21,7 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 _JUDGE = """
 import subprocess, sys
 import psutil
-from poimen import _liveness
+from poimen._engine import liveness as _liveness
 if len(sys.argv) > 2 and sys.argv[1] == "--psutil-proc":
     psutil.PROCFS_PATH = sys.argv[2]  # psutil's own view of processes, as on other systems
 if len(sys.argv) > 2 and sys.argv[1] == "--poimen-proc":
@@ -90,7 +90,7 @@ def test_another_pid_namespace_is_another_host() -> None:
             "--mount-proc",
             sys.executable,
             "-c",
-            "from poimen._liveness import default_host; print(default_host())",
+            "from poimen._engine.liveness import default_host; print(default_host())",
         ]
     )
     here = default_host()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from poimen._hooks import OBSERVED_WRITES, UNOBSERVED
+from poimen._engine.hooks import OBSERVED_WRITES, UNOBSERVED
 from poimen.store.postgres import PostgresStore
 from poimen.store.sqlite import SqliteStore
 
@@ -26,26 +26,27 @@ def test_every_store_method_is_reported_or_known_to_change_no_state(store: type)
     unknown = names - OBSERVED_WRITES - UNOBSERVED
     assert not unknown, (
         f"{store.__name__} has methods the observers know nothing of: {sorted(unknown)}; "
-        "report them (poimen._hooks, OBSERVED_WRITES) or list them in UNOBSERVED"
+        "report them (poimen._engine.hooks, OBSERVED_WRITES) or list them in UNOBSERVED"
     )
     assert not OBSERVED_WRITES & UNOBSERVED
 
 
 #: Functions that call a reported write and report nothing themselves, and why that is right.
 NOT_REPORTING = {
-    "_protocol._claim": "a step of _retry, which reports",
-    "_protocol._defer": "a step of decide_steps and _retry, which report",
-    "_operator.resolve": "Kernel.resolve reports; the CLI's and console's processes observe nothing",
-    "_operator.abandon": "Kernel.abandon reports; as above",
-    "_operator.decide_approval": "Kernel.approve and reject report; as above",
+    "protocol._claim": "a step of _retry, which reports",
+    "protocol._defer": "a step of decide_steps and _retry, which report",
+    "transactional._land": "run_steps reports the outcome it committed; one fenced out is the "
+    "unknown outcome's fenced write that follows",
+    "_ops.resolve": "Kernel.resolve reports; the CLI's and console's processes observe nothing",
+    "_ops.abandon": "Kernel.abandon reports; as above",
+    "_ops.decide_approval": "Kernel.approve and reject report; as above",
     "_approval.approve_edited": "approval with edited arguments: reported by no kernel (as before)",
-    "_sandbox._answer": "a sandbox's refusal of an Unsafe call it never runs (as before)",
 }
 
 
 def test_every_call_of_a_reported_write_reports_it() -> None:
     """Nothing wraps the store: the function that makes a reported write reports it (through
-    `poimen._hooks`, the observers' own hooks, or the capability layer's `denied`), or is
+    `poimen._engine.hooks`, the observers' own hooks, or the capability layer's `denied`), or is
     known not to have to."""
     src = ROOT / "src" / "poimen"
     found: dict[str, set[str]] = {}

@@ -16,8 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from poimen import _operator as op
-from poimen._identity import (
+from poimen._engine.notify import new_secret, sign, verify, verify_signature
+from poimen.errors import (
+    DuplicateOperatorError,
+    OperatorsFileError,
+    PoimenError,
+    UnknownOperatorError,
+)
+from poimen.operator import _ops as op
+from poimen.operator._identity import (
     Operators,
     add_operator,
     operator_names,
@@ -25,8 +32,7 @@ from poimen._identity import (
     remove_operator,
     verify_token,
 )
-from poimen._notify import new_secret, sign, verify, verify_signature
-from poimen._operator import (
+from poimen.operator._ops import (
     REDACTED,
     OperatorInputError,
     escape_text,
@@ -38,12 +44,6 @@ from poimen._operator import (
     redact_url,
     redact_urls,
     safe_json,
-)
-from poimen.errors import (
-    DuplicateOperatorError,
-    OperatorsFileError,
-    PoimenError,
-    UnknownOperatorError,
 )
 from poimen.store import open_store
 from tests.contract.test_store_contract import dispatch, note

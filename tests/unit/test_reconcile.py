@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from poimen._intents import Intent, IntentState
-from poimen._operator import OperatorInputError
-from poimen._reconcile import Filter, Row, parse_filter, read_csv
+from poimen._core.intents import Intent, IntentState
+from poimen.operator._ops import OperatorInputError
+from poimen.operator._reconcile import Filter, Row, parse_filter, read_csv
 
 NOW = 1_800_000_000.0
 

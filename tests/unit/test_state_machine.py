@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from poimen import IntentState
-from poimen._intents import TERMINAL, TRANSITIONS, check_transition
+from poimen._core.intents import TERMINAL, TRANSITIONS, check_transition
 from poimen.errors import IllegalTransitionError
 
 S = IntentState

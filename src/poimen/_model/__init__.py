@@ -2,9 +2,9 @@
 
 The world is abstract and small: a log of intents (state, fence, owner, lease, deadline,
 next check, attempts, unknown count), 1-3 workers that run the protocol's steps as
-`poimen._protocol` writes them (`_steps`), a provider with requests in flight, and a discrete
+`poimen._engine.protocol` writes them (`_steps`), a provider with requests in flight, and a discrete
 clock (`_world`). Every decision is taken by the project's own pure rules
-(`poimen._decide.decide`, `claimability`, `takeover_deadline`, `attempt_deadline`,
+(`poimen._core.decide.decide`, `claimability`, `takeover_deadline`, `attempt_deadline`,
 `failure_is_final`), imported, never copied.
 
 At every step anything may happen that the real world allows (`_system`): a worker crashes

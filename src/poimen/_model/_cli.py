@@ -25,6 +25,9 @@ def configs(size: str) -> list[Config]:
                 Config(workers=1, intents=("queryable",), not_sent=False, refusals=False, crashes=c)
                 for c in (True, False)
             ),
+            Config(workers=1, intents=("transactional",)),
+            Config(workers=2, intents=("transactional",), crashes=False, not_sent=False,
+                   refusals=False, lost_commit_replies=False),
         ]
     return [
         *(
@@ -34,6 +37,7 @@ def configs(size: str) -> list[Config]:
             for h in (True, False)
         ),
         Config(workers=1, intents=("queryable",)),
+        Config(workers=2, intents=("transactional",)),
         *(Config(workers=2, intents=(k,), stale_reads=True) for k in ("unsafe", "idempotent")),
     ]
 

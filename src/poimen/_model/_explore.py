@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from poimen._decide import Defer
+from poimen._core.decide import Defer
 from poimen._model._system import Model
 from poimen._model._world import BASE, Config, Label, Rules, State, owner_text
 

@@ -1,4 +1,4 @@
-"""One run's steps, as `poimen._protocol` writes them, and the store's commits they send.
+"""One run's steps, as `poimen._engine.protocol` writes them, and the store's commits they send.
 
 A run is a call (hold, dispatch commit, deadline stamp, invoke, outcome commit; an unknown
 outcome recorded with the deadline moved, decide, lookup, defer, a new attempt claimed on
@@ -12,20 +12,21 @@ import math
 from collections.abc import Iterator
 from typing import Any, cast
 
-from poimen import _decide
-from poimen._decide import (
+from poimen._core import decide as _decide
+from poimen._core.decide import (
     Answer,
     Ask,
     Complete,
     Defer,
+    Fail,
     KeyDerived,
     MarkIndeterminate,
     Policy,
     Retry,
     Unasked,
 )
-from poimen._effects import Landed, NotLanded, Unknown
-from poimen._intents import Intent, Owner
+from poimen._core.effects import Landed, NotLanded, Unknown
+from poimen._core.intents import Intent, Owner
 from poimen._model._world import (
     BASE,
     EFFECTS,
@@ -336,6 +337,8 @@ class Protocol:
             yield from self._stamp(s, w, i, th, r)
         elif pc == "invoke":
             yield from self._invoke(s, w, i, th, r)
+        elif pc == "tx":
+            yield from self._tx(s, w, i, th, r)
         elif pc == "unknown":
             dl = None
             if self.kinds[i] == "queryable":
@@ -371,6 +374,9 @@ class Protocol:
             )
         elif isinstance(d, Retry):
             nxt = th._replace(pc="retry", snap=now_r)
+        elif isinstance(d, Fail):
+            nxt = th._replace(pc="outcome", snap=now_r,
+                              op=Commit("outcome", 0, r.fence, text="FAILED"))
         else:
             raise AssertionError(f"the model does not know the decision {d!r}")
         yield self._edge(s, w, i, nxt, label)
@@ -400,6 +406,12 @@ class Protocol:
 
     def _invoke(self, s: State, w: int, i: int, th: Thread, r: Row) -> Iterator[Edge]:
         g = s.ghost[i]
+        if self.kinds[i] == "transactional":
+            # Its transaction opens; the tool writes in it; nothing is out of the process.
+            nxt = th._replace(pc="tx", runs=1, op=None)
+            yield self._edge(s, w, i, nxt, ("invoke", w, i, r.att))
+            yield from self._not_sent(s, w, i, th, r)
+            return
         nxt = th._replace(pc="wait", runs=1, op=Req("flying", self.L))
         # Sent by an owner whose lease ran out (its attempt lapsed, or was taken over since):
         # a second landing of a Queryable request is then the limit the contract states.
@@ -411,6 +423,9 @@ class Protocol:
         )
         ghost = put(s.ghost, i, g._replace(sends=g.sends + 1, excused=late))
         yield self._edge(s, w, i, nxt, ("invoke", w, i, r.att), ghost=ghost)
+        yield from self._not_sent(s, w, i, th, r)
+
+    def _not_sent(self, s: State, w: int, i: int, th: Thread, r: Row) -> Iterator[Edge]:
         if not self.cfg.not_sent:
             return
         n = th.inplace + 1
@@ -425,6 +440,25 @@ class Protocol:
         if n < self.cfg.max_attempts:
             again = th._replace(runs=1, inplace=n)
             yield self._edge(s, w, i, again, ("not_sent", w, i, "again"))
+
+    def _tx(self, s: State, w: int, i: int, th: Thread, r: Row) -> Iterator[Edge]:
+        """A Transactional attempt's transaction ends: the tool raised (rolled back), or it
+        commits with its marker, which lands only if no attempt landed and no lookup fenced
+        this one out (a crash before this step rolls it back; one after it, before the reply,
+        leaves it landed)."""
+        g = s.ghost[i]
+        unknown = th._replace(pc="unknown", op=None)
+        yield self._edge(s, w, i, unknown, ("tx", w, i, "rolled_back"))
+        if g.eff == 0 and g.mark < r.att:
+            ghost = put(s.ghost, i, g._replace(eff=1))
+            done = th._replace(pc="outcome", op=Commit("outcome", 0, r.fence, text="COMPLETED"))
+            yield self._edge(s, w, i, done, ("tx", w, i, "committed"), ghost=ghost)
+            yield self._edge(s, w, i, unknown, ("tx", w, i, "committed_reply_lost"), ghost=ghost)
+        elif g.eff:  # refused: another attempt's write is the call's
+            done = th._replace(pc="outcome", op=Commit("outcome", 0, r.fence, text="COMPLETED"))
+            yield self._edge(s, w, i, done, ("tx", w, i, "refused_landed"))
+        else:
+            yield self._edge(s, w, i, unknown, ("tx", w, i, "refused_fenced"))
 
     def arrivals(self, s: State, i: int) -> list[str]:
         # A provider refuses only what it has no effect for; a refusal is "nothing happened".
@@ -464,9 +498,15 @@ class Protocol:
 
     def _lookup_events(self, s: State, w: int, i: int, th: Thread, op: Look) -> Iterator[Edge]:
         if op.phase == "sent":
-            ans = "landed" if s.ghost[i].eff else "notlanded"
+            g = s.ghost[i]
+            ans = "landed" if g.eff else "notlanded"
             nxt = th._replace(op=op._replace(phase="read", ans=ans))
-            yield self._edge(s, w, i, nxt, ("lookup_read", w, i, ans))
+            ghost = s.ghost
+            if self.kinds[i] == "transactional" and not g.eff and self.rules.marker_fences:
+                # The lookup's one transaction: fence the attempts so far, then read.
+                assert th.snap is not None
+                ghost = put(ghost, i, g._replace(mark=max(g.mark, th.snap.att)))
+            yield self._edge(s, w, i, nxt, ("lookup_read", w, i, ans), ghost=ghost)
         else:
             nxt = th._replace(pc="decide", got=op.ans, op=None)
             yield self._edge(s, w, i, nxt, ("lookup_answer", w, i, op.ans))

@@ -58,6 +58,12 @@ class Model(Protocol):
                 return f"Queryable intent {i} landed {g.eff} times"
             if kind == "idempotent" and g.eff > 1:
                 return f"Idempotent intent {i} has {g.eff} effects under one key"
+            if kind == "transactional" and g.eff > 1:
+                return f"Transactional intent {i} committed {g.eff} times"
+            # The marker's fence leaves no limit to excuse: not even an owner cut off past its
+            # lease commits after a lookup said "not landed".
+            if kind == "transactional" and r is not None and r.st == S.FAILED and g.eff:
+                return f"intent {i} (transactional) is FAILED but its write committed"
             if r is not None and r.st == S.FAILED and g.eff > 0 and not g.excused:
                 return f"intent {i} ({kind}) is FAILED but its effect landed"
         return None

@@ -11,24 +11,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar
 
-from poimen import _decide
-from poimen._decide import Answer, Policy
-from poimen._effects import (
+from poimen._core import decide as _decide
+from poimen._core.decide import Answer, Policy
+from poimen._core.effects import (
     EffectClass,
     Idempotent,
     KeyDerivation,
     LookupAnswer,
     Queryable,
+    Transactional,
     Unsafe,
 )
-from poimen._intents import Intent, IntentState
+from poimen._core.intents import Intent, IntentState
 
 S = IntentState
 X = TypeVar("X")
 BASE = 1000.0  # "now" when a rule is asked: the state's relative times are added to it
 TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.INDETERMINATE})
-Kind = Literal["idempotent", "queryable", "unsafe"]
-KINDS: tuple[Kind, ...] = ("idempotent", "queryable", "unsafe")
+Kind = Literal["idempotent", "queryable", "unsafe", "transactional"]
+KINDS: tuple[Kind, ...] = ("idempotent", "queryable", "unsafe", "transactional")
 
 
 def _no_lookup(request_id: str, /) -> LookupAnswer:
@@ -39,6 +40,8 @@ EFFECTS: dict[Kind, EffectClass] = {
     "idempotent": Idempotent(key=KeyDerivation.fields("order")),
     "queryable": Queryable(lookup=_no_lookup),
     "unsafe": Unsafe(),
+    # Its marker is the model's `Ghost.mark` and `Ghost.eff`: no database is opened.
+    "transactional": Transactional(database="sqlite:///model.db"),
 }
 
 
@@ -88,7 +91,7 @@ class Config:
 @dataclass(frozen=True, slots=True)
 class Rules:
     """The rules under check: the project's own, unless a test puts one back as it was to see
-    the check catch it. The functions are `poimen._decide`'s; the flags say how the protocol
+    the check catch it. The functions are `poimen._core.decide`'s; the flags say how the protocol
     and the stores use them, each True as built (docs/verification.md, "What the model check
     found", names the finding each one fixed)."""
 
@@ -110,6 +113,9 @@ class Rules:
     # A takeover's first write seizes the lease it judged, so a renewal applied since wins
     # and none applies after (finding 5).
     takeover_seizes: bool = True
+    # A Transactional marker lookup fences out the attempts it answers for (no attempt up to
+    # the intent's latest lands after a "not landed"), as `poimen._engine.transactional` does.
+    marker_fences: bool = True
 
 
 # What each finding's fix was, put back: the command line's --old-rule.
@@ -121,6 +127,8 @@ OLD_RULES: dict[str, dict[str, Any]] = {
     "renewal-revives": {"renewal_never_revives": False},
     "defer-drops-deadline": {"defer_keeps_deadline": False},
     "takeover-fence-only": {"takeover_seizes": False},
+    # Not a finding's: the rule Transactional recovery rests on, taken out to see it matter.
+    "marker-lookup-reads-only": {"marker_fences": False},
 }
 
 
@@ -190,10 +198,11 @@ class Thread(NamedTuple):
 class Ghost(NamedTuple):
     """What the world knows and the log does not: the witness."""
 
-    eff: int  # effects at the provider
+    eff: int  # effects at the provider (Transactional: its write committed with its marker)
     sends: int  # requests sent
     lapsed: bool  # the current attempt's live owner let its lease run out
     excused: bool  # taken over from such an owner: the contract's stated limit applies
+    mark: int = 0  # Transactional: the attempts up to this one a lookup fenced out
 
 
 class State(NamedTuple):

@@ -9,12 +9,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from poimen import _ageing
-from poimen import _operator as op
-from poimen import _reconcile as rc
 from poimen._kernel import Kernel
 from poimen.cli import _main as m
 from poimen.cli import _render as render
+from poimen.operator import _ageing
+from poimen.operator import _ops as op
+from poimen.operator import _reconcile as rc
 from poimen.store import Store
 
 

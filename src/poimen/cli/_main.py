@@ -5,7 +5,8 @@ intent that is not INDETERMINATE), or ``diff`` found differences, or a ``--fail-
 held · 2 usage (bad or missing options, an --app that cannot be loaded, a console
 address that cannot be listened on) · 3 the store cannot be opened, read or written ·
 4 anything unforeseen (a bug here or in the loaded app) · 5 `status --fail-if-indeterminate`
-found INDETERMINATE intents · 6 `verify` found a problem. Every failure is one line on stderr
+found INDETERMINATE intents · 6 `verify` found a problem, or `audit verify` or
+`audit verify-export` a chain that does not hold. Every failure is one line on stderr
 (and with ``--json`` an error object on stdout); ``POIMEN_DEBUG=1`` adds the traceback.
 
 A little over 600 lines on purpose: one short handler per subcommand, each reading the
@@ -24,26 +25,33 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from poimen import _health as health
-from poimen import _operator as op
+from poimen._core.effects import Transactional
+from poimen._engine import transactional as _tx
 from poimen._kernel import Kernel
-from poimen._prune import prune
 from poimen.cli import _aids as aids
+from poimen.cli import _audit as audit_cli
 from poimen.cli import _render as render
 from poimen.cli._parser import _parser
 from poimen.errors import (
     ConsoleConfigError,
     DuplicateOperatorError,
     IntentNotFoundError,
+    MissingExtraError,
     NotAwaitingApprovalError,
     NotDispatchedError,
     NotIndeterminateError,
+    NotSent,
     OperatorsFileError,
     PoimenError,
+    RegistrationError,
     SchemaTooNewError,
     StoreError,
+    TransactionalDatabaseError,
     UnknownOperatorError,
 )
+from poimen.operator import _health as health
+from poimen.operator import _ops as op
+from poimen.operator._prune import prune
 from poimen.store import Store, open_store
 
 OK, NOT_FOUND, USAGE, STORE, UNEXPECTED, INDETERMINATE, VERIFY_FAILED = 0, 1, 2, 3, 4, 5, 6
@@ -291,6 +299,8 @@ def cmd_approve(ns: argparse.Namespace, store: Store) -> int:
 
 
 def cmd_audit(ns: argparse.Namespace, store: Store) -> int:
+    if getattr(ns, "audit_cmd", None):  # the chain: poimen.cli._audit
+        return audit_cli.run(ns, store)
     rows = op.audit(store, tool_id=ns.tool, since=_since(ns, store), limit=ns.limit)
     _emit(
         ns,
@@ -405,6 +415,11 @@ def cmd_undo(ns: argparse.Namespace) -> int:
 
 
 def cmd_migrate(ns: argparse.Namespace) -> int:
+    made = _transactional_markers(ns.transactional or [])
+    if made and not (ns.db or os.environ.get("POIMEN_DB")):
+        _emit(ns, {"transactional": made}, lambda: "\n".join(
+            f"marker table {_tx.MARKERS} ready in {u}" for u in made))
+        return OK
     url = _db_url(ns)
     before = open_store(url, migrate=False)
     try:
@@ -418,18 +433,35 @@ def cmd_migrate(ns: argparse.Namespace) -> int:
         store.close()
     _emit(
         ns,
-        {"from": found, "to": now},
-        lambda: (
+        {"from": found, "to": now, **({"transactional": made} if made else {})},
+        lambda: "\n".join([
             f"schema version {found} -> {now}"
             if now != found
-            else f"schema is current (version {now})"
-        ),
+            else f"schema is current (version {now})",
+            *(f"marker table {_tx.MARKERS} ready in {u}" for u in made),
+        ]),
     )
     return OK
 
 
+def _transactional_markers(urls: list[str]) -> list[str]:
+    """`migrate --transactional URL`: the marker table of Transactional tools, made now in each
+    application database; returns their URLs as shown (password masked)."""
+    made = []
+    for url in urls:
+        try:
+            db = _tx.Database(Transactional(database=url), "")
+            db.create_markers()
+        except RegistrationError as exc:
+            raise CliError(str(exc), code=USAGE) from exc
+        except (NotSent, TransactionalDatabaseError) as exc:
+            raise CliError(str(exc), code=STORE) from exc
+        made.append(db.shown)
+    return made
+
+
 def cmd_operators(ns: argparse.Namespace) -> int:
-    from poimen import _identity
+    from poimen.operator import _identity
 
     if ns.action == "add":
         token = _identity.add_operator(ns.file, ns.name)
@@ -668,6 +700,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_utf8(sys.argv[1:] if argv is None else argv)
         ns = _parser().parse_args(argv)
+        if ns.cmd == "audit" and getattr(ns, "audit_cmd", None) in audit_cli.OFFLINE:
+            return audit_cli.run_offline(ns)
         if ns.cmd in _STORE_COMMANDS:
             store = _open(_db_url(ns), readonly=ns.cmd in _READING)
             try:
@@ -697,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_console(ns)
     except CliError as exc:
         return _fail(ns, exc.code, exc, "")
-    except (op.OperatorInputError, ConsoleConfigError) as exc:
+    except (op.OperatorInputError, ConsoleConfigError, MissingExtraError) as exc:
         return _fail(ns, USAGE, exc, "")
     except (DuplicateOperatorError, UnknownOperatorError) as exc:
         return _fail(ns, NOT_FOUND, exc, "refused: ")

@@ -7,9 +7,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from poimen._evidence import Found
-from poimen._intents import Delivery, Denial, Intent, IntentState, Notification
-from poimen._operator import (
+from poimen._core.intents import Delivery, Denial, Intent, IntentState, Notification
+from poimen._engine.evidence import Found
+from poimen._undo import UndoReport
+from poimen.operator._ops import (
     IntentDetail,
     Status,
     escape_text,
@@ -18,7 +19,6 @@ from poimen._operator import (
     redact_urls,
     safe_json,
 )
-from poimen._undo import UndoReport
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

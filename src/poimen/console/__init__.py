@@ -12,8 +12,8 @@ import secrets
 import socket
 import sys
 
-from poimen._identity import read_operators
 from poimen.errors import ConsoleConfigError, MissingExtraError
+from poimen.operator._identity import read_operators
 
 try:
     from poimen.console._app import create_app

@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from poimen import _operator as op
-from poimen import _reconcile as rc
 from poimen.console._session import Console, ConsoleOptions, Handler, Who, _io
 from poimen.errors import IntentNotFoundError
+from poimen.operator import _ops as op
+from poimen.operator import _reconcile as rc
 from poimen.store._base import Store
 
 MAX_SOURCE = 500

@@ -1,4 +1,4 @@
-"""The console's Starlette app: pages over the same `_operator` calls as the CLI.
+"""The console's Starlette app: pages over the same `poimen.operator._ops` calls as the CLI.
 
 Access: a token, given once (``?token=`` on any page, the login form, or an
 ``Authorization: Bearer`` header), opens a session: a random id in an HttpOnly,
@@ -28,9 +28,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from poimen import _ageing, _metrics, sandbox
-from poimen import _operator as op
-from poimen._intents import Intent, IntentState
+from poimen import sandbox
+from poimen._core.intents import Intent, IntentState
 from poimen.console import _aids
 from poimen.console._session import (
     COOKIE,
@@ -52,6 +51,8 @@ from poimen.errors import (
     UndoError,
     UnknownToolError,
 )
+from poimen.operator import _ageing, _metrics
+from poimen.operator import _ops as op
 from poimen.store._base import Store
 
 T = TypeVar("T")

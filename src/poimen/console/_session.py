@@ -19,12 +19,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from poimen import _operator as op
-from poimen._identity import Login, Operators
 from poimen._undo import Undoer
 from poimen.errors import (
     ConsoleConfigError,
 )
+from poimen.operator import _ops as op
+from poimen.operator._identity import Login, Operators
 from poimen.store._base import Store
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
-from poimen._suggest import Suggestion
+from poimen._core.suggest import Suggestion
 
 POINTS = ("before", "after")
 KILLED = {

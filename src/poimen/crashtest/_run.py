@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from poimen import _suggest
+from poimen._core import suggest as _suggest
 from poimen.crashtest._report import POINTS, Case, Double, Report
 from poimen.crashtest._witness import Answers, Hold, Witness, Write, label
 from poimen.errors import PoimenError

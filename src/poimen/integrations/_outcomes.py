@@ -4,27 +4,20 @@ an exception)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
-from poimen import (
-    Completed,
-    Failed,
-    Indeterminate,
-    Kernel,
-    Outcome,
-    Pending,
-    Resolved,
-    _crashpoints,
-)
-from poimen._operator import OperatorInputError
+from poimen import Completed, Failed, Indeterminate, Kernel, Outcome, Pending, Resolved
+from poimen._engine import crashpoints as _crashpoints
 from poimen.errors import (
     NotAwaitingApprovalError,
     OutcomeUnknownError,
     SameApproverError,
     ToolCallFailedError,
 )
+from poimen.operator._ops import OperatorInputError
 
 log = logging.getLogger("poimen")
 
@@ -50,6 +43,14 @@ def value_or_raise(outcome: Outcome, call_id: str) -> Any:
             error = "an operator decided that it did not take effect"
             raise ToolCallFailedError(
                 f"call {call_id!r}: {error}", call_id=call_id, intent_id=intent_id, error=error
+            )
+        case Pending(intent_id=intent_id, reason="awaiting_approval"):
+            raise OutcomeUnknownError(
+                f"call {call_id!r} (intent {intent_id}) awaits an operator's approval and has "
+                f"not run. Do not retry it; once approvers decide, kernel.wait({call_id!r}) "
+                f"returns its outcome",
+                call_id=call_id, intent_id=intent_id, outcome="pending",
+                reason="awaiting_approval",
             )
         case Indeterminate(intent_id=intent_id, reason=reason) | Pending(
             intent_id=intent_id, reason=reason
@@ -77,6 +78,11 @@ def unsettled(outcome: Outcome) -> bool:
     )
 
 
+def awaiting(outcome: Outcome | None) -> bool:
+    """Pending until an operator approves or rejects it."""
+    return isinstance(outcome, Pending) and outcome.reason == "awaiting_approval"
+
+
 def waitable(outcome: Outcome) -> bool:
     """Pending on its way to an outcome (not waiting for an operator)."""
     return (
@@ -100,10 +106,21 @@ def settle_sync(kernel: Kernel, call_id: str, outcome: Outcome, wait: float) -> 
     return outcome
 
 
-def request(call_id: str, tool_id: str, args: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
+def followed(kernel: Kernel, call_id: str, outcome: Outcome) -> Outcome:
+    """`outcome`, or for a call an approver edited (Failed, ``edited``) its edited call's."""
+    if isinstance(outcome, Failed):
+        return kernel.outcome(call_id) or outcome
+    return outcome
+
+
+def request(
+    kernel: Kernel, call_id: str, tool_id: str, args: Mapping[str, Any], outcome: Outcome
+) -> dict[str, Any]:
     """What a framework's human-in-the-loop shows of a call poimen holds back: an approval
-    asked for (``reason: awaiting_approval``), or a call still Pending."""
-    return {
+    asked for (``reason: awaiting_approval``: the arguments to approve, those of an edited
+    call once an approver edited it, and ``approvals``: how many distinct operators must
+    approve and who has), or a call still Pending."""
+    asked: dict[str, Any] = {
         "call_id": call_id,
         "intent_id": outcome.intent_id,
         "tool": tool_id,
@@ -111,6 +128,26 @@ def request(call_id: str, tool_id: str, args: Mapping[str, Any], outcome: Outcom
         "outcome": type(outcome).__name__,
         "reason": getattr(outcome, "reason", None),
     }
+    if asked["reason"] == "awaiting_approval":
+        intent = kernel.store.get_intent(outcome.intent_id)
+        if intent is not None:
+            asked["args"] = json.loads(intent.args)
+        asked["approvals"] = approvals(kernel, outcome.intent_id)
+    return asked
+
+
+def approvals(kernel: Kernel, intent_id: str) -> dict[str, Any]:
+    """``{"needed": n, "given": [operators]}`` of a call awaiting approval (four eyes: n > 1)."""
+    needed, given = 1, []
+    for e in kernel.store.events(intent_id):
+        if e.kind == "awaiting_approval":
+            try:
+                needed = max(needed, int(json.loads(e.detail or "{}").get("approvers", 1)))
+            except (ValueError, TypeError, AttributeError):
+                continue
+        elif e.kind == "approval_given" and e.actor not in given:
+            given.append(e.actor)
+    return {"needed": needed, "given": given}
 
 
 def apply_decision(kernel: Kernel, intent_id: str, decision: Any) -> None:
@@ -145,3 +182,16 @@ def apply_decision(kernel: Kernel, intent_id: str, decision: Any) -> None:
             raise
         log.info("intent %s was decided already: %s", intent_id, exc)
     _crashpoints.hit("after_approval")
+
+
+def resumed_decision(kernel: Kernel, intent_id: str, decision: Any) -> str | None:
+    """`apply_decision` for a graph resumed from an interrupt: None, or why the decision did
+    not count, to be asked again (never raised: LangGraph gives the same answer to the same
+    interrupt every time the node runs again, so a raised refusal would stop the thread for
+    good). An earlier four-eyes approval replayed is such a refusal, and harmless."""
+    try:
+        apply_decision(kernel, intent_id, decision)
+    except (OperatorInputError, SameApproverError) as exc:
+        log.info("intent %s: the decision did not count: %s", intent_id, exc)
+        return str(exc)
+    return None

@@ -18,10 +18,12 @@ of a second dispatch.
 
 A Pending call is waited for up to `pending_wait` seconds; still Pending, or awaiting an
 operator's approval, it goes through LangGraph's `interrupt` (with a checkpointer): the graph
-stops with ``{"poimen": {"call_id", "intent_id", "tool", "args", "outcome", "reason"}}`` and
-resumes with ``Command(resume=...)``: for an approval the decision, ``{"decision": "approve" |
-"reject" | "edit", "operator": ..., "reason": ..., "args": {...}}``; for a Pending call anything,
-once it has settled (``kernel.wait(call_id)``).
+stops with ``{"poimen": {"call_id", "intent_id", "tool", "args", "outcome", "reason"}}`` (an
+approval also has ``"approvals": {"needed", "given"}``) and resumes with
+``Command(resume=...)``: for an approval the decision, ``{"decision": "approve" | "reject" |
+"edit", "operator": ..., "reason": ..., "args": {...}}``; for a Pending call anything, once it
+has settled (``kernel.wait(call_id)``). A four-eyes call stops the thread again until enough
+distinct operators approved; after an edit it asks about the edited call.
 
 The `ToolMessage`'s content is the text of `Outcome.for_model()` (for Completed, the result as
 JSON); its artifact names the call: ``{"call_id", "intent_id", "outcome"}``.
@@ -48,9 +50,10 @@ from poimen import Failed, Kernel, Outcome, Pending, call_ids
 from poimen.errors import ArgumentError, PoimenError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
-    apply_decision,
+    followed,
     refusal,
     request,
+    resumed_decision,
     settle,
     settle_sync,
 )
@@ -155,9 +158,11 @@ class PoimenTool(BaseTool):
             outcome = k.call(self.tool_id, kwargs, call_id=call_id, scope=scope)
         except ArgumentError as e:
             return self._refused(e, tool_call_id)
-        outcome = settle_sync(k, call_id, outcome, self.pending_wait)
+        outcome = settle_sync(k, call_id, followed(k, call_id, outcome), self.pending_wait)
+        refused = None
         while thread is not None and isinstance(outcome, Pending) and not outcome.terminal:
-            self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome)))
+            refused = self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome,
+                                                                   refused)))
             current = k.outcome(call_id) or outcome
             outcome = settle_sync(k, call_id, current, self.pending_wait)
         return self._message(outcome, call_id, tool_call_id)
@@ -169,20 +174,31 @@ class PoimenTool(BaseTool):
             outcome = await k.acall(self.tool_id, kwargs, call_id=call_id, scope=scope)
         except ArgumentError as e:
             return self._refused(e, tool_call_id)
-        outcome = await settle(k, call_id, outcome, self.pending_wait)
+        outcome = await settle(k, call_id, followed(k, call_id, outcome), self.pending_wait)
+        refused = None
         while thread is not None and isinstance(outcome, Pending) and not outcome.terminal:
-            self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome)))
+            refused = self._resumed(outcome, interrupt(self._asked(call_id, kwargs, outcome,
+                                                                   refused)))
             current = k.outcome(call_id) or outcome
             outcome = await settle(k, call_id, current, self.pending_wait)
         return self._message(outcome, call_id, tool_call_id)
 
-    def _asked(self, call_id: str, args: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-        return {"poimen": request(call_id, self.tool_id, args, outcome)}
+    def _asked(
+        self, call_id: str, args: dict[str, Any], outcome: Outcome, refused: str | None
+    ) -> dict[str, Any]:
+        asked = request(self.kernel, call_id, self.tool_id, args, outcome)
+        if refused is not None:
+            asked["refused"] = refused
+        return {"poimen": asked}
 
-    def _resumed(self, outcome: Pending, answer: Any) -> None:
-        """The graph resumed: an approver's decision is applied to the call asked about."""
-        if outcome.reason == "awaiting_approval":
-            apply_decision(self.kernel, outcome.intent_id, answer)
+    def _resumed(self, outcome: Pending, answer: Any) -> str | None:
+        """The graph resumed: an approver's decision is applied to the call asked about.
+        A decision that does not count (its operator or reason missing, the same operator
+        again for four eyes, or an earlier answer LangGraph replays) is asked again, and the
+        next interrupt says why (``"refused"``)."""
+        if outcome.reason != "awaiting_approval":
+            return None
+        return resumed_decision(self.kernel, outcome.intent_id, answer)
 
     def _refused(self, error: ArgumentError, tool_call_id: str | None) -> Any:
         text = refusal(error)

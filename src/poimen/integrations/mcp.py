@@ -18,10 +18,12 @@ there gets its outcome instead of a second dispatch. A Pending call is waited fo
 ``poimen/call_id`` (``_meta``: ``poimen/outcome: "pending"``, the call id to send again).
 
 A call awaiting an operator's approval is asked of the client's user by MCP elicitation
-(`APPROVAL_FORM`: decision, operator, reason, edited arguments as JSON); the answer is applied
-to the call's intent, audited. It needs a connection the server can send requests on (stdio,
-a session with a back-channel); a client that cannot be asked (the stateless per-request path)
-gets Pending until an operator decides elsewhere.
+(`APPROVAL_FORM`: decision, operator, reason, edited arguments as JSON): with MCP 2026-07-28
+and later an ``input_required`` result (`APPROVAL_INPUT`) the client answers by sending the
+call again, before that an elicitation request on the session. The answer is applied to the
+call's intent (the one it was asked about), audited; a four-eyes call is asked again until
+enough distinct operators approved, about the edited call after an edit. A client that cannot
+be asked, or a user who declines, gets Pending until an operator decides elsewhere.
 
 Import a remote server's tools::
 
@@ -51,6 +53,7 @@ try:
     from mcp.server import Server
     from mcp.server.context import ServerRequestContext
     from mcp.server.stdio import stdio_server
+    from mcp_types.version import is_version_at_least
     from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
     from pydantic_core import core_schema
 except ImportError as exc:  # the extra is missing: say which one
@@ -63,7 +66,6 @@ from poimen import (
     Failed,
     Kernel,
     Outcome,
-    Pending,
     Resolved,
     ToolContext,
     ToolRegistration,
@@ -71,20 +73,30 @@ from poimen import (
     Unsafe,
     call_ids,
 )
-from poimen._spec import spec_of
-from poimen._tools import build_tool
+from poimen._core.spec import spec_of
+from poimen._core.tools import build_tool
 from poimen.errors import (
     ArgumentError,
     CallIdMismatchError,
     DefiniteFailure,
     NotSent,
     RegistrationError,
+    SameApproverError,
     UnknownToolError,
 )
-from poimen.integrations._outcomes import PENDING_WAIT, apply_decision, settle, waitable
+from poimen.integrations._outcomes import (
+    PENDING_WAIT,
+    apply_decision,
+    awaiting,
+    followed,
+    request,
+    settle,
+    waitable,
+)
 
 __all__ = [
     "APPROVAL_FORM",
+    "APPROVAL_INPUT",
     "CALL_ID_META",
     "INTENT_META",
     "OUTCOME_META",
@@ -159,7 +171,7 @@ def mcp_server(
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         try:
             tool_id = kernel.tool_id(params.name)
         except UnknownToolError:
@@ -173,7 +185,13 @@ def mcp_server(
         except (ArgumentError, CallIdMismatchError) as exc:
             # Refused before anything was recorded: the model may correct the input.
             return types.CallToolResult(content=[types.TextContent(text=str(exc))], is_error=True)
-        if isinstance(outcome, Pending) and outcome.reason == "awaiting_approval":
+        outcome = followed(kernel, call_id, outcome)  # approved with edited arguments
+        if awaiting(outcome) and _input_required(ctx):
+            asked = await _answered(kernel, params, call_id, tool_id, args, outcome)
+            if isinstance(asked, types.InputRequiredResult):
+                return asked
+            outcome = asked
+        elif awaiting(outcome):
             outcome = await _elicited(kernel, ctx, call_id, tool_id, args, outcome)
         outcome = await settle(kernel, call_id, outcome, pending_wait)
         ids.answered(scope, call_id, outcome)
@@ -196,6 +214,88 @@ APPROVAL_FORM: dict[str, Any] = {
 }
 
 
+def _question(kernel: Kernel, call_id: str, tool_id: str, args: Mapping[str, Any],
+              outcome: Outcome) -> str:
+    """What the approver is asked of a call awaiting approval: the call, its arguments (the
+    edited ones after an edit), and for four eyes who has approved so far."""
+    asked = request(kernel, call_id, tool_id, args, outcome)
+    needed, given = asked["approvals"]["needed"], asked["approvals"]["given"]
+    message = (
+        f"Approve the call of {tool_id!r} with {json.dumps(asked['args'], sort_keys=True)} "
+        f"(intent {outcome.intent_id})?"
+    )
+    if needed > 1:
+        message += (
+            f" {needed} distinct operators must approve it; approved so far by "
+            f"{', '.join(given) or 'no one'}."
+        )
+    return message
+
+
+def _decision(content: Mapping[str, Any]) -> dict[str, Any]:
+    """An approver's answer to `APPROVAL_FORM`, its edited arguments parsed."""
+    decision = dict(content)
+    if decision.get("decision") == "edit":
+        try:
+            decision["args"] = json.loads(str(decision.get("args") or ""))
+        except ValueError as exc:
+            raise ArgumentError(f"the edited arguments are not JSON: {exc}") from exc
+    return decision
+
+
+async def _decide(kernel: Kernel, call_id: str, outcome: Outcome, content: Any) -> Outcome:
+    """Apply an approver's answer to the intent asked about; the call's outcome then."""
+    try:
+        await asyncio.to_thread(apply_decision, kernel, outcome.intent_id, _decision(content))
+    except SameApproverError as exc:  # four eyes: another operator must; asked again
+        log.info("call %s: %s", call_id, exc)
+    return kernel.outcome(call_id) or outcome
+
+
+#: The key of the approval asked for in an ``input_required`` result (MCP 2026-07-28).
+APPROVAL_INPUT = "poimen/approval"
+
+
+def _input_required(ctx: ServerRequestContext[Any]) -> bool:
+    """Whether this request asks its client through an ``input_required`` result (MCP
+    2026-07-28 and later) rather than an elicitation request on the session."""
+    version = getattr(ctx, "protocol_version", None)
+    return isinstance(version, str) and is_version_at_least(version, "2026-07-28")
+
+
+async def _answered(
+    kernel: Kernel,
+    params: types.CallToolRequestParams,
+    call_id: str,
+    tool_id: str,
+    args: Mapping[str, Any],
+    outcome: Outcome,
+) -> Outcome | types.InputRequiredResult:
+    """The approval asked in ``input_required`` rounds: the client asks its user and sends
+    the call again with the answer. The answer counts only for the intent it was asked about
+    (``request_state``, which the client echoes): another is asked about afresh."""
+    answer = (params.input_responses or {}).get(APPROVAL_INPUT)
+    try:
+        about = json.loads(params.request_state or "{}").get("intent_id")
+    except (ValueError, AttributeError):
+        about = None
+    if answer is not None and about == outcome.intent_id:
+        content = getattr(answer, "content", None)
+        if getattr(answer, "action", None) != "accept" or not content:
+            return outcome  # declined: the call awaits an operator's decision elsewhere
+        outcome = await _decide(kernel, call_id, outcome, content)
+        if not awaiting(outcome):
+            return outcome
+    form = types.ElicitRequestFormParams(
+        message=_question(kernel, call_id, tool_id, args, outcome),
+        requested_schema=cast(Any, APPROVAL_FORM),
+    )
+    return types.InputRequiredResult(
+        input_requests={APPROVAL_INPUT: types.ElicitRequest(params=form)},
+        request_state=json.dumps({"intent_id": outcome.intent_id}),
+    )
+
+
 async def _elicited(
     kernel: Kernel,
     ctx: ServerRequestContext[Any],
@@ -205,27 +305,29 @@ async def _elicited(
     outcome: Outcome,
 ) -> Outcome:
     """Ask the client's user to approve the call (elicitation), and apply the decision to its
-    intent. A client that cannot be asked, or a user who declines to answer, leaves it
-    awaiting an operator's decision."""
-    message = (
-        f"Approve the call of {tool_id!r} with {json.dumps(dict(args), sort_keys=True)} "
-        f"(intent {outcome.intent_id})?"
-    )
-    try:
-        answer = await ctx.session.elicit_form(message, cast(Any, APPROVAL_FORM))
-    except Exception as exc:  # no back-channel, or a client without elicitation
-        log.info("call %s: its approval could not be asked over MCP: %s", call_id, exc)
-        return outcome
-    if answer.action != "accept" or not answer.content:
-        return outcome
-    decision: dict[str, Any] = dict(answer.content)
-    if decision.get("decision") == "edit":
+    intent; a four-eyes call is asked again until enough distinct operators approved (about
+    the edited call after an edit). A client that cannot be asked, or a user who declines to
+    answer, leaves it awaiting an operator's decision."""
+    asks, needed = 0, 1
+    while awaiting(outcome) and asks < needed + _REPEATS:
+        asks += 1
+        needed = request(kernel, call_id, tool_id, args, outcome)["approvals"]["needed"]
+        message = _question(kernel, call_id, tool_id, args, outcome)
         try:
-            decision["args"] = json.loads(str(decision.get("args") or ""))
-        except ValueError as exc:
-            raise ArgumentError(f"the edited arguments are not JSON: {exc}") from exc
-    await asyncio.to_thread(apply_decision, kernel, outcome.intent_id, decision)
-    return kernel.outcome(call_id) or outcome
+            answer = await ctx.session.elicit_form(message, cast(Any, APPROVAL_FORM))
+        except Exception as exc:  # no back-channel, or a client without elicitation
+            log.info("call %s: its approval could not be asked over MCP: %s", call_id, exc)
+            break
+        if answer.action != "accept" or not answer.content:
+            break
+        outcome = await _decide(kernel, call_id, outcome, answer.content)
+    return outcome
+
+
+# How many answers beyond the approvals needed one call asks for: a user answering as the
+# same operator again and again is not asked for ever.
+_REPEATS = 3
+
 
 
 def run_stdio(server: Server[Any]) -> None:

@@ -19,8 +19,8 @@ A tool registered with `requires_approval` asks through the SDK's own `needs_app
 call is recorded awaiting approval and the run stops with an interruption
 (`result.interruptions`); `decide(kernel, state, item, ...)` records the approver's decision on
 that call's intent (approve, edit, reject; audited) and approves or rejects the item in the
-`RunState` that resumes the run. A stale saved state resumed after the decision answers from
-the log.
+`RunState` that resumes the run; a four-eyes call stops the run again until enough distinct
+operators approved. A stale saved state resumed after the decision answers from the log.
 """
 
 from __future__ import annotations
@@ -42,11 +42,13 @@ try:
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.openai_agents", "openai-agents", exc) from exc
 
-from poimen import Failed, Indeterminate, Kernel, Outcome, Pending, ToolSpec, call_ids
+from poimen import Failed, Indeterminate, Intent, Kernel, Outcome, Pending, ToolSpec, call_ids
 from poimen.errors import ArgumentError, PoimenError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
     apply_decision,
+    awaiting,
+    followed,
     refusal,
     settle,
     unsettled,
@@ -86,9 +88,7 @@ def _function_tool(
             outcome = await kernel.acall(spec.id, args, call_id=call_id, scope=counter.scope)
         except (ArgumentError, json.JSONDecodeError) as e:  # nothing was recorded
             return refusal(e)
-        if isinstance(outcome, Failed):  # approved with edited arguments: the edited call
-            outcome = kernel.outcome(call_id) or outcome
-        outcome = await settle(kernel, call_id, outcome, pending_wait)
+        outcome = await settle(kernel, call_id, followed(kernel, call_id, outcome), pending_wait)
         counter.answered(ctx, call_id, outcome)
         return outcome.for_model()
 
@@ -106,7 +106,7 @@ def _function_tool(
             outcome = await kernel.acall(spec.id, params, call_id=call_id, scope=counter.scope)
         except ArgumentError:
             return False  # refused when the tool runs, before anything is recorded
-        return isinstance(outcome, Pending) and outcome.reason == "awaiting_approval"
+        return awaiting(followed(kernel, call_id, outcome))  # edited: awaiting more approvers?
 
     schema, strict = _schema(spec.parameters)
     return FunctionTool(
@@ -140,25 +140,44 @@ async def decide(
     """An operator's decision on an interruption of the session `scope`: recorded on the
     call's intent in the log (audited) and given to `state`, which resumes the run:
     ``"approve"``; ``"edit"`` with the edited `args` (a new call bound to them; the original
-    is rejected with a link to it); ``"reject"`` (nothing is sent). A call decided already
-    (a stale saved state) keeps its decision: the resumed run answers from the log."""
+    is rejected with a link to it); ``"reject"`` (nothing is sent). A four-eyes call that
+    needs another operator leaves the item undecided: the resumed run stops on it again, and
+    the next operator decides (on the edited call, after an edit); the same operator again is
+    `SameApproverError`. A call decided already (a stale saved state) keeps its decision,
+    whatever this one: the resumed run answers from the log."""
     raw = item.raw_item
     name = item.tool_name or _field(raw, "name")
     params = _args(_field(raw, "arguments") or "")
-    tool_id = kernel.tool_id(str(name))
+    intent = _asked(kernel, scope, kernel.tool_id(str(name)), params)
+    if intent is None:  # decided already (a stale state): the tool answers from the log
+        state.approve(item)
+        return
+    choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
+    await asyncio.to_thread(apply_decision, kernel, intent.id, choice)
+    outcome = kernel.outcome(intent.call_id)
+    if awaiting(outcome):
+        return  # another operator must approve
+    if isinstance(outcome, Failed):  # rejected: nothing was sent
+        state.reject(item, rejection_message=outcome.for_model())
+    else:
+        state.approve(item)
+
+
+def _asked(kernel: Kernel, scope: str, tool_id: str, params: dict[str, Any]) -> Intent | None:
+    """The call an interruption asks about: the unsettled call of this tool with these
+    arguments in the session, or the edited call an approver made of it, awaiting the
+    other approvers of a four-eyes tool."""
     _, d, _ = kernel._prepare(tool_id, params, "poimen-decide", scope)
     intent = kernel.store.unsettled_call(scope, tool_id, d.args_hash)
     if intent is not None:
-        choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
-        await asyncio.to_thread(apply_decision, kernel, intent.id, choice)
-        outcome = kernel.outcome(intent.call_id)
-        if decision == "reject" and outcome is not None:
-            state.reject(item, rejection_message=outcome.for_model())
-            return
-    if decision == "reject":
-        state.reject(item)
-    else:
-        state.approve(item)
+        return intent
+    same = call_ids.derived(scope, tool_id, params).rpartition("/")[0] + "/"
+    for earlier in kernel.store.search_call_id(same, limit=100):
+        now = kernel.outcome(earlier.call_id)  # an edited call answers for its original
+        if awaiting(now) and now is not None and now.intent_id != earlier.id:
+            return kernel.store.get_intent(now.intent_id)
+    return None
+
 
 
 def _schema(parameters: dict[str, Any]) -> tuple[dict[str, Any], bool]:

@@ -60,6 +60,7 @@ from poimen.errors import ArgumentError, PoimenError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
     apply_decision,
+    awaiting,
     refusal,
     request,
     settle,
@@ -145,9 +146,9 @@ class PoimenToolset(AbstractToolset[Any]):
         except ArgumentError as e:  # refused before anything was recorded: the model may fix it
             raise ModelRetry(refusal(e)) from e
         outcome = await settle(self.kernel, call_id, outcome, self.pending_wait)
-        if isinstance(outcome, Pending) and outcome.reason == "awaiting_approval":
+        if awaiting(outcome):
             raise ApprovalRequired(
-                metadata={METADATA_KEY: request(call_id, tool_id, tool_args, outcome)}
+                metadata={METADATA_KEY: request(self.kernel, call_id, tool_id, tool_args, outcome)}
             )
         if self.defer and isinstance(outcome, Indeterminate | Pending) and not outcome.terminal:
             raise CallDeferred(metadata={METADATA_KEY: _details(call_id, outcome)})
@@ -279,16 +280,17 @@ async def decide(
     log (audited, bound to that call's intent) and added to `results`, which resume the run:
     ``"approve"``; ``"edit"`` with the edited `args` (a new call bound to them; the original
     is rejected with a link to it); ``"reject"`` (nothing is sent). A call decided already
-    (a stale saved run) keeps its decision: the resumed run answers from the log."""
+    (a stale saved run) keeps its decision, whatever this one: the resumed run answers from
+    the log."""
     details = requests.metadata.get(tool_call_id, {}).get(METADATA_KEY)
     if not isinstance(details, dict) or "intent_id" not in details:
         raise PoimenError(f"tool call {tool_call_id!r} is not a poimen approval request")
     choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
     await asyncio.to_thread(apply_decision, kernel, details["intent_id"], choice)
     outcome = kernel.outcome(details["call_id"])
-    if decision == "reject" or isinstance(outcome, Failed):
-        text = outcome.for_model() if outcome is not None else "The call was rejected."
-        results.approvals[tool_call_id] = ToolDenied(text)
+    if isinstance(outcome, Failed):  # rejected (now, or before): nothing was sent
+        results.approvals[tool_call_id] = ToolDenied(outcome.for_model())
         return
+    # Approved, awaiting another operator, or decided before: the call answers from the log.
     results.approvals[tool_call_id] = ToolApproved()
     results.metadata[tool_call_id] = {METADATA_KEY: details}

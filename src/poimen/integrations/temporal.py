@@ -19,8 +19,11 @@ The activity returns the tool's result. A call that failed with no effect raises
 ``ApplicationError(type="PoimenToolCallFailed", non_retryable=True)``; a call whose effect is
 unknown raises ``ApplicationError(type="PoimenOutcomeUnknown", non_retryable=True)``; the
 details hold the call id and the intent id. After an operator decides, the
-``poimen.outcome`` activity (`outcome_activity`) returns the decision: see
-docs/integrations/temporal.md.
+``poimen.outcome`` activity (`outcome_activity`) returns the decision. A call awaiting an
+operator's approval raises ``ApplicationError(type="PoimenApprovalRequired",
+non_retryable=True)``; the workflow receives the approvers' decisions (a signal, an update),
+applies each with the ``poimen.decide`` activity (`decide_activity`) until the call is
+decided, and gets its outcome from ``poimen.outcome``: see docs/integrations/temporal.md.
 """
 
 from __future__ import annotations
@@ -33,19 +36,32 @@ from poimen.errors import MissingExtraError
 
 try:
     from temporalio import activity
-    from temporalio.exceptions import ApplicationError
+    from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.temporal", "temporal", exc) from exc
 
-from poimen import Kernel, Outcome, call_ids
-from poimen.errors import OutcomeUnknownError, PoimenError, ToolCallFailedError
-from poimen.integrations._outcomes import value_or_raise
+from poimen import Indeterminate, Kernel, Outcome, call_ids
+from poimen.errors import (
+    IntentNotFoundError,
+    OutcomeUnknownError,
+    PoimenError,
+    ToolCallFailedError,
+)
+from poimen.integrations._outcomes import (
+    awaiting,
+    followed,
+    request,
+    resumed_decision,
+    value_or_raise,
+)
 
 __all__ = [
+    "APPROVAL",
     "FAILED",
     "NOT_DECIDED",
     "UNKNOWN",
     "activity_call_id",
+    "decide_activity",
     "outcome_activity",
     "temporal_activity",
 ]
@@ -57,6 +73,9 @@ UNKNOWN = "PoimenOutcomeUnknown"
 #: `ApplicationError.type` from `poimen.outcome` while no one has decided yet (retryable:
 #: Temporal's retry policy is the polling loop).
 NOT_DECIDED = "PoimenNotDecided"
+#: `ApplicationError.type` of a call that awaits an operator's approval (non-retryable); the
+#: details hold the call id, intent id, arguments and approvals asked for.
+APPROVAL = "PoimenApprovalRequired"
 
 
 def activity_call_id() -> str:
@@ -90,7 +109,8 @@ def temporal_activity(
     async def run(args: dict[str, Any]) -> Any:
         call_id = activity_call_id()
         scope = call_id.rpartition("/")[0]  # the run: an identical unsettled call answers it
-        return _value(await kernel.acall(tool_id, args, call_id=call_id, scope=scope), call_id)
+        outcome = await kernel.acall(tool_id, args, call_id=call_id, scope=scope)
+        return _value(followed(kernel, call_id, outcome), call_id, kernel)
 
     return run
 
@@ -98,19 +118,23 @@ def temporal_activity(
 def outcome_activity(
     kernel: Kernel, *, name: str = "poimen.outcome"
 ) -> Callable[[str], Awaitable[Any]]:
-    """An activity that answers a call's decided outcome by its call id: the result, or the
-    same errors as the tool's activity. While the outcome is still unknown it raises a
-    retryable `NOT_DECIDED` error, so the activity's retry policy waits for the operator."""
+    """An activity that answers a call's settled outcome by its call id: the result, or the
+    same errors as the tool's activity. While the outcome is still unknown (Indeterminate:
+    an operator decides; Pending: on its way, driven here when its worker died) it raises a
+    retryable `NOT_DECIDED` error, so the activity's retry policy is the polling loop."""
 
     @activity.defn(name=name)
     async def outcome(call_id: str) -> Any:
-        out = await asyncio.to_thread(kernel.outcome, call_id)
-        if out is None:
+        try:  # a Pending call nobody drives (its worker died) is driven here
+            out = await kernel.wait(call_id, timeout=0)
+        except IntentNotFoundError:
             raise ApplicationError(f"no call has the call id {call_id!r}", {"call_id": call_id},
-                                   type="PoimenUnknownCall", non_retryable=True)
+                                   type="PoimenUnknownCall", non_retryable=True) from None
         if not out.terminal:
+            waits = ("an operator's approval" if awaiting(out) else "an operator's decision"
+                     if isinstance(out, Indeterminate) else "its outcome")
             raise ApplicationError(
-                f"call {call_id!r} (intent {out.intent_id}) awaits an operator's decision",
+                f"call {call_id!r} (intent {out.intent_id}) awaits {waits}",
                 {"call_id": call_id, "intent_id": out.intent_id},
                 type=NOT_DECIDED,
             )
@@ -119,7 +143,58 @@ def outcome_activity(
     return outcome
 
 
-def _value(outcome: Outcome, call_id: str) -> Any:
+def decide_activity(
+    kernel: Kernel, *, name: str = "poimen.decide"
+) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+    """An activity that applies an approver's decision to a call awaiting approval:
+    ``{"call_id": ..., "decision": {"decision": "approve" | "edit" | "reject", "operator":
+    ..., "reason": ..., "args": {...} (edit)}}``, recorded on the call's intent (audited).
+    Returns what is asked now: ``{}`` once decided (then ``poimen.outcome`` runs it and
+    answers), else the call as the `APPROVAL` error's details have it (four eyes, or an
+    edited call), with ``refused``: why this decision did not count. A decision on a call
+    decided already (an attempt retried after its worker died) changes nothing."""
+
+    @activity.defn(name=name)
+    async def decide(asked: dict[str, Any]) -> dict[str, Any]:
+        call_id = asked.get("call_id") if isinstance(asked, dict) else None
+        if not isinstance(call_id, str):
+            raise ApplicationError(f"poimen.decide takes {{'call_id', 'decision'}}, not {asked!r}",
+                                   type="PoimenBadDecision", non_retryable=True)
+        return await asyncio.to_thread(_decided, kernel, call_id, asked.get("decision"))
+
+    return decide
+
+
+def _decided(kernel: Kernel, call_id: str, decision: Any) -> dict[str, Any]:
+    outcome = kernel.outcome(call_id)
+    if outcome is None:
+        raise ApplicationError(f"no call has the call id {call_id!r}", {"call_id": call_id},
+                               type="PoimenUnknownCall", non_retryable=True)
+    refused = None
+    if awaiting(outcome):
+        refused = resumed_decision(kernel, outcome.intent_id, decision)
+        outcome = kernel.outcome(call_id) or outcome
+    if not awaiting(outcome):
+        return {}
+    asked = _asked(kernel, call_id, outcome)
+    return asked if refused is None else {**asked, "refused": refused}
+
+
+def _asked(kernel: Kernel, call_id: str, outcome: Outcome) -> dict[str, Any]:
+    intent = kernel.store.get_intent(outcome.intent_id)
+    return request(kernel, call_id, intent.tool_id if intent else "", {}, outcome)
+
+
+def _value(outcome: Outcome, call_id: str, kernel: Kernel | None = None) -> Any:
+    if kernel is not None and awaiting(outcome):
+        asked = _asked(kernel, call_id, outcome)
+        raise ApplicationError(
+            f"call {call_id!r} (intent {outcome.intent_id}) awaits an operator's approval and "
+            "has not run: send the decision to the workflow, which applies it with "
+            "poimen.decide",
+            asked, type=APPROVAL, non_retryable=True,
+            category=ApplicationErrorCategory.BENIGN,  # the workflow's next step: not logged
+        )
     try:
         return value_or_raise(outcome, call_id)
     except ToolCallFailedError as exc:

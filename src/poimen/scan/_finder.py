@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from poimen import _suggest
-from poimen._suggest import Suggestion
+from poimen._core import suggest as _suggest
+from poimen._core.suggest import Suggestion
 
 _WRITE_METHODS = frozenset({"post", "put", "patch", "delete"})
 _HTTP_MODULES = ("requests", "httpx", "aiohttp", "urllib3")

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poimen._health import _version
 from poimen.errors import PoimenError
+from poimen.operator._health import _version
 from poimen.scan._finder import Tool, find_tools
 
 _SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "env", "node_modules",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from poimen._present import redact_store_url
+from poimen._core.present import redact_store_url
 from poimen.errors import StoreError
 from poimen.store._base import NewDispatch, NewNotification, Store
 from poimen.store.sqlite import SqliteStore

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from poimen._intents import Intent, IntentState, check_transition
+from poimen._core.intents import Intent, IntentState, check_transition
 from poimen.errors import (
     ApprovalExpiredError,
     CallIdMismatchError,

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from poimen._intents import (
+from poimen._core.intents import (
     Attempt,
     Delivery,
     Denial,
@@ -22,6 +23,8 @@ from poimen._intents import (
 from poimen.errors import CorruptRowError
 
 if TYPE_CHECKING:
+    from poimen._core.audit import Head
+    from poimen.store._chain import ChainView
     from poimen.store._retention import History
 
 
@@ -108,6 +111,22 @@ class Store(Protocol):
         error: str | None,
         now: float,
     ) -> bool: ...
+    def commit_outcome_in(
+        self,
+        conn: Any,
+        intent_id: str,
+        fence: int,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+        before_commit: Callable[[], object] | None = None,
+    ) -> bool:
+        """Settle COMPLETED on the fence inside `conn`'s open transaction on this log's own
+        database (a Transactional tool's) and commit both; False (rolled back) if the fence
+        moved."""
+        ...
+
     def record_unknown(
         self, intent_id: str, fence: int, error: str, now: float, deadline_at: float | None = None
     ) -> bool: ...
@@ -250,6 +269,10 @@ class Store(Protocol):
         self, *, tool_id: str | None = None, since: float | None = None, limit: int = 1000
     ) -> list[Denial]: ...
 
+    # The audit chain (docs/audit.md; the links are the database's triggers').
+    def audit_head(self) -> Head | None: ...
+    def audit_chain(self) -> AbstractContextManager[ChainView]: ...
+
 
 # Row decoding shared by the backends. Rows come in the column order below.
 
@@ -270,7 +293,7 @@ NOTIFICATION_COLUMNS = (
 DENIAL_COLUMNS = "id, at, tool_id, intent_id, attempt, action, target, reason"
 DELIVERY_COLUMNS = "notification_id, notifier, delivered_at, attempts, last_error, next_attempt_at"
 
-_EFFECTS = frozenset({"idempotent", "queryable", "unsafe", "readonly"})
+_EFFECTS = frozenset({"idempotent", "queryable", "unsafe", "readonly", "transactional"})
 
 
 def _owner(worker: Any, host: Any, pid: Any, start: Any) -> Owner | None:

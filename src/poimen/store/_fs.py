@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import psutil
 
@@ -177,3 +178,34 @@ def refuse_network_fs(
         fstype=mount.fstype,
         mount_point=mount.point,
     )
+
+
+def sqlite_writes(name: str) -> bool:
+    """Whether SQLite may create or change a file when it opens (or attaches) `name`.
+
+    URIs are read as SQLite reads them: the scheme in any case, the URI ending at '#',
+    parameters split on '&' and '=' before %-decoding, a decoded NUL ending a name or value,
+    and the last `mode` winning. Only ``mode=ro`` and ``mode=memory`` (or an in-memory or
+    temporary database) write nothing.
+    """
+    if name in ("", ":memory:"):
+        return False
+    if name[:5].lower() != "file:":
+        return True
+    path, _, query = name[5:].split("#", 1)[0].partition("?")
+    mode = None
+    for param in query.split("&"):
+        key, _, value = param.partition("=")
+        if _decoded(key) == "mode":
+            mode = _decoded(value)
+    if mode in ("ro", "memory"):
+        return False
+    if path.startswith("//"):  # file://host/path: only an empty or local host opens
+        path = "/" + path[2:].partition("/")[2]
+        if path == "/":
+            return True
+    return _decoded(path) not in ("", ":memory:")
+
+
+def _decoded(part: str) -> str:
+    return unquote(part, errors="surrogateescape").split("\x00", 1)[0]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from poimen._intents import Attempt, Event, Intent, IntentState
+from poimen._core.intents import Attempt, Event, Intent, IntentState
 
 S = IntentState
 #: The id of an event read from its intent row: it has no row of its own (yet).

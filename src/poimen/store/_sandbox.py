@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from typing import Any, Literal
 
-from poimen._intents import Intent
+from poimen._core.intents import Intent
 from poimen.errors import CorruptRowError, StoreError
 from poimen.store._base import INTENT_COLUMNS, Store, intent_from_row
 from poimen.store._sql import SqlStore

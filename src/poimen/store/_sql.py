@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from poimen._intents import (
+from poimen._core.intents import (
     Attempt,
     Delivery,
     Denial,
@@ -45,6 +45,7 @@ from poimen.store._base import (
     intent_from_row,
     notification_from_row,
 )
+from poimen.store._chain import Chain
 from poimen.store._inline import (
     attempt_row,
     event_row,
@@ -70,7 +71,7 @@ T = TypeVar("T")
 S = IntentState
 
 
-class SqlStore(Retention, Approvals):
+class SqlStore(Retention, Approvals, Chain):
     """The methods both backends run the same way. Each write's `op(ex, retrying)` gets
     `retrying=True` only on PostgreSQL, on a try after one whose answer was lost."""
 
@@ -223,12 +224,7 @@ class SqlStore(Retention, Approvals):
         sql = self._sql
 
         def op(ex: Executor, retrying: bool) -> bool:
-            params = o.settle_params()
-            if ex.execute(sql.settle_inline, params).rowcount == 1:
-                return True  # the happy path: the intent row holds the whole history
-            if ex.execute(sql.settle, params).rowcount == 1:
-                ex.execute(sql.end_attempt, o.end_attempt_params())
-                ex.execute(sql.insert_event, o.event_params())
+            if self._settle(ex, o):
                 return True
             if retrying:
                 row = ex.execute(sql.attempt_outcome, (intent_id, fence)).fetchone()
@@ -256,6 +252,48 @@ class SqlStore(Retention, Approvals):
             return False
 
         return op
+
+    def _linking(self, conn: Any) -> None:
+        """Make `conn`, a connection of the application's to this log, able to write what the
+        audit chain links (SQLite: its triggers call a function of the connection's)."""
+
+    def _settle(self, ex: Executor, o: Outcome) -> bool:
+        """Settle on the fence; False (nothing written) if the fence moved."""
+        sql = self._sql
+        params = o.settle_params()
+        if ex.execute(sql.settle_inline, params).rowcount == 1:
+            return True  # the happy path: the intent row holds the whole history
+        if ex.execute(sql.settle, params).rowcount == 1:
+            ex.execute(sql.end_attempt, o.end_attempt_params())
+            ex.execute(sql.insert_event, o.event_params())
+            return True
+        return False
+
+    def commit_outcome_in(
+        self,
+        conn: Any,
+        intent_id: str,
+        fence: int,
+        *,
+        result: str | None,
+        error: str | None,
+        now: float,
+        before_commit: Callable[[], object] | None = None,
+    ) -> bool:
+        """The outcome commit of a Transactional tool whose database is this log's: settle the
+        intent COMPLETED on `fence` inside `conn`'s open transaction, which holds the tool's
+        writes, and commit the two at once. If the fence moved (the call was taken over),
+        `conn` is rolled back and False returned: the tool's writes never land. An error of
+        the commit itself leaves the outcome unknown and is raised."""
+        o = Outcome(intent_id, fence, S.COMPLETED, result, error, now)
+        self._linking(conn)
+        if not self._settle(conn, o):
+            conn.rollback()
+            return False
+        if before_commit is not None:
+            before_commit()
+        conn.commit()
+        return True
 
     def record_unknown(
         self, intent_id: str, fence: int, error: str, now: float, deadline_at: float | None = None

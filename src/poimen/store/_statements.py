@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from poimen._intents import (
+from poimen._core.intents import (
     Intent,
     IntentState,
     Owner,

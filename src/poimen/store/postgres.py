@@ -25,8 +25,8 @@ is what only PostgreSQL does (the pool, the clock, retries, locking claims).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
-import random
 import threading
 import time
 import uuid
@@ -38,9 +38,11 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from poimen._intents import Denial, Intent, IntentState, Owner
+from poimen._core.backoff import RECONNECT
+from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import PoimenError, ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
+from poimen.store._chain import Stream
 from poimen.store._sql import SqlStore
 from poimen.store._statements import (
     Executor,
@@ -253,7 +255,7 @@ class PostgresStore(SqlStore):
                 url=self._where,
             )
         deadline = time.monotonic() + self._retry_for
-        delay = 0.02
+        n = 1  # the next wait is RECONNECT's n-th
         retrying = False
         while True:
             # Waiting for a connection counts against the same budget.
@@ -276,17 +278,18 @@ class PostgresStore(SqlStore):
                     ) from exc
                 if self._closed:
                     raise StoreUnavailableError("the store is closed") from exc
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + RECONNECT.cap(n) > deadline:
                     raise StoreUnavailableError(
                         f"{what}: PostgreSQL at {self._where} unreachable for "
                         f"{self._retry_for:g}s: {_first_line(exc)}",
                         url=self._where,
                         operation=what,
                     ) from exc
+                delay = RECONNECT.delay(n)
                 log.warning("%s: %s; retrying in %.2fs", what, _first_line(exc), delay)
                 retrying = True
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
+                time.sleep(delay)
+                n += 1
             except PoimenError:
                 raise
             except psycopg.Error as exc:
@@ -329,6 +332,36 @@ class PostgresStore(SqlStore):
 
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
         return self._run(what, fn)
+
+    @contextlib.contextmanager
+    def _streaming(self) -> Iterator[Stream]:
+        # One REPEATABLE READ transaction; each query a server-side cursor fetched in pages.
+        if self._closed:
+            raise StoreUnavailableError("the store is closed")
+        names = itertools.count()
+
+        try:
+            with (
+                self._connection(self._connect_timeout, direct=False) as conn,
+                conn.transaction(),
+            ):
+                conn.execute(_SNAPSHOT)
+                opened: list[psycopg.ServerCursor[Any]] = []
+
+                def query(sql: str, params: Sequence[Any] = ()) -> Iterator[Any]:
+                    cur = conn.cursor(name=f"poimen_stream_{next(names)}")
+                    opened.append(cur)
+                    cur.itersize = 2000
+                    cur.execute(sql, params)
+                    return iter(cur)
+
+                try:
+                    yield query
+                finally:
+                    for cur in opened:
+                        cur.close()
+        except (*_TRANSIENT, psycopg.Error) as exc:
+            raise StoreError(f"read failed: {_first_line(exc)}", url=self._where) from exc
 
     def _prefix_match(self, prefix: str) -> tuple[str, tuple[Any, ...]]:
         return "starts_with(call_id, %s)", (prefix,)

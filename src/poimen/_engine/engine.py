@@ -1,0 +1,338 @@
+"""The one runtime object of a kernel: its settings (validated once), its store and identity,
+its tools, its pools, and the call entry every caller takes (`Engine.run_call`/`arun_call`:
+`Kernel.call`/`acall`, a shadow or replay kernel's calls), so no path skips a check, the
+observer or the sandbox. `poimen.Kernel` is the facade that builds one and forwards to it."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Protocol
+
+from poimen import call_ids
+from poimen._capability import guard as _guard
+from poimen._capability.context import Issuer
+from poimen._core.approval import ApprovalRule
+from poimen._core.backoff import seconds
+from poimen._core.decide import Policy, claimability
+from poimen._core.effects import Idempotent, Queryable, effect_name
+from poimen._core.intents import Intent, Outcome, Owner
+from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
+from poimen._core.retry import Retry as RetryPolicy
+from poimen._core.tools import Tool
+from poimen._engine import hooks as _hooks
+from poimen._engine.liveness import owner_alive
+from poimen._engine.notify import Notifier
+from poimen._engine.protocol import Approval, call_steps
+from poimen._engine.runners import run_async, run_sync
+from poimen._engine.steps import CallState, Holds
+from poimen.call_ids import is_edit, is_undo
+from poimen.errors import (
+    NondeterministicKeyError,
+    PoimenError,
+    ReservedCallIdError,
+    UnknownToolError,
+    WrongRunnerError,
+)
+from poimen.store import Store
+from poimen.store._base import NewDispatch
+
+if TYPE_CHECKING:
+    from poimen._engine.transactional import Database
+    from poimen._engine.hooks import ObserverHooks
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """A kernel's settings, in seconds and counts; refused here, once, with a `PoimenError`
+    naming the one out of range (`poimen.Kernel` documents each)."""
+
+    lease_ttl: float = 30.0
+    """How long a dispatched call's lease lasts (at least its tool's timeout)."""
+    max_attempts: int = 5
+    """Attempts per call, the first included, for a tool without its own `Retry`."""
+    lookup_limit: int = 8
+    """"Unknown" answers a Queryable call's lookup may give before it is Indeterminate."""
+    lookup_backoff: float = 1.0
+    """The wait before asking again after the first "unknown" answer."""
+    max_backoff: float = 300.0
+    """The longest wait between two lookups."""
+    deadline_margin: float = 1.0
+    """Added to a call's timeout to make its deadline."""
+    wait_bound: float = 5.0
+    """How long a call waits for another owner of its call id before it answers Pending."""
+    recover_interval: float = 5.0
+    """How often the background recovery pass and the delivery of notifications run."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "int":
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise PoimenError(
+                        f"{f.name} must be a whole number of at least 1, not {v!r}", field=f.name
+                    )
+                continue
+            positive = f.name not in ("deadline_margin", "wait_bound")
+            if not seconds(v, positive=positive):
+                kind = "positive" if positive else "non-negative"
+                raise PoimenError(
+                    f"{f.name} must be a {kind} number of seconds, not {v!r}", field=f.name
+                )
+
+
+class Sandboxed(Protocol):
+    """What the call entry asks of a shadow or replay mode (`poimen.sandbox._modes`)."""
+
+    def runs(self, t: Tool, d: NewDispatch) -> bool:
+        """Whether this call runs for real (else the mode answers it)."""
+        ...
+
+    def answer(self, t: Tool, d: NewDispatch) -> Outcome:
+        """The mode's answer to a call it does not run."""
+        ...
+
+
+class Engine:
+    """What the protocol needs of a kernel: its store, identity, tools, settings, pools."""
+
+    def __init__(
+        self,
+        store: Store,
+        owner: Owner,
+        issuer: Issuer,
+        settings: Settings,
+        *,
+        notify: Callable[[], None],
+        notifiers: Sequence[Notifier] = (),
+        on_call: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.issuer = issuer
+        self.settings = settings
+        self.tools: dict[str, Tool] = {}
+        # The databases of Transactional tools, by tool id.
+        self.databases: dict[str, Database] = {}
+        self.retries: dict[str, RetryPolicy] = {}
+        self.approvals: dict[str, ApprovalRule] = {}
+        self.repeating: set[str] = set()  # tools registered with coalesce=False
+        self.holds = Holds()
+        self.lease_ttl = settings.lease_ttl
+        self.deadline_margin = settings.deadline_margin
+        self.wait_bound = settings.wait_bound
+        self.default_retry = RetryPolicy(attempts=settings.max_attempts)
+        self.notify = notify
+        self.notifiers = notifiers  # an outbox row is written for these (their names)
+        self.on_call = on_call  # before a call runs: the kernel's duties and logging
+        self.closed = False
+        self.sandbox: Sandboxed | None = None
+        self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+        self._pools_lock = threading.Lock()
+        self.continuations: set[threading.Thread] = set()
+        self.observer: ObserverHooks | None = None  # set while the kernel has observers
+
+    def retry(self, t: Tool) -> RetryPolicy:
+        return self.retries.get(t.id, self.default_retry)
+
+    def policy(self, t: Tool) -> Policy:
+        s = self.settings
+        return Policy(
+            max_attempts=self.retry(t).attempts,
+            lookup_limit=s.lookup_limit,
+            lookup_backoff=s.lookup_backoff,
+            max_backoff=s.max_backoff,
+        )
+
+    def pool(self, name: str, size: int) -> concurrent.futures.ThreadPoolExecutor:
+        p = self._pools.get(name)
+        if p is None:
+            with self._pools_lock:
+                p = self._pools.get(name)
+                if p is None:
+                    p = self._pools[name] = concurrent.futures.ThreadPoolExecutor(
+                        size, thread_name_prefix=f"poimen-{name}"
+                    )
+        return p
+
+    def shutdown_pools(self, *, forked: bool = False) -> None:
+        with self._pools_lock:
+            pools, self._pools = self._pools, {}
+        if forked:  # the parent's threads do not exist here: nothing to wait for
+            self._pools_lock = threading.Lock()
+            return
+        for p in pools.values():
+            p.shutdown(wait=False)
+
+    def claimable(self, intent: Intent, now: float) -> str:
+        return claimability(
+            intent, self.owner, held=intent.id in self.holds, now=now, alive=owner_alive
+        )
+
+    def slack(self) -> float:
+        """How late an attempt may start after its deadline was stamped before the deadline
+        is stamped again."""
+        return self.deadline_margin / 4
+
+    # The call entry.
+
+    def run_call(
+        self, tool: str, args: Mapping[str, Any], *, call_id: str, scope: str | None = None
+    ) -> Outcome:
+        """`Kernel.call`: journal, dispatch and settle one call (or the sandbox's answer)."""
+        if _guard.current() is not None:
+            # Called from inside a guarded tool: the kernel's writes are not that tool's, and
+            # the inner tool is guarded by its own class.
+            token = _guard.suspend()
+            try:
+                return self.run_call(tool, args, call_id=call_id, scope=scope)
+            finally:
+                _guard.resume(token)
+        t, d, kwargs = self.prepare(tool, args, call_id, scope)
+        if self.sandbox is not None and not self.sandbox.runs(t, d):
+            return self.sandbox.answer(t, d)
+        approval = self.approval(t, d)
+        if t.is_async and loop_running() and approval is None:
+            raise WrongRunnerError(
+                f"tool {t.id!r} is async and an event loop runs in this thread: "
+                "use `await kernel.acall(...)`; nothing was recorded",
+                tool_id=t.id,
+            )
+        self.on_call()
+        steps = call_steps(self, t, d, kwargs, CallState(), approval)
+        obs = self.observer
+        if obs is not None and _hooks.calls_wanted(obs):
+            return _hooks.observed_call(obs, d, lambda: run_sync(self, steps))
+        return run_sync(self, steps)
+
+    async def arun_call(
+        self, tool: str, args: Mapping[str, Any], *, call_id: str, scope: str | None = None
+    ) -> Outcome:
+        """`Kernel.acall`: `run_call` on an event loop."""
+        if _guard.current() is not None:  # see run_call()
+            token = _guard.suspend()
+            try:
+                return await self.arun_call(tool, args, call_id=call_id, scope=scope)
+            finally:
+                _guard.resume(token)
+        t, d, kwargs = self.prepare(tool, args, call_id, scope)
+        if self.sandbox is not None and not self.sandbox.runs(t, d):
+            return await asyncio.to_thread(self.sandbox.answer, t, d)
+        self.on_call()
+        c = CallState()
+        approval = self.approval(t, d)
+        run = run_async(self, call_steps(self, t, d, kwargs, c, approval), c)
+        obs = self.observer
+        if obs is not None and _hooks.calls_wanted(obs):
+            return await _hooks.observed_acall(obs, d, run)
+        return await run
+
+    def prepare(
+        self, tool: str, args: Mapping[str, Any], call_id: str, scope: str | None = None
+    ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
+        """A call checked and made into the dispatch it would record (nothing written)."""
+        if self.closed:
+            raise PoimenError("the kernel is closed")
+        t = self.tools.get(tool) if isinstance(tool, str) else None
+        if t is None:
+            raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
+        check_call_id(call_id)
+        check_not_reserved(call_id)
+        effects = t.registration.effects
+        data, _ = encode_args(args)
+        recorded, kwargs = t.validate(data)
+        text = canonical(recorded)
+        key = request_id = None
+        if isinstance(effects, Idempotent):
+            key = effects.key.derive(t.id, recorded)
+            if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:
+                raise NondeterministicKeyError(
+                    f"tool {t.id!r}: its key derivation gave two keys for one set of arguments",
+                    tool_id=t.id,
+                )
+        elif isinstance(effects, Queryable):
+            request_id = _new_request_id()
+        now = self.store.now()
+        timeout = t.registration.timeout
+        d = NewDispatch(
+            intent_id=_new_id(),
+            call_id=call_id,
+            tool_id=t.id,
+            effect=effect_name(effects),
+            args=text,
+            args_hash=args_digest(text),
+            key=key,
+            request_id=request_id,
+            owner=self.owner,
+            lease_expires_at=now + max(self.lease_ttl, timeout),
+            timeout_s=timeout,
+            deadline_at=now + timeout + self.deadline_margin,
+            now=now,
+            scope=call_ids.scope_for(call_id, t.id, args, scope, t.id not in self.repeating),
+        )
+        return t, d, kwargs
+
+    def approval(self, t: Tool, d: NewDispatch) -> Approval | None:
+        """The approval this call waits for, if its tool's rule asks for one."""
+        rule = self.approvals.get(t.id)
+        if rule is None or not rule.needed(t.id, _recorded(d)):
+            return None
+        return Approval(None if rule.ttl is None else d.now + rule.ttl, rule.approvers)
+
+
+#: The undo or edited call id the kernel itself is calling right now, in this context: the one
+#: call id under a reserved prefix a call may use (`poimen._undo`, `poimen._approval`).
+MAKING: ContextVar[str | None] = ContextVar("poimen_undo_making", default=None)
+
+
+def check_not_reserved(call_id: str) -> None:
+    """Refuse an application's call id under undo's prefix (``undo/``, ``undo#<n>/``): undo
+    finds its own calls by those ids and must never take another call for one."""
+    if (is_undo(call_id) or is_edit(call_id)) and MAKING.get() != call_id:
+        raise ReservedCallIdError(
+            f"call id {call_id!r} starts with a prefix reserved for poimen's undo and edited "
+            "calls (undo/, undo#<n>/, edit/): choose another call id; nothing was recorded",
+            field="call_id",
+            call_id=call_id,
+        )
+
+
+def _recorded(d: NewDispatch) -> dict[str, Any]:
+    import json
+
+    out: dict[str, Any] = json.loads(d.args)
+    return out
+
+
+def loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+# Intent ids need uniqueness, not secrecy. os.urandom per call hands the GIL back for a
+# system call and, with the store's writer thread busy, waited 60 us to win it again (profile
+# of 64 async callers); a generator seeded from it once per process, and again in a forked
+# child, does not.
+_ids = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
+
+
+def _new_id() -> str:
+    # Time-ordered, so recovery scans the oldest unfinished intents first.
+    return f"in_{time.time_ns():016x}{_ids.getrandbits(40):010x}"
+
+
+def _new_request_id() -> str:
+    # Request ids go to providers, and a lookup trusts what answers under one: unpredictable.
+    return "rq_" + secrets.token_hex(16)
