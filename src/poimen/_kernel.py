@@ -1,12 +1,10 @@
-"""The kernel: registers tools, journals every call, runs the call protocol, recovers.
+"""The kernel: the public API over one `Engine` (`poimen._engine.engine`).
 
-This module is over 600 lines on purpose: `Kernel` is the public API, and its methods read
-in one place; each is a few lines that hand the work to the modules of docs/design.md's
-module map (the protocol, recovery, upkeep, sandbox, undo, observers).
-
-The protocol itself is `poimen._engine.protocol`; the decisions `poimen._core.decide`; the background
-duties `poimen._engine.upkeep`. This module holds what belongs to one kernel: its identity (again
-after a fork), its settings, its tools and its public API (docs/design.md §8 maps them).
+`Kernel` is a facade: construction (its settings, validated once as a `Settings`, its store,
+identity, notifiers, observers and sandbox mode), registration, and the public methods, each a
+few lines that hand the work to the modules of docs/design.md's module map. The engine owns
+what runs: the tools, the call entry (`Engine.run_call`), the protocol, recovery; the decisions
+are `poimen._core.decide`'s; the background duties `poimen._engine.upkeep`'s.
 """
 
 from __future__ import annotations
@@ -21,14 +19,14 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from poimen import _approval, _observe, _undo
 from poimen._aids import Aids
-from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer, Sink, ToolContext
-from poimen._core.approval import ApprovalRule, approval_due, approval_rule
-from poimen._core.effects import EffectClass, Idempotent, ReadOnly
+from poimen._core.approval import ApprovalRule, approval_due
+from poimen._core.effects import EffectClass
 from poimen._core.intents import Denial, Intent, Outcome, RecoveryReport
 from poimen._core.retry import Retry
-from poimen._core.spec import ToolSpec, safe_name, spec_of
-from poimen._core.tools import Caps, Tool, ToolRegistration, build_tool
+from poimen._core.spec import ToolSpec
+from poimen._core.tools import Caps, Tool, ToolRegistration
+from poimen._core.undo import UndoArgs, UndoRule
 from poimen._engine import protocol as _protocol
 from poimen._engine import runners as _runners
 from poimen._engine.engine import Engine, Settings
@@ -43,11 +41,10 @@ from poimen._engine.upkeep import Upkeep
 from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen._observe import logging_wanted
 from poimen._tool_handle import ToolHandle
-from poimen._undo import UndoArgs, UndoReport, UndoRule
+from poimen._undo import UndoReport
 from poimen.errors import (
     IntentNotFoundError,
     PoimenError,
-    RegistrationError,
     UnknownToolError,
 )
 from poimen.events import KernelEvent, Observer
@@ -214,9 +211,6 @@ class Kernel:
             recover_interval=recover_interval,
         )
         self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
-        self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
-        self._names: dict[str, str] = {}  # provider-safe name -> tool id
-        self._specs: dict[str, ToolSpec] = {}
         _observe.setup(self, observers, log_events)
         # Logging configured later is looked for at each call and pass (_observe.relog).
         self._log_watch = _observe.watching(self, log_events)
@@ -273,7 +267,11 @@ class Kernel:
 
     @property
     def _approvals(self) -> dict[str, ApprovalRule]:
-        return self._engine.approvals
+        return {k: r.approval for k, r in self._engine.records.items() if r.approval}
+
+    @property
+    def _undos(self) -> dict[str, UndoRule]:
+        return {k: r.undo for k, r in self._engine.records.items() if r.undo}
 
     # Registration.
 
@@ -347,61 +345,26 @@ class Kernel:
         evidence: Evidence | Gather | None = None,
         escalate_after: float | None = None,
     ) -> Tool:
-        """Register `fn` under `registration` (what `tool` does); returns the built tool."""
-        if not isinstance(coalesce, bool):
-            raise RegistrationError(
-                f"tool {getattr(registration, 'id', '?')!r}: coalesce must be True or False",
-                tool_id=getattr(registration, "id", None),
-            )
-        if not isinstance(registration, ToolRegistration):
-            raise RegistrationError(
-                f"expected a ToolRegistration, got {type(registration).__name__}"
-            )
-        if retry is not None and not isinstance(retry, Retry):
-            raise RegistrationError(
-                f"tool {registration.id!r}: retry must be a Retry, not {retry!r}",
-                tool_id=registration.id,
-            )
-        if registration.id in self._engine.tools:
-            raise RegistrationError(
-                f"tool {registration.id!r} is already registered", tool_id=registration.id
-            )
-        if registration.id in self._names:  # an id and a name must never name two tools
-            other = self._names[registration.id]
-            raise RegistrationError(
-                f"tool id {registration.id!r} is the model-facing name of tool {other!r}; "
-                f"give {registration.id!r} another id",
-                tool_id=registration.id,
-                other=other,
-            )
+        """Register `fn` under `registration` (what `tool` does); returns the built tool.
+        Everything that can refuse runs before anything is kept: all or nothing."""
         if isinstance(fn, ToolHandle):  # one function registered under another id as well
             fn = fn.__wrapped__
-        tool = build_tool(registration, fn)
-        if isinstance(registration.effects, Idempotent | ReadOnly):
-            _guard.install()
-        rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
-        undo_rule = _undo.rule(registration.id, undo, undo_args)
+        record = self._engine.record(
+            registration,
+            fn,
+            retry=retry,
+            description=description,
+            requires_approval=requires_approval,
+            approval_ttl=approval_ttl,
+            approvers=approvers,
+            undo=undo,
+            undo_args=undo_args,
+            coalesce=coalesce,
+        )
         aids = self._aids.register(registration.id, evidence, escalate_after)
-        if description is not None and not isinstance(description, str):
-            raise RegistrationError(
-                f"tool {registration.id!r}: description must be text", tool_id=registration.id
-            )
-        # Everything that can refuse runs before anything is kept: all or nothing.
-        name = safe_name(registration.id, set(self._names))
-        spec = spec_of(tool, name, description)
-        self._engine.tools[registration.id] = tool
-        if rule is not None:
-            self._engine.approvals[registration.id] = rule
-        if retry is not None:
-            self._engine.retries[registration.id] = retry
-        if undo_rule is not None:
-            self._undos[registration.id] = undo_rule
-        if not coalesce:
-            self._engine.repeating.add(registration.id)
+        self._engine.add(record)
         aids()
-        self._names[name] = registration.id
-        self._specs[registration.id] = spec
-        return tool
+        return record.tool
 
     def describe(self, tool_id: str, *, check: str) -> None:
         """What an operator should check before resolving `tool_id`'s Indeterminate calls."""
@@ -452,13 +415,13 @@ class Kernel:
 
     def spec(self, tool: str) -> ToolSpec:
         """A tool as a model sees it (by id or by its provider-safe name)."""
-        spec = self._specs.get(tool) or self._specs.get(self.tool_id(tool))
-        assert spec is not None
-        return spec
+        records = self._engine.records
+        r = records.get(tool) if isinstance(tool, str) else None
+        return (r or records[self.tool_id(tool)]).spec
 
     def specs(self) -> list[ToolSpec]:
         """Every registered tool's spec, in registration order."""
-        return list(self._specs.values())
+        return [r.spec for r in self._engine.records.values()]
 
     def tool_id(self, name: str) -> str:
         """The tool id a spec's name stands for (a name a model sent; an id works too, and
@@ -466,8 +429,8 @@ class Kernel:
         if isinstance(name, str):
             if name in self._engine.tools:
                 return name
-            if name in self._names:
-                return self._names[name]
+            if name in self._engine.names:
+                return self._engine.names[name]
         raise UnknownToolError(f"no tool is registered as {name!r}", tool_id=name)
 
     # Outcomes of calls made earlier, for a caller that resumes.

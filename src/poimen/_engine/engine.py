@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from poimen import call_ids
 from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer
-from poimen._core.approval import ApprovalRule
+from poimen._core.approval import ApprovalRule, approval_rule
 from poimen._core.backoff import seconds
 from poimen._core.decide import Policy, claimability
-from poimen._core.effects import Idempotent, Queryable, effect_name
+from poimen._core.effects import Idempotent, Queryable, ReadOnly, effect_name
 from poimen._core.intents import Intent, Outcome, Owner
 from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
 from poimen._core.retry import Retry as RetryPolicy
-from poimen._core.tools import Tool
+from poimen._core.spec import ToolSpec, safe_name, spec_of
+from poimen._core.tools import Tool, ToolRegistration, build_tool
+from poimen._core.undo import UndoArgs, UndoRule, undo_rule
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
 from poimen._engine.protocol import Approval, call_steps
@@ -37,6 +39,7 @@ from poimen.call_ids import is_edit, is_undo
 from poimen.errors import (
     NondeterministicKeyError,
     PoimenError,
+    RegistrationError,
     ReservedCallIdError,
     UnknownToolError,
     WrongRunnerError,
@@ -87,6 +90,24 @@ class Settings:
                 )
 
 
+@dataclass(slots=True, kw_only=True)
+class ToolRecord:
+    """Everything registered for one tool, kept together (`Engine.add`)."""
+
+    tool: Tool
+    """Its registration, function and argument schema."""
+    spec: ToolSpec
+    """What models see of it, under `spec.name`."""
+    retry: RetryPolicy | None = None
+    """Its call path's retries; None: ``Retry(attempts=max_attempts)``."""
+    approval: ApprovalRule | None = None
+    """When its calls wait for an operator's approval."""
+    undo: UndoRule | None = None
+    """The tool that reverses its calls (set later by ``@handle.undo``)."""
+    coalesce: bool = True
+    """False: an identical call made while one is unsettled is a new call."""
+
+
 class Sandboxed(Protocol):
     """What the call entry asks of a shadow or replay mode (`poimen.sandbox._modes`)."""
 
@@ -117,10 +138,9 @@ class Engine:
         self.owner = owner
         self.issuer = issuer
         self.settings = settings
-        self.tools: dict[str, Tool] = {}
-        self.retries: dict[str, RetryPolicy] = {}
-        self.approvals: dict[str, ApprovalRule] = {}
-        self.repeating: set[str] = set()  # tools registered with coalesce=False
+        self.records: dict[str, ToolRecord] = {}
+        self.tools: dict[str, Tool] = {}  # each record's tool, by id: the call path's index
+        self.names: dict[str, str] = {}  # a spec's name -> its tool id
         self.holds = Holds()
         self.lease_ttl = settings.lease_ttl
         self.deadline_margin = settings.deadline_margin
@@ -136,8 +156,73 @@ class Engine:
         self.continuations: set[threading.Thread] = set()
         self.observer: Observation | None = None  # set while the kernel has observers
 
+    def record(
+        self,
+        registration: ToolRegistration,
+        fn: Callable[..., Any],
+        *,
+        retry: RetryPolicy | None,
+        description: str | None,
+        requires_approval: object,
+        approval_ttl: float | None,
+        approvers: int,
+        undo: str | None,
+        undo_args: UndoArgs | None,
+        coalesce: bool,
+    ) -> ToolRecord:
+        """A registration checked whole and made into its record; nothing is kept yet
+        (`Kernel.register` documents the arguments)."""
+        if not isinstance(coalesce, bool):
+            raise RegistrationError(
+                f"tool {getattr(registration, 'id', '?')!r}: coalesce must be True or False",
+                tool_id=getattr(registration, "id", None),
+            )
+        if not isinstance(registration, ToolRegistration):
+            raise RegistrationError(
+                f"expected a ToolRegistration, got {type(registration).__name__}"
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise RegistrationError(
+                f"tool {registration.id!r}: retry must be a Retry, not {retry!r}",
+                tool_id=registration.id,
+            )
+        if registration.id in self.tools:
+            raise RegistrationError(
+                f"tool {registration.id!r} is already registered", tool_id=registration.id
+            )
+        names = self.names
+        if registration.id in names:  # an id and a name must never name two tools
+            other = names[registration.id]
+            raise RegistrationError(
+                f"tool id {registration.id!r} is the model-facing name of tool {other!r}; "
+                f"give {registration.id!r} another id",
+                tool_id=registration.id,
+                other=other,
+            )
+        tool = build_tool(registration, fn)
+        if isinstance(registration.effects, Idempotent | ReadOnly):
+            _guard.install()
+        rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
+        undoes = undo_rule(registration.id, undo, undo_args)
+        if description is not None and not isinstance(description, str):
+            raise RegistrationError(
+                f"tool {registration.id!r}: description must be text", tool_id=registration.id
+            )
+        name = safe_name(registration.id, set(names))
+        spec = spec_of(tool, name, description)
+        return ToolRecord(
+            tool=tool, spec=spec, retry=retry, approval=rule, undo=undoes, coalesce=coalesce
+        )
+
+    def add(self, record: ToolRecord) -> None:
+        """Keep a registered tool (checked whole before: nothing here refuses)."""
+        self.records[record.tool.id] = record
+        self.tools[record.tool.id] = record.tool
+        self.names[record.spec.name] = record.tool.id
+
     def retry(self, t: Tool) -> RetryPolicy:
-        return self.retries.get(t.id, self.default_retry)
+        r = self.records.get(t.id)
+        return r.retry if r is not None and r.retry is not None else self.default_retry
 
     def policy(self, t: Tool) -> Policy:
         s = self.settings
@@ -270,13 +355,14 @@ class Engine:
             timeout_s=timeout,
             deadline_at=now + timeout + self.deadline_margin,
             now=now,
-            scope=call_ids.scope_for(call_id, t.id, args, scope, t.id not in self.repeating),
+            scope=call_ids.scope_for(call_id, t.id, args, scope, self.records[t.id].coalesce),
         )
         return t, d, kwargs
 
     def approval(self, t: Tool, d: NewDispatch) -> Approval | None:
         """The approval this call waits for, if its tool's rule asks for one."""
-        rule = self.approvals.get(t.id)
+        r = self.records.get(t.id)
+        rule = None if r is None else r.approval
         if rule is None or not rule.needed(t.id, _recorded(d)):
             return None
         return Approval(None if rule.ttl is None else d.now + rule.ttl, rule.approvers)
