@@ -20,30 +20,25 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 from poimen import _approval, _observe, _undo
 from poimen._aids import Aids
 from poimen._capability.context import Issuer, Sink, ToolContext
-from poimen._core.approval import ApprovalRule, approval_due
+from poimen._core.approval import ApprovalRule
 from poimen._core.effects import EffectClass
 from poimen._core.intents import Denial, Intent, Outcome, RecoveryReport
 from poimen._core.retry import Retry
 from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, Tool, ToolRegistration
 from poimen._core.undo import UndoArgs, UndoRule
-from poimen._engine import protocol as _protocol
 from poimen._engine import runners as _runners
 from poimen._engine.engine import Engine, Settings
 from poimen._engine.evidence import Evidence, Found, Gather
 from poimen._engine.liveness import current_owner
 from poimen._engine.notify import LogNotifier, Notifier, Renotifier, notifier_names
-from poimen._engine.protocol import orphan_steps
 from poimen._engine.recovery import recover_pass
-from poimen._engine.runners import run_sync
-from poimen._engine.steps import CallState
 from poimen._engine.upkeep import Upkeep
 from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen._observe import logging_wanted
 from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport
 from poimen.errors import (
-    IntentNotFoundError,
     PoimenError,
     UnknownToolError,
 )
@@ -437,10 +432,7 @@ class Kernel:
 
     def outcome(self, call_id: str) -> Outcome | None:
         """What the log says of this call id now, or None if it was never called."""
-        if self._sandbox is not None:
-            return self._sandbox.outcome(call_id)
-        intent = self.store.get_by_call_id(call_id)
-        return None if intent is None else _protocol.answer(_approval.followed(self.store, intent))
+        return self._engine.outcome(call_id)
 
     async def wait(self, call_id: str, *, timeout: float | None = None) -> Outcome:
         """Wait until this call's outcome is final (Completed, Failed, or an operator's
@@ -468,28 +460,7 @@ class Kernel:
             delay = min(delay * 2, 1.0)
 
     def _outcome_of(self, call_id: str) -> Outcome:
-        """The outcome now; an intent nobody drives (approved and never run, or its owner
-        gone) is driven here first, so a waiting caller resumes without a recovery pass."""
-        if self._sandbox is not None:  # a sandbox drives nothing here
-            out = self._sandbox.outcome(call_id)
-            if out is None:
-                raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
-            return out
-        read_at = self.store.now()  # before the read: a lease is judged as of then
-        intent = self.store.get_by_call_id(call_id)
-        if intent is None:
-            raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
-        intent = _approval.followed(self.store, intent)
-        e = self._engine
-        if approval_due(intent, read_at):  # no decision came within its window
-            e.store.expire_approvals(read_at, 1, intent.id)
-            intent = e.store.get_intent(intent.id) or intent
-        t = e.tools.get(intent.tool_id)
-        if t is not None and e.claimable(intent, read_at) == "claimable":
-            out = run_sync(e, orphan_steps(e, t, intent, CallState()))
-            if out is not None:
-                return out
-        return _protocol.answer(intent)
+        return self._engine.outcome_now(call_id)
 
     # Life cycle.
 

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from poimen import call_ids
 from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer
-from poimen._core.approval import ApprovalRule, approval_rule
+from poimen._core.approval import ApprovalRule, approval_due, approval_rule
 from poimen._core.backoff import seconds
 from poimen._core.decide import Policy, claimability
 from poimen._core.effects import Idempotent, Queryable, ReadOnly, effect_name
-from poimen._core.intents import Intent, Outcome, Owner
+from poimen._core.intents import Intent, IntentState, Outcome, Owner
 from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
 from poimen._core.retry import Retry as RetryPolicy
 from poimen._core.spec import ToolSpec, safe_name, spec_of
@@ -32,11 +32,12 @@ from poimen._core.tools import Tool, ToolRegistration, build_tool
 from poimen._core.undo import UndoArgs, UndoRule, undo_rule
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
-from poimen._engine.protocol import Approval, call_steps
+from poimen._engine.protocol import Approval, answer, call_steps, orphan_steps
 from poimen._engine.runners import run_async, run_sync
 from poimen._engine.steps import CallState, Holds
 from poimen.call_ids import is_edit, is_undo
 from poimen.errors import (
+    IntentNotFoundError,
     NondeterministicKeyError,
     PoimenError,
     RegistrationError,
@@ -117,6 +118,10 @@ class Sandboxed(Protocol):
 
     def answer(self, t: Tool, d: NewDispatch) -> Outcome:
         """The mode's answer to a call it does not run."""
+        ...
+
+    def outcome(self, call_id: str) -> Outcome | None:
+        """What the mode's log says of a call id (None: never called, or refused)."""
         ...
 
 
@@ -314,6 +319,38 @@ class Engine:
             return await self.observer.acall(d, run)
         return await run
 
+    # Outcomes of calls made earlier, for a caller that resumes.
+
+    def outcome(self, call_id: str) -> Outcome | None:
+        """What the log says of this call id now, or None if it was never called."""
+        if self.sandbox is not None:
+            return self.sandbox.outcome(call_id)
+        intent = self.store.get_by_call_id(call_id)
+        return None if intent is None else answer(followed(self.store, intent))
+
+    def outcome_now(self, call_id: str) -> Outcome:
+        """The outcome now; an intent nobody drives (approved and never run, or its owner
+        gone) is driven here first, so a waiting caller resumes without a recovery pass."""
+        if self.sandbox is not None:  # a sandbox drives nothing here
+            out = self.sandbox.outcome(call_id)
+            if out is None:
+                raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
+            return out
+        read_at = self.store.now()  # before the read: a lease is judged as of then
+        intent = self.store.get_by_call_id(call_id)
+        if intent is None:
+            raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
+        intent = followed(self.store, intent)
+        if approval_due(intent, read_at):  # no decision came within its window
+            self.store.expire_approvals(read_at, 1, intent.id)
+            intent = self.store.get_intent(intent.id) or intent
+        t = self.tools.get(intent.tool_id)
+        if t is not None and self.claimable(intent, read_at) == "claimable":
+            out = run_sync(self, orphan_steps(self, t, intent, CallState()))
+            if out is not None:
+                return out
+        return answer(intent)
+
     def prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str, scope: str | None = None
     ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
@@ -383,6 +420,15 @@ def check_not_reserved(call_id: str) -> None:
             field="call_id",
             call_id=call_id,
         )
+
+
+def followed(store: Store, intent: Intent) -> Intent:
+    """An intent approved with edited arguments answers with its edited call."""
+    if intent.state == IntentState.FAILED and intent.reason == "edited":
+        edited = store.get_by_call_id(call_ids.edit_of(intent.call_id))
+        if edited is not None:
+            return edited
+    return intent
 
 
 def _recorded(d: NewDispatch) -> dict[str, Any]:
