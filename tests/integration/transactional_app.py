@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 import poimen
-from poimen import Caps, Kernel, ToolContext, Transactional, _crashpoints
+from poimen import Caps, Kernel, ToolContext, Transactional
+from poimen._engine import crashpoints as _crashpoints
 from tests.conftest import fresh_postgres_database
 
 NOTE = "tx.note"
