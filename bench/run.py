@@ -40,6 +40,7 @@ GROUPS = (
     "capability",
     "postgres",
     "observe",
+    "audit",
 )
 # Asked for by name only: minutes under valgrind.
 EXTRA_GROUPS = ("instructions",)
@@ -377,6 +378,9 @@ class Suite:
             return
         self.external("7 observability", "observe")
 
+    def audit(self) -> None:
+        self.external("8 audit chain", "audit")
+
     def postgres(self) -> None:
         """bench_postgres (another engineer's) beside the raw two-commit floor on one server."""
         import psycopg
@@ -541,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         "capability": lambda: suite.external("6 capability", "bench_capability"),
         "postgres": suite.postgres,
         "observe": suite.observe,
+        "audit": suite.audit,
         "instructions": suite.instructions,
     }
     t0 = time.perf_counter()

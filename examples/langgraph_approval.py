@@ -1,5 +1,5 @@
 """A LangGraph thread stopped by a refund awaiting approval, resumed with the approver's
-decision: approve, edit or reject.
+decision: approve, edit or reject; and a large refund that two operators must approve.
 
     python examples/langgraph_approval.py
 
@@ -46,13 +46,20 @@ class ScriptedChat(BaseChatModel):
             reply = AIMessage(content=f"The tool said: {last.content}")
         else:
             order_id = str(last.content).split()[-1].rstrip(".")
-            call = {"name": "refund", "id": "call-1",
-                    "args": {"order_id": order_id, "amount_cents": 250_00}}
+            large = "in full" in str(last.content)
+            call = {"name": "refund_large" if large else "refund", "id": "call-1",
+                    "args": {"order_id": order_id, "amount_cents": 2500_00 if large else 250_00}}
             reply = AIMessage(content="", tool_calls=[call])
         return ChatResult(generations=[ChatGeneration(message=reply)])
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[Any, BaseMessage]:
         return self  # the script decides the calls
+
+
+def pay(ctx: ToolContext, url: str, order_id: str, amount_cents: int) -> dict[str, Any]:
+    """The refund, through the kernel's keyed handle."""
+    ctx.http.post(f"{url}/keyed", json={"refund": order_id, "cents": amount_cents}).raise_for_status()
+    return {"refunded": order_id, "cents": amount_cents}
 
 
 def main(tmp: Path) -> None:
@@ -64,10 +71,14 @@ def main(tmp: Path) -> None:
                      caps=Caps(hosts=("127.0.0.1",)), timeout=10, requires_approval=True)
         def refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
             """Refund an order. An operator approves each refund first."""
-            body = {"refund": order_id, "cents": amount_cents}
-            r = ctx.http.post(f"{payments.url}/keyed", json=body)
-            r.raise_for_status()
-            return {"refunded": order_id, "cents": amount_cents}
+            return pay(ctx, payments.url, order_id, amount_cents)
+
+        @kernel.tool(id="refund_large", effects=Idempotent(key=KeyDerivation.fields("order_id")),
+                     caps=Caps(hosts=("127.0.0.1",)), timeout=10, requires_approval=True,
+                     approvers=2)
+        def refund_large(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
+            """Refund a whole order. Two operators approve each one (four eyes)."""
+            return pay(ctx, payments.url, order_id, amount_cents)
 
         kernel.launch()
         tools = poimen_tools(kernel)
@@ -99,6 +110,16 @@ def main(tmp: Path) -> None:
             print(f"  {decision['decision']} by ann: {type(outcome).__name__}; "
                   f"the agent: {state['messages'][-1].content}")
             print(f"  refunds the provider took: {ProviderClient(payments.url).count()}")
+        # Four eyes: the thread stops again until two distinct operators approved.
+        config = {"configurable": {"thread_id": "thread-o-4"}}
+        state = graph.invoke({"messages": [("user", "Refund order in full o-4.")]}, config)
+        for operator in ("ann", "bob"):
+            asked = state["__interrupt__"][0].value["poimen"]
+            print(f"{asked['tool']}: approvals {asked['approvals']}")
+            state = graph.invoke(Command(resume={"decision": "approve", "operator": operator,
+                                                 "reason": "checked"}), config)
+        print(f"  approved by ann and bob: {type(kernel.outcome(asked['call_id'])).__name__}")
+        print(f"  refunds the provider took: {ProviderClient(payments.url).count()}")
         taken = [e["body"] for e in ProviderClient(payments.url).entries()]
         print(f"the provider's ledger: {taken}")
     conn.close()

@@ -1,5 +1,5 @@
 """An OpenAI Agents SDK run stopped by a refund awaiting approval, resumed with the approver's
-decision: approve, edit or reject.
+decision: approve, edit or reject; and a large refund that two operators must approve.
 
     python examples/openai_agents_approval.py
 
@@ -32,6 +32,12 @@ def tell(call: ModelCall) -> Any:
     return [assistant_message(f"The tool said: {outputs[-1]}")]
 
 
+def pay(ctx: ToolContext, url: str, order_id: str, amount_cents: int) -> dict[str, Any]:
+    """The refund, through the kernel's keyed handle."""
+    ctx.http.post(f"{url}/keyed", json={"refund": order_id, "cents": amount_cents}).raise_for_status()
+    return {"refunded": order_id, "cents": amount_cents}
+
+
 async def main(tmp: Path) -> None:
     set_tracing_disabled(True)
     with ProviderProcess(tmp / "ledger.db") as payments, \
@@ -41,9 +47,14 @@ async def main(tmp: Path) -> None:
                      caps=Caps(hosts=("127.0.0.1",)), timeout=10, requires_approval=True)
         def refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
             """Refund an order. An operator approves each refund first."""
-            body = {"refund": order_id, "cents": amount_cents}
-            ctx.http.post(f"{payments.url}/keyed", json=body).raise_for_status()
-            return {"refunded": order_id, "cents": amount_cents}
+            return pay(ctx, payments.url, order_id, amount_cents)
+
+        @kernel.tool(id="refund_large", effects=Idempotent(key=KeyDerivation.fields("order_id")),
+                     caps=Caps(hosts=("127.0.0.1",)), timeout=10, requires_approval=True,
+                     approvers=2)
+        def refund_large(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
+            """Refund a whole order. Two operators approve each one (four eyes)."""
+            return pay(ctx, payments.url, order_id, amount_cents)
 
         await kernel.alaunch()
         for order_id, decision, reason, args in (
@@ -66,6 +77,21 @@ async def main(tmp: Path) -> None:
             result = await Runner.run(agent, state)
             print(f"  {decision} by ann: the agent: {result.final_output}")
             print(f"  refunds the provider took: {ProviderClient(payments.url).count()}")
+        # Four eyes: the resumed run stops again until two distinct operators approved.
+        ask = {"order_id": "o-4", "amount_cents": 2500_00}
+        model = ScriptedModel([[function_call("refund_large", ask, call_id="model-call-1")],
+                               ModelStep.respond(tell)])
+        agent = Agent(name="assistant", model=model, tools=poimen_tools(kernel, scope="session-o-4"))
+        result = await Runner.run(agent, "Refund order o-4 in full.")
+        for operator in ("ann", "bob"):
+            state = result.to_state()
+            for item in state.get_interruptions():  # the same call, until it is decided
+                print(f"{item.tool_name}: awaiting approval; {operator} approves")
+                await decide(kernel, state, item, scope="session-o-4", decision="approve",
+                             operator=operator, reason="checked")
+            result = await Runner.run(agent, state)
+        print(f"  approved by ann and bob: the agent: {result.final_output}")
+        print(f"  refunds the provider took: {ProviderClient(payments.url).count()}")
         taken = [e["body"] for e in ProviderClient(payments.url).entries()]
         print(f"the provider's ledger: {taken}")
 

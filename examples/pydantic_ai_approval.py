@@ -1,5 +1,5 @@
 """A PydanticAI run ended by a refund awaiting approval, resumed with the approver's decision:
-approve, edit or reject.
+approve, edit or reject; and a large refund that two operators must approve.
 
     python examples/pydantic_ai_approval.py
 
@@ -41,8 +41,16 @@ def fake_llm(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         return ModelResponse(parts=[TextPart(f"The tool said: {results[-1].model_response_str()}")])
     prompt = next(p for p in parts if isinstance(p, UserPromptPart))
     order_id = str(prompt.content).split()[-1].rstrip(".")
-    ask = {"order_id": order_id, "amount_cents": 250_00}
-    return ModelResponse(parts=[ToolCallPart("refund", ask, tool_call_id="call-1")])
+    large = "in full" in str(prompt.content)
+    ask = {"order_id": order_id, "amount_cents": 2500_00 if large else 250_00}
+    tool = "refund_large" if large else "refund"
+    return ModelResponse(parts=[ToolCallPart(tool, ask, tool_call_id="call-1")])
+
+
+def pay(ctx: ToolContext, url: str, order_id: str, amount_cents: int) -> dict[str, Any]:
+    """The refund, through the kernel's keyed handle."""
+    ctx.http.post(f"{url}/keyed", json={"refund": order_id, "cents": amount_cents}).raise_for_status()
+    return {"refunded": order_id, "cents": amount_cents}
 
 
 async def main(tmp: Path) -> None:
@@ -53,9 +61,14 @@ async def main(tmp: Path) -> None:
                      caps=Caps(hosts=("127.0.0.1",)), timeout=10, requires_approval=True)
         def refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
             """Refund an order. An operator approves each refund first."""
-            body = {"refund": order_id, "cents": amount_cents}
-            ctx.http.post(f"{payments.url}/keyed", json=body).raise_for_status()
-            return {"refunded": order_id, "cents": amount_cents}
+            return pay(ctx, payments.url, order_id, amount_cents)
+
+        @kernel.tool(id="refund_large", effects=Idempotent(key=KeyDerivation.fields("order_id")),
+                     caps=Caps(hosts=("127.0.0.1",)), timeout=10, requires_approval=True,
+                     approvers=2)
+        def refund_large(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
+            """Refund a whole order. Two operators approve each one (four eyes)."""
+            return pay(ctx, payments.url, order_id, amount_cents)
 
         await kernel.alaunch()
         for order_id, decision, reason, args in (
@@ -78,6 +91,22 @@ async def main(tmp: Path) -> None:
             result = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
             print(f"  {decision} by ann: the agent: {result.output}")
             print(f"  refunds the provider took: {ProviderClient(payments.url).count()}")
+        # Four eyes: the run ends asking again until two distinct operators approved.
+        agent = Agent(FunctionModel(fake_llm), output_type=[str, DeferredToolRequests],
+                      toolsets=[PoimenToolset(kernel, scope="conversation-o-4")])
+        result = await agent.run("Refund order in full o-4.")
+        for operator in ("ann", "bob"):
+            requests = result.output
+            [call] = requests.approvals
+            print(f"{call.tool_name}: approvals "
+                  f"{requests.metadata[call.tool_call_id]['poimen']['approvals']}")
+            results = DeferredToolResults()
+            await decide(kernel, results, requests, call.tool_call_id, decision="approve",
+                         operator=operator, reason="checked")
+            result = await agent.run(message_history=result.all_messages(),
+                                     deferred_tool_results=results)
+        print(f"  approved by ann and bob: the agent: {result.output}")
+        print(f"  refunds the provider took: {ProviderClient(payments.url).count()}")
         taken = [e["body"] for e in ProviderClient(payments.url).entries()]
         print(f"the provider's ledger: {taken}")
 

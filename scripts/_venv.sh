@@ -5,7 +5,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${POIMEN_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
-ALL_EXTRAS="postgres,console,dev,docs,pydantic-ai,openai-agents,langgraph,langchain,mcp,dbos,temporal,otel"
+ALL_EXTRAS="postgres,console,dev,docs,pydantic-ai,openai-agents,langgraph,langchain,mcp,dbos,temporal,otel,audit"
 want="${*:-all}"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"

@@ -24,6 +24,7 @@ from poimen._aids import Aids
 from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer, Sink, ToolContext
 from poimen._core.approval import ApprovalRule, approval_due, approval_rule
+from poimen._core.audit import Head
 from poimen._core.effects import EffectClass, Idempotent, ReadOnly, Transactional
 from poimen._core.intents import Denial, Intent, Outcome, RecoveryReport
 from poimen._core.retry import Retry
@@ -31,6 +32,7 @@ from poimen._core.spec import ToolSpec, safe_name, spec_of
 from poimen._core.tools import Caps, Tool, ToolRegistration, build_tool
 from poimen._engine import protocol as _protocol
 from poimen._engine import runners as _runners
+from poimen._engine.audit_head import HeadPublisher, check_every
 from poimen._engine.engine import Engine, Settings
 from poimen._engine.evidence import Evidence, Found, Gather
 from poimen._engine.liveness import current_owner
@@ -125,6 +127,9 @@ class Kernel:
             `poimen.otel.OpenTelemetry()`.
         log_events: Log each transition on the ``poimen`` loggers: True, False, or None
             (default) to follow the logging configuration (docs/observability.md).
+        audit_head_every: Publish the head of the log's audit chain every this many seconds
+            after `launch()`, when it moved: a log line, the notifiers, the observers
+            (docs/audit.md). None (default): not published.
     """
 
     def __init__(
@@ -151,6 +156,7 @@ class Kernel:
         on_divergence: Literal["raise", "record"] = "raise",
         observers: Sequence[Observer] | None = None,
         log_events: bool | None = None,
+        audit_head_every: float | None = None,
     ) -> None:
         if not isinstance(store, str) and not callable(getattr(store, "record_dispatch", None)):
             raise PoimenError(
@@ -175,6 +181,7 @@ class Kernel:
             wait_bound=wait_bound,
             recover_interval=recover_interval,
         )
+        check_every(audit_head_every)
         # One name each (escalation notifiers too): refused here, not mid-recovery.
         notifier_names([*(notifiers or ()), *escalate_to])
         self._given_worker_id = worker_id
@@ -208,12 +215,17 @@ class Kernel:
         )
         # Evidence, ageing, escalation: gathered and sent by the delivery duty (poimen._aids).
         self._aids = Aids(self.store, self._issuer, self._engine.tools, escalate_to)
+        self._heads = HeadPublisher(
+            self.store, lambda: self.notifiers, self._emit, lambda: self.worker_id
+        )
         self._upkeep = Upkeep(
             renew=self._renew,
             recover=self.recover,
             deliver=self._delivery_round,
             lease_ttl=lease_ttl,
             recover_interval=recover_interval,
+            publish=None if audit_head_every is None else self._heads.publish,
+            publish_every=audit_head_every or 3600.0,
         )
         self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
         self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
@@ -780,6 +792,16 @@ class Kernel:
         (`operator`), and returned as recorded (`poimen evidence`, the console). Facts
         only: it never decides, and a failure is recorded, not raised."""
         return self._aids.evidence(intent_id, operator)
+
+    def publish_audit_head(self) -> Head | None:
+        """Publish the head of the log's audit chain now, as ``audit_head_every`` does (a log
+        line, the notifiers, the observers); returns it, or None for a log without a chain."""
+        return self._heads.publish(force=True)
+
+    def _emit(self, event: KernelEvent) -> None:
+        obs = self._engine.observer
+        if obs is not None:
+            obs.emit(event)
 
     def _notify_soon(self) -> None:
         """The outbox row is committed: have the delivery duty deliver it, so a slow webhook

@@ -23,7 +23,9 @@ from poimen._faults import Faults
 __all__ = ["LOOKUP_MODES", "ProviderClient", "ProviderProcess"]
 
 LOOKUP_MODES: Final[tuple[str, ...]] = ("truthful", "landed", "never_arrived", "error")
-_START_TIMEOUT_S: Final = 10.0
+# The provider answers once its interpreter has started and bound its port, or exits (seen
+# at once): on a loaded machine the start alone can take tens of seconds.
+_START_TIMEOUT_S: Final = 120.0
 _STOP_TIMEOUT_S: Final = 5.0
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "ApprovalRequestedEvent",
     "AttemptFinishedEvent",
     "AttemptStartedEvent",
+    "AuditHeadEvent",
     "CallFinishedEvent",
     "CallStartedEvent",
     "CompletedEvent",
@@ -361,6 +362,18 @@ class LeasesRenewedEvent(KernelEvent):
     kind: ClassVar[str] = "leases_renewed"
     held: int
     renewed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditHeadEvent(KernelEvent):
+    """The head of the log's audit chain, published (``Kernel(audit_head_every=...)``):
+    keep it elsewhere, and `poimen audit verify --head SEQ:HASH` later shows whether the
+    chain was rewritten since (docs/audit.md)."""
+
+    kind: ClassVar[str] = "audit_head"
+    log_id: str
+    seq: int
+    hash: str
 
 
 class Observer:

@@ -275,6 +275,15 @@ class OpenTelemetry(ev.Observer):
             self._tracer.start_span(name, attributes=_event_attrs(event)).end()
             self._measure(event)
             return
+        if isinstance(event, ev.AuditHeadEvent):
+            # Published by a duty, outside any call: a span of its own carries the event.
+            attrs: dict[str, Any] = {"poimen.log_id": event.log_id,
+                                     "poimen.audit.seq": event.seq,
+                                     "poimen.audit.hash": event.hash}
+            span = self._tracer.start_span("poimen.audit_head", attributes=attrs)
+            span.add_event("poimen.audit_head", attrs)
+            span.end()
+            return
         span = otel_trace.get_current_span()
         if span.is_recording():
             span.add_event(f"poimen.{event.kind}", _event_attrs(event))

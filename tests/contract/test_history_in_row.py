@@ -11,7 +11,7 @@ import pytest
 
 from poimen._core.intents import Attempt, Event, IntentState
 from poimen.store import Store, open_store
-from poimen.store._base import INTENT_COLUMNS, latest_version
+from poimen.store._base import DENIAL_COLUMNS, EVENT_COLUMNS, INTENT_COLUMNS, latest_version
 from tests.contract.test_migrations import write_log_before
 from tests.contract.test_store_contract import A, B, claim, dispatch, note, raw
 
@@ -148,7 +148,9 @@ def test_a_filled_version_6_log_keeps_every_row_through_migration_7(store_url: s
     tables = ("intents", "attempts", "events", "outbox", "deliveries", "denials")
 
     def every_row(table: str) -> str:
-        cols = INTENT_COLUMNS if table == "intents" else "*"
+        # The columns of version 6 (version 10 adds the audit chain's links to some tables).
+        cols = {"intents": INTENT_COLUMNS, "events": EVENT_COLUMNS,
+                "denials": DENIAL_COLUMNS}.get(table, "*")
         return f"SELECT {cols} FROM {table} ORDER BY 1, 2"
 
     before = {t: raw(store_url, every_row(t)) for t in tables}

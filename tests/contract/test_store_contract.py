@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from poimen._core.audit import sqlite_link
 from poimen._core.intents import IntentState, Owner
 from poimen.errors import (
     IllegalTransitionError,
@@ -39,9 +40,11 @@ def store(store_url: str) -> Iterator[Store]:
 
 
 def raw(url: str, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-    """Run SQL behind the store's back (`?` placeholders), committed at once."""
+    """Run SQL behind the store's back (`?` placeholders), committed at once. On SQLite the
+    connection links history rows into the audit chain as the store's writer does."""
     if url.startswith("sqlite:///"):
         conn = sqlite3.connect(url[len("sqlite:///") :], isolation_level=None)
+        conn.create_function("poimen_link", -1, sqlite_link)
         try:
             return conn.execute(sql, params).fetchall()
         finally:

@@ -46,21 +46,32 @@ MARKER = re.compile(r"<!--\s*(?P<kind>fragment of|example:)\s*(?P<path>\S+)\s*--
 INCLUDE = re.compile(r'^--8<--\s+"(?P<path>[^":]+)(?::(?P<section>[\w-]+))?"\s*$')
 SHELL = {"sh", "bash", "console"}
 TEXT = {"text"}
-# The approval examples: a refund approved, one edited to half, one rejected; the provider's
-# ledger took the first two, the edited one at its edited amount.
-REFUNDS_1_2_2 = (("refunds the provider took: 1", 1), ("refunds the provider took: 2", 2),
-                 ("refunds the provider took: 3", 0),
-                 "the provider's ledger: [{'cents': 25000, 'refund': 'o-1'}, "
-                 "{'cents': 12500, 'refund': 'o-2'}]")
+# The approval examples: a refund approved, one edited to half, one rejected, a large one
+# approved by two operators; the provider's ledger took the first two, the edited one at its
+# edited amount, and the large one.
+REFUNDS_1_2_2_3 = (("refunds the provider took: 1", 1), ("refunds the provider took: 2", 2),
+                   ("refunds the provider took: 3", 1),
+                   "the provider's ledger: [{'cents': 25000, 'refund': 'o-1'}, "
+                   "{'cents': 12500, 'refund': 'o-2'}, {'cents': 250000, 'refund': 'o-4'}]")
 # What an example prints when it did what its page says (the provider's ledger is the witness).
 # A text, or (a text, how many times exactly).
 EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
     "approval.py": ("a refund of 25.00: Completed", "a refund of 250.00: Pending (awaiting_approval)",
                     "refunds the provider took: 1", "approved by ann, then: Completed",
                     "refunds the provider took: 2"),
+    "audit.py": ("verify: the audit chain holds: 3 rows up to position 3; head 3:",
+                 'published: {"audit_head": {"at": ',
+                 "export: the audit chain holds: 3 rows up to position 3",
+                 "verify again: edited: the settled record of intent ",
+                 "(COMPLETED) at chain position 3 does not match its hash",
+                 "against the published head: False", "the export still: True"),
     "capability.py": ("charge through ctx.http: Completed, sent with key pk1_",
                       "charge through its own client: Failed", "denied: charge_raw",
                       "writes the provider took: 1; rows in the orders table: 1"),
+    "dbos_approval.py": ("refund o-1: awaiting approval, call dbos/",
+                         "approve by ann: {'cents': 25000", "edit by ann: {'cents': 12500",
+                         "reject by ann: {'failed': 'rejected by ann: duplicate'}",
+                         "approve by ann and bob: {'cents': 250000", *REFUNDS_1_2_2_3),
     "dbos_workflow.py": ("notify: {'sent': True", "then resolved: {'sent': True}",
                          "emails sent: 2"),
     "email_outage.py": ("the calls: 12 Indeterminate", "notified with evidence: message ",
@@ -70,14 +81,27 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
     "hooks.py": ("paged: send_email call run-7/step-1 is Indeterminate: unsafe_unknown_outcome",
                  "calls finished: run-7/step-1", "'indeterminate': 1"),
     "langgraph_agent.py": ('The tool said: {"sent": true', "emails sent: 1"),
-    "langgraph_approval.py": ("refund {'order_id': 'o-1', 'amount_cents': 25000}: Pending "
+    "langchain_approval.py": ("refund {'amount_cents': 25000, 'order_id': 'o-1'}: asked",
+                              'approve by ann: the agent: The tool said: {"cents": 25000',
+                              "An approver edited this call before it ran",
+                              "reject by ann: the agent: The tool said: The action failed and "
+                              "had no effect: rejected by ann: duplicate",
+                              "2 distinct operators must approve, approved so far by ann",
+                              'approved by ann and bob: the agent: The tool said: {"cents": 250000',
+                              *REFUNDS_1_2_2_3),
+    "langgraph_approval.py": ("refund {'amount_cents': 25000, 'order_id': 'o-1'}: Pending "
                               "(awaiting_approval)", "approve by ann: Completed",
                               "edit by ann: Completed", "reject by ann: Failed",
-                              *REFUNDS_1_2_2),
+                              "refund_large: approvals {'needed': 2, 'given': ['ann']}",
+                              "approved by ann and bob: Completed", *REFUNDS_1_2_2_3),
     "langgraph_pending.py": ("the thread stopped: book_courier is Pending (awaiting_deadline)",
                              "the tool node answered from the log: Completed",
                              'the agent: The tool said: {"entry_id": 1',
                              ("bookings the courier took: 1", 1)),
+    "mcp_approval.py": ("refund o-1: completed", 'refund o-2: completed: {"cents": 12500',
+                        "refund o-3: failed: The action failed and had no effect: rejected by "
+                        "ann: duplicate", "2 distinct operators must approve it; approved so "
+                        "far by ann.", "refund_large o-4: completed", *REFUNDS_1_2_2_3),
     "mcp_import.py": ("crm.send_campaign: Completed", "the same call id again: Completed",
                       "crm.tag_contact    idempotent", "crm.send_campaign  unsafe",
                       "the CRM received: send_campaign {'tag': 'new'}\n"),
@@ -91,7 +115,9 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
         'approve by ann: the agent: The tool said: {"cents": 25000',
         'edit by ann: the agent: The tool said: {"cents": 12500',
         "reject by ann: the agent: The tool said: The action failed and had no effect: rejected",
-        *REFUNDS_1_2_2,
+        "refund_large: awaiting approval; bob approves",
+        'approved by ann and bob: the agent: The tool said: {"cents": 250000',
+        *REFUNDS_1_2_2_3,
     ),
     "openai_agents_agent.py": ("the agent: Bob knows his order shipped.", "emails sent: 1",
                                "the call in poimen's log: session-42/send_email/"),
@@ -108,7 +134,9 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
         'approve by ann: the agent: The tool said: {"cents":25000',
         'edit by ann: the agent: The tool said: {"cents":12500',
         "reject by ann: the agent: The tool said: The action failed and had no effect: rejected",
-        *REFUNDS_1_2_2,
+        "refund_large: approvals {'needed': 2, 'given': ['ann']}",
+        'approved by ann and bob: the agent: The tool said: {"cents":250000',
+        *REFUNDS_1_2_2_3,
     ),
     "pydantic_ai_deferred.py": ("send_email is Indeterminate",
                                 "the run resumed: Tool said: An operator confirmed",
@@ -118,6 +146,10 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
                           "1 same, 1 arguments changed, 0 tool changed",
                           '/to: "bob@example.com" -> "eve@example.com"',
                           "unsafe     send_email"),
+    "temporal_approval.py": ("refund_large o-4: approvals {'given': ['ann'], 'needed': 2}",
+                             "approve by ann: {'cents': 25000", "edit by ann: {'cents': 12500",
+                             "reject by ann: {'failed': \"PoimenToolCallFailed",
+                             "approve by ann and bob: {'cents': 250000", *REFUNDS_1_2_2_3),
     "temporal_activity.py": ("attempt 2: PoimenOutcomeUnknown", "emails sent: 1",
                              "before a decision: PoimenNotDecided",
                              "after the operator's decision: {'sent': True}"),

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from poimen import Kernel
+from poimen.cli._help import _ABOUT
 from poimen.cli._parser import _parser
 from tests.integration.operator_app import ROOT, poimen
 from tests.integration.test_retention import filled
@@ -40,9 +41,18 @@ def _subcommands() -> list[str]:
     return sorted(sub.choices)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("name", _subcommands())
+def _actions(name: str) -> list[str]:
+    """A subcommand's own subcommands (`poimen audit verify`), as "audit verify"."""
+    sub = next(a for a in _parser()._actions if a.dest == "cmd")
+    parser = sub.choices[name]  # type: ignore[index]
+    found = [a for a in parser._actions if a.dest == "audit_cmd"]
+    return sorted(f"{name} {n}" for a in found for n in a.choices)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", _subcommands() + _actions("audit"))
 def test_every_subcommand_helps_with_a_description_and_examples(name: str) -> None:
-    r = poimen(name, "--help")
+    assert name in _ABOUT, f"cli/_help.py _ABOUT says nothing of {name!r}"
+    r = poimen(*name.split(), "--help")
     assert r.returncode == 0, r.stderr
     _usage, _, rest = r.stdout.partition("\n\n")
     description = rest.split("\n\n")[0]

@@ -107,3 +107,17 @@ def kernel(sqlite_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
         yield k
     finally:
         k.close()
+
+
+@pytest.fixture
+def saver(tmp_path: Path) -> Iterator[Any]:
+    """A LangGraph checkpointer on a SQLite file of the test."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(tmp_path / "checkpoints.db", check_same_thread=False)
+    try:
+        yield SqliteSaver(conn)
+    finally:
+        conn.close()

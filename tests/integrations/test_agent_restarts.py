@@ -83,11 +83,35 @@ def test_a_pending_call_ends_inside_the_run(
     framework: str, run_agent: RunAgent, ledger: ProviderClient
 ) -> None:
     # The integration waits for the Pending call (its deadline, the lookup, the retry): the
-    # model gets its result in the same run.
+    # model gets its result in the same run. (A LangGraph thread is resumed from its
+    # checkpoint: restarted with inputs, see the test below.)
     assert run_agent(framework, "call_first", kill_at="mid_call", tool="ship") is None
-    report = run_agent(framework, "call_second", tool="ship", pending_wait=60)
+    report = run_agent(framework, "call_second", tool="ship", pending_wait=60,
+                       resume=framework == "langgraph")
     assert report is not None and report["output"] == "done"
     assert not any(s.startswith(NO_RESULT) or s.startswith("interrupt") for s in report["seen"])
+    assert ledger.count() == 1
+
+
+@KILL_TIMEOUT
+@pytest.mark.xfail(strict=True, reason="open: a call settled by recovery is no longer unsettled, "
+                   "so a re-prompted model's new tool-call id makes a new call (issue 22)")
+def test_a_langgraph_restart_with_inputs_after_recovery_settled_the_call_ships_once(
+    run_agent: RunAgent, ledger: ProviderClient, sqlite_url: str, provider: Any
+) -> None:
+    # Killed before the request left; another process's recovery lands the Queryable call
+    # (its caller, dead, never got the answer); the thread restarted with inputs asks the
+    # model again, which mints a new tool-call id for the same shipment.
+    from poimen.testing import register_test_tools
+
+    assert run_agent("langgraph", "call_first", kill_at="mid_call", tool="ship") is None
+    with Kernel(sqlite_url, notifiers=[], worker_id="recovery") as k:
+        register_test_tools(k, provider.url)
+        first = call_ids.framework_id("conv-1", "call_first")
+        assert isinstance(k.wait_sync(first, timeout=120), Completed)
+    assert ledger.count() == 1
+    report = run_agent("langgraph", "call_second", tool="ship")
+    assert report is not None and report["output"] == "done"
     assert ledger.count() == 1
 
 

@@ -5,12 +5,8 @@ model, the SQLite checkpointer and the provider's ledger as the witness."""
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from langchain.agents import create_agent
 from langchain_core.messages import BaseMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -34,15 +30,6 @@ def script(name: str, args: dict[str, Any]) -> Any:
         return {"content": "done"}
 
     return answer
-
-
-@pytest.fixture
-def saver(tmp_path: Path) -> Iterator[SqliteSaver]:
-    conn = sqlite3.connect(tmp_path / "checkpoints.db", check_same_thread=False)
-    try:
-        yield SqliteSaver(conn)
-    finally:
-        conn.close()
 
 
 def agent(kernel: Kernel, saver: Any, tool: str = "mail_gated", **kw: Any) -> Any:

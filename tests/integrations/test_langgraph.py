@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,15 +39,6 @@ class Script:
                 break
             self.seen.insert(0, m)
         return {"content": "done"}
-
-
-@pytest.fixture
-def saver(tmp_path: Path) -> Iterator[SqliteSaver]:
-    conn = sqlite3.connect(tmp_path / "checkpoints.db", check_same_thread=False)
-    try:
-        yield SqliteSaver(conn)
-    finally:
-        conn.close()
 
 
 THREAD = {"configurable": {"thread_id": "th-1"}}

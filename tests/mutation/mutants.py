@@ -30,8 +30,12 @@ PG = "poimen/store/postgres.py"
 UNDO = "poimen/_undo.py"
 ENGINE = "poimen/_engine/engine.py"
 BACKOFF = "poimen/_core/backoff.py"
+AUDIT = "poimen/_core/audit.py"
+AUDIT_OP = "poimen/operator/_audit.py"
+RETENTION = "poimen/store/_retention.py"
 TX = "poimen/_engine/transactional.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
+T_AUDIT = ("tests/integration/test_audit_chain.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
 T_CAP = ("tests/integration/test_keyed_capability.py", "-k", "sqlite or not postgres")
 T_BAD = ("tests/integration/test_bad_input.py", "-k", "sqlite or not postgres")
@@ -488,6 +492,59 @@ MUTANTS: list[Mutant] = [
     Mutant("filter-takes-all", "a bulk filter never means every call by accident",
            "poimen/operator/_reconcile.py", "    if not parts:\n", "    if False:\n",
            ("tests/unit/test_reconcile.py",)),
+    # The tamper-evident audit (docs/design.md section 7, docs/audit.md).
+    Mutant("audit-hash-unchecked", "each link is the hash of the one before and its row",
+           AUDIT, "    good = [x for x in at if link(prev, x.kind, x.values) == x.hash]\n",
+           "    good = list(at)\n", (*T_AUDIT, "-k", "edited and sqlite")),
+    Mutant("audit-gap-unnamed", "a position missing from the chain is a deleted row", AUDIT,
+           "        while expect < to:\n", "        while False:\n",
+           (*T_AUDIT, "-k", "deleted and sqlite")),
+    Mutant("audit-unlinked-ignored", "a row without a link was inserted behind the log's back",
+           AUDIT_OP, "        stray = next(iter(view.unlinked()), None)\n", "        stray = None\n",
+           (*T_AUDIT, "-k", "test_an_inserted_row and sqlite")),
+    Mutant("audit-head-unchecked", "the head is the hash of the last row", AUDIT,
+           "    if prev != head.hash:\n", "    if False:\n",
+           (*T_AUDIT, "-k", "cut_off and sqlite")),
+    Mutant("audit-move-called-edit", "a row moved in the chain is named reordered", AUDIT,
+           "        if link(y.hash, x.kind, x.values) == x.hash:\n", "        if False:\n",
+           (*T_AUDIT, "-k", "exchanged_in_the_chain and sqlite")),
+    Mutant("audit-published-ignored", "a published head must be a link of the chain", AUDIT,
+           "            w.published = _cmp(x.hash, want_hash)\n",
+           '            w.published = "ok"\n', (*T_AUDIT, "-k", "published and sqlite")),
+    Mutant("audit-archive-unchecked", "an archived row is the link the chain removed", AUDIT,
+           "        if prev is not None and link(prev, x.kind, x.values) != x.hash:\n",
+           "        if False:\n", (*T_AUDIT, "-k", "prune and sqlite")),
+    Mutant("audit-prune-unrecorded", "a prune records the positions it removed", RETENTION,
+           "        if chain:\n            self._record_pruned(",
+           "        if False:\n            self._record_pruned(",
+           (*T_AUDIT, "-k", "prune and sqlite")),
+    Mutant("audit-settled-unlinked-sqlite", "each settled intent carries a link",
+           "poimen/store/sql/sqlite/0010_audit_chain.sql",
+           "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
+           "WHEN OLD.state NOT IN",
+           "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
+           "WHEN 0 AND OLD.state NOT IN",
+           (*T_AUDIT, "-k", "every_usual_way and sqlite")),
+    Mutant("audit-settled-unlinked-postgres", "each settled intent carries a link",
+           "poimen/store/sql/postgres/0010_audit_chain.sql",
+           "CREATE TRIGGER intents_chain_settle BEFORE UPDATE ON intents FOR EACH ROW\n"
+           "    WHEN (OLD.state",
+           "CREATE TRIGGER intents_chain_settle BEFORE UPDATE ON intents FOR EACH ROW\n"
+           "    WHEN (false AND OLD.state",
+           (*T_AUDIT, "-k", "every_usual_way and postgres")),
+    Mutant("audit-head-unlocked-postgres", "links are made one transaction at a time: one "
+           "linear chain", "poimen/store/sql/postgres/0010_audit_chain.sql",
+           "    UPDATE audit_head SET seq = seq + 1,\n"
+           "        hash = encode(sha256(decode(hash, 'hex') || poimen_audit_bytes(NEW)), 'hex')\n"
+           "        RETURNING seq, hash INTO NEW.chain_seq, NEW.chain_hash;\n",
+           "    SELECT seq + 1, encode(sha256(decode(hash, 'hex') || poimen_audit_bytes(NEW)), "
+           "'hex')\n        INTO NEW.chain_seq, NEW.chain_hash FROM audit_head;\n"
+           "    PERFORM pg_sleep(0.01);\n"
+           "    UPDATE audit_head SET seq = NEW.chain_seq, hash = NEW.chain_hash;\n",
+           ("tests/integration/test_audit_writers.py", "-k", "processes and postgres")),
+    Mutant("audit-export-unsigned", "an export verifies only with its signer's key",
+           "poimen/operator/_audit_export.py", "        public_key.verify(sig, _DOMAIN + digest.digest())\n",
+           "        pass\n", (*T_AUDIT, "-k", "one_byte and sqlite")),
     # The batch goes through the store's one-winner check like a single resolve does.
     Mutant("bulk-two-winners", "a single resolve racing a batch: one decision per intent",
            STORE, "        if row[0] != S.INDETERMINATE:\n            raise NotIndeterminateError(",

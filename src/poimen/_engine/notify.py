@@ -322,6 +322,7 @@ class WebhookNotifier:
                 "link": f"{self.console_url}/intents/{intent_id}" if self.console_url else None,
             },
             "reminder": payload.get("reminder"),
+            "audit_head": payload.get("audit_head"),  # kind audit_head: the chain's head
             "evidence": payload.get("evidence"),
             "queued_at": notification.created_at,
             "sent_at": now,

@@ -5,6 +5,7 @@
   run out (another worker would then take it over).
 - recovery: the periodic restart scan (after `launch(background=True)`).
 - delivery: the outbox, handed to the notifiers (woken as soon as a notification is written).
+- audit (with ``audit_head_every``): publishes the audit chain's head (poimen._audit_head).
 
 A duty that raises is logged with its traceback and runs again at its next period; a duty
 whose thread died is started again by the next `ensure()` (every hold, every renewal round).
@@ -91,7 +92,7 @@ class Duty:
 
 
 class Upkeep:
-    """The three duties of a kernel."""
+    """The duties of a kernel: three, and the audit head's when asked for."""
 
     def __init__(
         self,
@@ -101,6 +102,8 @@ class Upkeep:
         deliver: Callable[[], object],
         lease_ttl: float,
         recover_interval: float,
+        publish: Callable[[], object] | None = None,
+        publish_every: float = 3600.0,
     ) -> None:
         self.background = False  # periodic recovery and delivery, after launch()
         self.renewal = Duty("renewal", self._renew_round(renew), lambda: min(lease_ttl / 3, 1.0))
@@ -108,6 +111,8 @@ class Upkeep:
         self.delivery = Duty(
             "delivery", deliver, lambda: recover_interval if self.background else 3600.0
         )
+        # The audit chain's head, published every `publish_every` seconds (poimen._audit_head).
+        self.publish = None if publish is None else Duty("audit", publish, lambda: publish_every)
 
     def _renew_round(self, renew: Callable[[], object]) -> Callable[[], object]:
         def run() -> object:
@@ -115,17 +120,23 @@ class Upkeep:
             if self.background:
                 self.recovery.ensure()
                 self.delivery.ensure()
+                if self.publish is not None:
+                    self.publish.ensure()
             return renew()
 
         return run
 
     def duties(self) -> tuple[Duty, ...]:
-        return (self.renewal, self.recovery, self.delivery)
+        extra = () if self.publish is None else (self.publish,)
+        return (self.renewal, self.recovery, self.delivery, *extra)
 
     def start(self, *, background: bool) -> None:
         if background:
             self.background = True
             self.recovery.ensure()
+            if self.publish is not None:
+                self.publish.ensure()
+                self.publish.wake()  # the head as the kernel starts, then at each period
         self.renewal.ensure()
         self.delivery.ensure()
         self.delivery.wake()  # its period changed

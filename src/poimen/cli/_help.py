@@ -47,8 +47,40 @@ _ABOUT: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "audit": (
         "The capability and sandbox denials: what a tool tried to write and why it was "
-        "refused. An empty list exits 0 (--fail-if-found: 1 when there is any).",
-        ("poimen audit --since 1d", "poimen audit --tool ops.post_hook --fail-if-found"),
+        "refused. An empty list exits 0 (--fail-if-found: 1 when there is any). With an "
+        "action, the log's tamper-evident chain (docs/audit.md): verify, head, export, "
+        "verify-export, keygen.",
+        ("poimen audit --since 1d", "poimen audit --tool ops.post_hook --fail-if-found",
+         "poimen audit verify"),
+    ),
+    "audit verify": (
+        "Walk the log's hash chain and name the first row edited, deleted, inserted or "
+        "reordered since it was written. With --head, a head published earlier must be a link "
+        "of the chain, or the whole chain was rewritten. Read only; exit 6 on a finding.",
+        ("poimen audit verify --db sqlite:///var/lib/agent/agent.db",
+         "poimen audit verify --head 1842:9f2c...   # the head your cron job published"),
+    ),
+    "audit head": (
+        "Print the chain's head (position and hash) to keep outside the log: a rewrite of the "
+        "whole chain is caught by `audit verify --head` against it. Exit 1 if the log has no "
+        "chain.",
+        ("poimen audit head", "poimen audit head --json >> heads.jsonl"),
+    ),
+    "audit export": (
+        "Write the chain as JSON Lines signed with an Ed25519 key, for an auditor to check "
+        "offline. A chain that does not hold is not exported (exit 6). Needs poimen[audit].",
+        ("poimen audit export --sign audit.key --out audit-2025-06.jsonl",),
+    ),
+    "audit verify-export": (
+        "Check a signed export with the signer's public key, without the log: the signature "
+        "over every byte, then the chain it carries. Exit 6 when either fails. Needs "
+        "poimen[audit].",
+        ("poimen audit verify-export audit-2025-06.jsonl --public-key audit.key.pub",),
+    ),
+    "audit keygen": (
+        "Make an Ed25519 key pair for signing exports: the private key (owner-only) and "
+        "KEYFILE.pub to hand to auditors. Never overwrites a file. Needs poimen[audit].",
+        ("poimen audit keygen --out audit.key",),
     ),
     "recover": (
         "Run one recovery pass now, with the application's tool registrations (loaded from "

@@ -5,7 +5,8 @@ intent that is not INDETERMINATE), or ``diff`` found differences, or a ``--fail-
 held · 2 usage (bad or missing options, an --app that cannot be loaded, a console
 address that cannot be listened on) · 3 the store cannot be opened, read or written ·
 4 anything unforeseen (a bug here or in the loaded app) · 5 `status --fail-if-indeterminate`
-found INDETERMINATE intents · 6 `verify` found a problem. Every failure is one line on stderr
+found INDETERMINATE intents · 6 `verify` found a problem, or `audit verify` or
+`audit verify-export` a chain that does not hold. Every failure is one line on stderr
 (and with ``--json`` an error object on stdout); ``POIMEN_DEBUG=1`` adds the traceback.
 
 A little over 600 lines on purpose: one short handler per subcommand, each reading the
@@ -28,12 +29,14 @@ from poimen._core.effects import Transactional
 from poimen._engine import transactional as _tx
 from poimen._kernel import Kernel
 from poimen.cli import _aids as aids
+from poimen.cli import _audit as audit_cli
 from poimen.cli import _render as render
 from poimen.cli._parser import _parser
 from poimen.errors import (
     ConsoleConfigError,
     DuplicateOperatorError,
     IntentNotFoundError,
+    MissingExtraError,
     NotAwaitingApprovalError,
     NotDispatchedError,
     NotIndeterminateError,
@@ -296,6 +299,8 @@ def cmd_approve(ns: argparse.Namespace, store: Store) -> int:
 
 
 def cmd_audit(ns: argparse.Namespace, store: Store) -> int:
+    if getattr(ns, "audit_cmd", None):  # the chain: poimen.cli._audit
+        return audit_cli.run(ns, store)
     rows = op.audit(store, tool_id=ns.tool, since=_since(ns, store), limit=ns.limit)
     _emit(
         ns,
@@ -695,6 +700,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_utf8(sys.argv[1:] if argv is None else argv)
         ns = _parser().parse_args(argv)
+        if ns.cmd == "audit" and getattr(ns, "audit_cmd", None) in audit_cli.OFFLINE:
+            return audit_cli.run_offline(ns)
         if ns.cmd in _STORE_COMMANDS:
             store = _open(_db_url(ns), readonly=ns.cmd in _READING)
             try:
@@ -724,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_console(ns)
     except CliError as exc:
         return _fail(ns, exc.code, exc, "")
-    except (op.OperatorInputError, ConsoleConfigError) as exc:
+    except (op.OperatorInputError, ConsoleConfigError, MissingExtraError) as exc:
         return _fail(ns, USAGE, exc, "")
     except (DuplicateOperatorError, UnknownOperatorError) as exc:
         return _fail(ns, NOT_FOUND, exc, "refused: ")

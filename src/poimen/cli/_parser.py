@@ -137,6 +137,49 @@ def _aid_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
 
 
+def _audit_parsers(audit: argparse.ArgumentParser, common: argparse.ArgumentParser) -> None:
+    """`poimen audit ACTION`: the audit chain (docs/audit.md). Without an action, `audit`
+    lists the denials as before."""
+    sub: Any = audit.add_subparsers(dest="audit_cmd", required=False, metavar="[ACTION]")
+    s = sub.add_parser(
+        "verify", parents=[common],
+        help="walk the chain; name the first row edited, deleted, inserted or reordered "
+        "(exit 6)",
+    )
+    s.add_argument(
+        "--head", metavar="SEQ:HASH",
+        help="a head published earlier (poimen audit head): it must be a link of this chain, "
+        "or the chain was rewritten",
+    )
+    s.add_argument(
+        "--archive", action="append", default=[], metavar="FILE",
+        help="a prune archive (poimen prune --archive): its rows must be the links the chain "
+        "removed (repeatable)",
+    )
+    s = sub.add_parser("head", parents=[common], help="the chain's head, to publish elsewhere")
+    s = sub.add_parser(
+        "export", parents=[common], help="write the chain as signed JSON Lines (Ed25519)"
+    )
+    s.add_argument("--sign", required=True, metavar="KEYFILE",
+                   help="the Ed25519 private key (PEM) to sign with (poimen audit keygen)")
+    s.add_argument("--out", metavar="FILE", help="write here, a new file (default: stdout)")
+    s = sub.add_parser(
+        "verify-export", parents=[common],
+        help="check a signed export offline with the signer's public key (exit 6)",
+    )
+    s.add_argument("file", help="the export (JSON Lines)")
+    s.add_argument("--public-key", required=True, metavar="KEY",
+                   help="the signer's public key (PEM)")
+    s = sub.add_parser(
+        "keygen", parents=[common],
+        help="make an Ed25519 key pair for signing exports: KEYFILE and KEYFILE.pub",
+    )
+    s.add_argument("--out", required=True, metavar="KEYFILE",
+                   help="the private key's file (made owner-only; never overwritten)")
+    for name, parser in sub.choices.items():
+        explain(parser, f"audit {name}")
+
+
 # The parser.
 
 _OPERATOR_HELP = (
@@ -173,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
         "differ (diff) or a --fail-if-... flag held, 2 usage, 3 store unavailable, "
         "4 unexpected error, 5 INDETERMINATE intents (status --fail-if-indeterminate), or calls "
         "waiting longer (status --older-than), "
-        "6 verify found a problem",
+        "6 verify found a problem, or audit verify or verify-export a chain that does not hold",
     )
     p.add_argument("--version", action="version", version=f"poimen {_version()}")
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)
@@ -237,7 +280,12 @@ def _parser() -> argparse.ArgumentParser:
         _operator_option(s)
         s.add_argument("--reason", required=True, help="why")
 
-    s = sub.add_parser("audit", parents=[common], help="capability and sandbox denials")
+    s = sub.add_parser(
+        "audit",
+        parents=[common],
+        help="capability and sandbox denials; the tamper-evident chain (audit verify, export, "
+        "verify-export, keygen, head)",
+    )
     s.add_argument("--tool", help="tool id")
     s.add_argument("--since", help="15m, 2h, 7d, an ISO 8601 time, or epoch seconds")
     s.add_argument("--limit", type=int, default=1000)
@@ -246,6 +294,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 1 when any denial matches (for cron jobs and alerts)",
     )
+    _audit_parsers(s, common)
 
     s = sub.add_parser("recover", parents=[common], help="run one recovery pass now")
     s.add_argument(

@@ -36,7 +36,7 @@ from poimen.errors import MissingExtraError
 
 try:
     from temporalio import activity
-    from temporalio.exceptions import ApplicationError
+    from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.temporal", "temporal", exc) from exc
 
@@ -193,6 +193,7 @@ def _value(outcome: Outcome, call_id: str, kernel: Kernel | None = None) -> Any:
             "has not run: send the decision to the workflow, which applies it with "
             "poimen.decide",
             asked, type=APPROVAL, non_retryable=True,
+            category=ApplicationErrorCategory.BENIGN,  # the workflow's next step: not logged
         )
     try:
         return value_or_raise(outcome, call_id)

@@ -11,10 +11,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from poimen._core.audit import sqlite_link
 from poimen._core.decide import claimability
 from poimen._core.intents import Intent
 from poimen._engine.liveness import current_owner, default_host, owner_alive
 from poimen.errors import StoreError
+from poimen.operator import _audit
 from poimen.operator._ops import (
     REDACTED,
     intent_summary,
@@ -23,6 +25,7 @@ from poimen.operator._ops import (
     redact_urls,
 )
 from poimen.store._base import Store, latest_version, migrations
+from poimen.store._chain import CHAIN_VERSION
 from poimen.store._fs import filesystem_of, is_network
 
 # What the newest PostgreSQL schema holds that the guarantees rest on: keys, the checks on
@@ -36,6 +39,11 @@ PG_CONSTRAINTS = frozenset({
 })  # fmt: skip
 PG_TRIGGERS = frozenset({
     "events_append_only", "events_append_only_t", "denials_append_only", "denials_append_only_t",
+    "audit_pruned_append_only", "audit_pruned_append_only_t",
+})  # fmt: skip
+# The triggers that make the audit chain's links (schema version 10, docs/audit.md).
+PG_CHAIN_TRIGGERS = frozenset({
+    "events_chain", "denials_chain", "audit_pruned_chain", "intents_chain_settle",
 })  # fmt: skip
 # Rows that point at nothing, whatever constraints the database still has.
 _DANGLING = {
@@ -123,6 +131,11 @@ def verify(store: Store) -> Verification:
         n = int(_read(store, sql)[0][0])
         if n:
             problems.append(Problem("dangling rows", f"{n} {what}"))
+    if found >= CHAIN_VERSION:
+        checks.append("audit chain")
+        chain = _audit.verify(store)
+        if not chain.ok:
+            problems.append(Problem("audit chain", chain.line()))
     checks.append("unfinished intents with dead owners")
     return Verification(
         backend=dialect,
@@ -147,6 +160,7 @@ def _sqlite_problems(store: Store, found: int) -> list[Problem]:
         out.append(Problem("foreign_key_check", f"{table} row {rowid} points at no {parent} row"))
     # Every table, index and trigger the migrations make must be there.
     reference = sqlite3.connect(":memory:")
+    reference.create_function("poimen_link", -1, sqlite_link)  # the chain's triggers
     try:
         from poimen.store.sqlite import _statements
 
@@ -154,6 +168,8 @@ def _sqlite_problems(store: Store, found: int) -> list[Problem]:
             if version <= found:
                 for stmt in _statements(sql):
                     reference.execute(stmt)
+        if found >= CHAIN_VERSION:  # the log's own head row is offered to it below
+            reference.execute("DELETE FROM audit_head")
         want = set(reference.execute("SELECT type, name FROM sqlite_master").fetchall())
         out += _row_problems(store, reference)
     finally:
@@ -258,10 +274,11 @@ def _postgres_problems(store: Store, found: int, known: int) -> list[Problem]:
         "WHERE n.nspname = current_schema() AND NOT t.tgisinternal",
     )
     triggers = {str(name): str(enabled) for name, enabled in rows}
-    for name in sorted(PG_TRIGGERS - triggers.keys()):
-        out.append(Problem("triggers", f"the append-only trigger {name} is missing"))
-    for name in sorted(n for n in PG_TRIGGERS & triggers.keys() if triggers[n] == "D"):
-        out.append(Problem("triggers", f"the append-only trigger {name} is disabled"))
+    for what, names in (("append-only", PG_TRIGGERS), ("audit chain", PG_CHAIN_TRIGGERS)):
+        for name in sorted(names - triggers.keys()):
+            out.append(Problem("triggers", f"the {what} trigger {name} is missing"))
+        for name in sorted(n for n in names & triggers.keys() if triggers[n] == "D"):
+            out.append(Problem("triggers", f"the {what} trigger {name} is disabled"))
     return out
 
 

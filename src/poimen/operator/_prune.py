@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from poimen._core.audit import COLUMNS
 from poimen._core.intents import Owner
 from poimen.operator._ops import OperatorInputError
 from poimen.store import Store
@@ -124,6 +125,12 @@ def history_json(h: History) -> dict[str, Any]:
         "events": [_plain(e) for e in h.events],
         "notifications": [_plain(n) for n in h.notifications],
         "denials": [_plain(d) for d in h.denials],
+        # Its rows' links of the audit chain: the archive carries the segment it removed.
+        "chain": [
+            {"kind": x.kind, "seq": x.seq, "hash": x.hash,
+             "row": dict(zip((c for c, _ in COLUMNS[x.kind]), x.values, strict=True))}
+            for x in h.links
+        ],
     }
 
 

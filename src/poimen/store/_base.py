@@ -6,6 +6,7 @@ import importlib.resources
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,6 +23,8 @@ from poimen._core.intents import (
 from poimen.errors import CorruptRowError
 
 if TYPE_CHECKING:
+    from poimen._core.audit import Head
+    from poimen.store._chain import ChainView
     from poimen.store._retention import History
 
 
@@ -265,6 +268,10 @@ class Store(Protocol):
     def denials(
         self, *, tool_id: str | None = None, since: float | None = None, limit: int = 1000
     ) -> list[Denial]: ...
+
+    # The audit chain (docs/audit.md; the links are the database's triggers').
+    def audit_head(self) -> Head | None: ...
+    def audit_chain(self) -> AbstractContextManager[ChainView]: ...
 
 
 # Row decoding shared by the backends. Rows come in the column order below.

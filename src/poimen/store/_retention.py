@@ -8,10 +8,12 @@ before it commits; PostgreSQL: the transaction-local setting ``poimen.pruning``)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
+from poimen._core.audit import ranges_of
 from poimen._core.intents import Attempt, Denial, Event, Intent, Notification
 from poimen.call_ids import is_undo, original_of
 from poimen.store._base import (
@@ -26,6 +28,7 @@ from poimen.store._base import (
     intent_from_row,
     notification_from_row,
 )
+from poimen.store._chain import CHAIN_VERSION
 from poimen.store._inline import inline_attempt, inline_events
 from poimen.store._statements import Reader
 
@@ -38,13 +41,15 @@ _STATES = "(" + ", ".join(f"'{s}'" for s in PRUNABLE) + ")"
 
 @dataclass(frozen=True, slots=True)
 class History:
-    """Everything the log holds of one intent: what an archive line carries."""
+    """Everything the log holds of one intent: what an archive line carries. `links`: its
+    rows' links of the audit chain (kind, row id, position, hash), in position order."""
 
     intent: Intent
     attempts: list[Attempt]
     events: list[Event]
     notifications: list[Notification]
     denials: list[Denial]
+    links: tuple[Linked, ...] = ()
 
 
 #: The history tables of an intent, with the columns an archive line holds.
@@ -56,12 +61,46 @@ _HISTORY = (
 )
 
 
+class Linked(NamedTuple):
+    """A row's link of the audit chain, with the columns it was hashed over."""
+
+    kind: str
+    id: str
+    seq: int
+    hash: str
+    values: tuple[Any, ...]
+
+
+#: The history tables whose rows carry a link of the audit chain, and the columns read.
+_LINKED = frozenset({"events", "denials"})
+_LINK = ", chain_seq, chain_hash"
+_SCOPE = ", scope"  # an intent's last hashed column
+_KINDS = (None, "event", None, "denial")  # of `_HISTORY`'s tables, in order
+
+
 class _Changed(Exception):
     """A prune found these intents' history changed since it was read: nothing deleted."""
 
     def __init__(self, ids: set[str]) -> None:
         super().__init__(f"changed since read: {sorted(ids)}")
         self.ids = ids
+
+
+def _unlinked(
+    rows: Sequence[Sequence[Any]], kind: str, width: int, links: dict[str, list[Any]]
+) -> list[Sequence[Any]]:
+    """`rows` without their trailing link columns (chain_seq, chain_hash) when they have
+    them; each link found goes into `links` under the row's intent: (kind, row id, position,
+    hash, the columns hashed), the columns being the row's first ones (`_audit.COLUMNS`)."""
+    if not rows or len(rows[0]) <= width:  # read without the links
+        return list(rows)
+    of = 3 if kind == "denial" else 1 if kind == "event" else 0  # the intent id's column
+    for r in rows:
+        if r[width] is not None and r[of] is not None:
+            links.setdefault(str(r[of]), []).append(
+                Linked(kind, str(r[0]), int(r[width]), str(r[width + 1]), tuple(r[:width]))
+            )
+    return [r[:width] for r in rows]
 
 
 def _assemble(
@@ -71,8 +110,10 @@ def _assemble(
     event_rows: Sequence[Any],
     note_rows: Sequence[Any],
     denial_rows: Sequence[Any],
+    links: dict[str, list[Any]] | None = None,
 ) -> list[History]:
     """Each intent's history from its rows (in any order), as every reader reads it."""
+    links = links or {}
     ids = [i.id for i in intents]
     attempts: dict[str, list[Attempt]] = {i: [] for i in ids}
     events: dict[str, list[Event]] = {i: [] for i in ids}
@@ -91,8 +132,33 @@ def _assemble(
         if i.id in inline:
             attempts[i.id], events[i.id] = [inline_attempt(i)], inline_events(i)
     return [
-        History(i, attempts[i.id], events[i.id], notes[i.id], denials[i.id]) for i in intents
+        History(
+            i, attempts[i.id], events[i.id], notes[i.id], denials[i.id],
+            tuple(sorted(links.get(i.id, ()), key=lambda x: x.seq)),
+        )
+        for i in intents
     ]
+
+
+def _histories(
+    intents: Sequence[Intent], found: Sequence[Any], rows: Sequence[Sequence[Any]]
+) -> list[History]:
+    """The histories of `intents` from their rows as read (or deleted): `found`, the intent
+    rows (INTENT_COLUMNS, the links if read, inline_history), and `rows`, those of the
+    `_HISTORY` tables in order; an intent no longer found keeps the row given."""
+    links: dict[str, list[Any]] = {}
+    width = len(INTENT_COLUMNS.split(", ")) + 1  # and the scope
+    plain = _unlinked([r[:-1] for r in found], "intent", width, links)
+    current = {str(r[0]): intent_from_row(r) for r in plain}
+    inline = {str(r[0]) for r in found if r[-1] == 1}
+    tables = [
+        _unlinked(t, kind, len(cols.split(", ")), links) if kind else t
+        for t, (_, cols), kind in zip(rows, _HISTORY, _KINDS, strict=True)
+    ]
+    attempts, events, notes, denials = tables
+    return _assemble(
+        [current.get(i.id, i) for i in intents], inline, attempts, events, notes, denials, links
+    )
 
 
 class Retention:
@@ -110,6 +176,16 @@ class Retention:
 
     def _snapshot(self, fn: Callable[[Reader], T]) -> T:
         raise NotImplementedError
+
+    def now(self) -> float:
+        raise NotImplementedError
+
+    @staticmethod
+    def _chained(rows: Callable[[str], Sequence[Any]]) -> bool:
+        """Whether the log has the audit chain (schema version 10): a prune then records what
+        it removed from it, and its archive carries the links. Read in the caller's own
+        transaction (`rows`), so it is of the same snapshot as what the caller reads."""
+        return int(rows("SELECT MAX(version) FROM poimen_schema")[0][0] or 0) >= CHAIN_VERSION
 
     def _in(self, column: str, n: int) -> str:
         p = self._sql.p
@@ -137,17 +213,21 @@ class Retention:
         cond = self._in("intent_id", len(ids))
 
         def read(q: Reader) -> list[History]:
-            rows = [q(f"SELECT {cols} FROM {table} WHERE {cond}", ids) for table, cols in _HISTORY]
+            chain = _LINK if self._chained(q) else ""
+            rows = [
+                q(f"SELECT {cols}{chain if table in _LINKED else ''} FROM {table} "
+                  f"WHERE {cond}", ids)
+                for table, cols in _HISTORY
+            ]
             # Whose attempt 1 and events are in the intent row, as `attempts` and `events` read
             # them; the rows themselves are read again here, as of this snapshot.
             found = q(
-                f"SELECT {INTENT_COLUMNS}, inline_history FROM intents "
+                f"SELECT {INTENT_COLUMNS}{_SCOPE + chain if chain else ''}, inline_history "
+                "FROM intents "
                 f"WHERE {self._in('id', len(ids))}",
                 ids,
             )
-            current = {r[0]: intent_from_row(r[:-1]) for r in found}
-            inline = {str(r[0]) for r in found if r[-1] == 1}
-            return _assemble([current.get(i.id, i) for i in intents], inline, *rows)
+            return _histories(intents, found, rows)
 
         return self._snapshot(read)
 
@@ -191,24 +271,41 @@ class Retention:
             kept,
         )
         ex.execute(f"DELETE FROM call_aliases WHERE {cond}", kept)
+        chain = _LINK if self._chained(lambda sql: ex.execute(sql, ()).fetchall()) else ""
         # What the deletes return is what the log held: it must be what was archived.
         rows = [
-            ex.execute(f"DELETE FROM {table} WHERE {cond} RETURNING {cols}", kept).fetchall()
+            ex.execute(
+                f"DELETE FROM {table} WHERE {cond} RETURNING {cols}"
+                f"{chain if table in _LINKED else ''}", kept
+            ).fetchall()
             for table, cols in _HISTORY
         ]
         gone = ex.execute(
             f"DELETE FROM intents WHERE {self._in('id', len(kept))} "
-            f"RETURNING {INTENT_COLUMNS}, inline_history",
+            f"RETURNING {INTENT_COLUMNS}{_SCOPE + chain if chain else ''}, inline_history",
             kept,
         ).fetchall()
         self._mark_pruning(ex, False)
-        intents = [intent_from_row(r[:-1]) for r in gone]
-        inline = {i.id for i, r in zip(intents, gone, strict=True) if r[-1] == 1}
-        changed = {h.intent.id for h in _assemble(intents, inline, *rows)
-                   if h != given[h.intent.id]}
+        histories = _histories([given[str(r[0])].intent for r in gone], gone, rows)
+        changed = {h.intent.id for h in histories if h != given[h.intent.id]}
         if changed:
             raise _Changed(changed)
+        if chain:
+            self._record_pruned(ex, [x for h in histories for x in h.links])
         return kept
+
+    def _record_pruned(self, ex: Any, links: Sequence[Linked]) -> None:
+        """The chain's record of a prune, in its transaction: the runs of positions it
+        removed, each with the hash of its last one, so the chain is checked across them
+        (docs/audit.md). Chained itself, by its table's trigger."""
+        if not links:
+            return
+        p = self._sql.p
+        ranges = ranges_of((x.seq, x.hash) for x in links)
+        ex.execute(
+            f"INSERT INTO audit_pruned (at, ranges, rows) VALUES ({p}, {p}, {p})",
+            (self.now(), json.dumps(ranges, separators=(",", ":")), len(links)),
+        )
 
     def _undo_of_one_staying(self, ex: Any, call_id: str, going: set[str]) -> bool:
         """Whether `call_id` is an undo's whose original stays in the log."""
@@ -231,6 +328,7 @@ class Retention:
 
         def op(ex: Any, _retrying: bool) -> int:
             p = self._sql.p
+            chained = self._chained(lambda sql: ex.execute(sql, ()).fetchall())
             ids = [
                 r[0]
                 for r in ex.execute(
@@ -242,8 +340,17 @@ class Retention:
             if not ids:
                 return 0
             self._mark_pruning(ex, True)
-            ex.execute(f"DELETE FROM denials WHERE {self._in('id', len(ids))}", ids)
+            gone = ex.execute(
+                f"DELETE FROM denials WHERE {self._in('id', len(ids))}"
+                f"{' RETURNING id, chain_seq, chain_hash' if chained else ''}",
+                ids,
+            )
             self._mark_pruning(ex, False)
+            if chained:
+                self._record_pruned(ex, [
+                    Linked("denial", str(r[0]), int(r[1]), str(r[2]), ())
+                    for r in gone.fetchall() if r[1] is not None
+                ])
             return len(ids)
 
         return self._tx("prune_denials", op)

@@ -45,6 +45,7 @@ from poimen.store._base import (
     intent_from_row,
     notification_from_row,
 )
+from poimen.store._chain import Chain
 from poimen.store._inline import (
     attempt_row,
     event_row,
@@ -70,7 +71,7 @@ T = TypeVar("T")
 S = IntentState
 
 
-class SqlStore(Retention, Approvals):
+class SqlStore(Retention, Approvals, Chain):
     """The methods both backends run the same way. Each write's `op(ex, retrying)` gets
     `retrying=True` only on PostgreSQL, on a try after one whose answer was lost."""
 
@@ -252,6 +253,10 @@ class SqlStore(Retention, Approvals):
 
         return op
 
+    def _linking(self, conn: Any) -> None:
+        """Make `conn`, a connection of the application's to this log, able to write what the
+        audit chain links (SQLite: its triggers call a function of the connection's)."""
+
     def _settle(self, ex: Executor, o: Outcome) -> bool:
         """Settle on the fence; False (nothing written) if the fence moved."""
         sql = self._sql
@@ -281,6 +286,7 @@ class SqlStore(Retention, Approvals):
         `conn` is rolled back and False returned: the tool's writes never land. An error of
         the commit itself leaves the outcome unknown and is raised."""
         o = Outcome(intent_id, fence, S.COMPLETED, result, error, now)
+        self._linking(conn)
         if not self._settle(conn, o):
             conn.rollback()
             return False

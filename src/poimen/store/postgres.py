@@ -25,6 +25,7 @@ is what only PostgreSQL does (the pool, the clock, retries, locking claims).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -41,6 +42,7 @@ from poimen._core.backoff import RECONNECT
 from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import PoimenError, ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
+from poimen.store._chain import Stream
 from poimen.store._sql import SqlStore
 from poimen.store._statements import (
     Executor,
@@ -330,6 +332,36 @@ class PostgresStore(SqlStore):
 
     def _tx(self, what: str, fn: Callable[[Executor, bool], T]) -> T:
         return self._run(what, fn)
+
+    @contextlib.contextmanager
+    def _streaming(self) -> Iterator[Stream]:
+        # One REPEATABLE READ transaction; each query a server-side cursor fetched in pages.
+        if self._closed:
+            raise StoreUnavailableError("the store is closed")
+        names = itertools.count()
+
+        try:
+            with (
+                self._connection(self._connect_timeout, direct=False) as conn,
+                conn.transaction(),
+            ):
+                conn.execute(_SNAPSHOT)
+                opened: list[psycopg.ServerCursor[Any]] = []
+
+                def query(sql: str, params: Sequence[Any] = ()) -> Iterator[Any]:
+                    cur = conn.cursor(name=f"poimen_stream_{next(names)}")
+                    opened.append(cur)
+                    cur.itersize = 2000
+                    cur.execute(sql, params)
+                    return iter(cur)
+
+                try:
+                    yield query
+                finally:
+                    for cur in opened:
+                        cur.close()
+        except (*_TRANSIENT, psycopg.Error) as exc:
+            raise StoreError(f"read failed: {_first_line(exc)}", url=self._where) from exc
 
     def _prefix_match(self, prefix: str) -> tuple[str, tuple[Any, ...]]:
         return "starts_with(call_id, %s)", (prefix,)

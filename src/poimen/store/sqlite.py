@@ -18,9 +18,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
+from poimen._core.audit import sqlite_link
 from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
+from poimen.store._chain import Stream
 from poimen.store._fs import refuse_network_fs, sqlite_writes
 from poimen.store._group_commit import GroupCommit, Op
 from poimen.store._inline import attempt_row, event_row, inline_attempt, inline_events
@@ -328,6 +330,8 @@ class SqliteStore(SqlStore):
             conn = self._open_ro() if self._readonly else self._open(self.path, uri=False)
             if writer:  # WAL is a property of the file: the writer sets it, readers find it
                 _set_wal(conn)
+                # The audit chain's triggers link each history row with it (schema 10).
+                conn.create_function("poimen_link", -1, sqlite_link)
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
             conn.execute("PRAGMA busy_timeout=30000")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -387,6 +391,22 @@ class SqliteStore(SqlStore):
                 return fn(lambda sql, params=(): conn.execute(sql, params).fetchall())
             finally:
                 if conn.in_transaction:  # an error may have ended it already
+                    conn.execute("ROLLBACK")
+
+    @contextlib.contextmanager
+    def _streaming(self) -> Iterator[Stream]:
+        # One read transaction: every query of the block sees one snapshot, its rows fetched
+        # as they are read (several cursors of one connection may step side by side).
+        with self._reader() as conn:
+            conn.execute("BEGIN")  # the first read fixes the snapshot
+
+            def query(sql: str, params: Sequence[Any] = ()) -> Iterator[Any]:
+                return iter(conn.execute(sql, params))
+
+            try:
+                yield query
+            finally:
+                if conn.in_transaction:
                     conn.execute("ROLLBACK")
 
     @contextlib.contextmanager
@@ -579,6 +599,10 @@ class SqliteStore(SqlStore):
     def _settle_op(self, o: Outcome) -> Callable[[sqlite3.Connection], bool]:
         fn = self._outcome_op(o)
         return lambda conn: fn(conn, False)
+
+    def _linking(self, conn: Any) -> None:
+        raw = getattr(conn, "conn", conn)  # a Transactional tool's session, or its connection
+        raw.create_function("poimen_link", -1, sqlite_link)
 
     def _writer_open(self) -> GroupCommit:
         if self._closed:
