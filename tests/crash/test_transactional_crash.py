@@ -57,21 +57,25 @@ def test_a_transactional_call_killed_anywhere_writes_exactly_once(
 def test_a_child_killed_during_its_commit_on_postgres_writes_exactly_once(
     tmp_path: Path, setup: str
 ) -> None:
+    import psycopg
+
     from tests.integration.transactional_app import databases
 
-    with databases(setup, tmp_path) as (log, app):
-        # A deferred trigger makes the COMMIT itself take a while: the child is killed while
-        # the server runs it, and its answer never arrives.
+    with databases(setup, tmp_path) as (log, app), psycopg.connect(app, autocommit=True) as gate:
+        # A deferred trigger makes the COMMIT itself wait for a lock this test holds: the
+        # child is killed while the server runs it, so its answer never arrives.
         app_sql(app, "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS "
-                     "$$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$")
+                     "$$ BEGIN PERFORM pg_advisory_xact_lock(7007); RETURN NULL; END $$")
         app_sql(app, "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON notes "
                      "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()")
+        gate.execute("SELECT pg_advisory_lock(7007)")
         child = spawn(log, app, "d1")
         try:
             _wait_for(lambda: _committing(app), "the child's COMMIT to start")
         finally:
             child.send_signal(signal.SIGKILL)
             child.communicate(timeout=30)
+            gate.execute("SELECT pg_advisory_unlock(7007)")
         assert child.returncode == -signal.SIGKILL
         # The server finishes the commit on its own: it learns of the client's death only
         # when it answers. The child never knew: its intent is DISPATCHED, the marker (or

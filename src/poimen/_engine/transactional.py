@@ -188,7 +188,6 @@ class Database:
             self.dialect = None  # known from the first connection it returns
             self.own = False
         self._ready = False  # the marker table exists
-        self._lock = threading.Lock()
 
     def connect(self) -> _Session:
         """A new connection, outside any transaction. `NotSent` if none could be opened
@@ -234,16 +233,15 @@ class Database:
         """Make the marker table if this process has not seen it yet."""
         if self.own or self._ready:
             return
-        with self._lock:
-            if self._ready:
-                return
-            if s.dialect == "sqlite":
-                s.conn.execute(_CREATE["sqlite"])  # one statement: its own transaction
-            else:
-                with s.conn.transaction():
-                    s.conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
-                    s.conn.execute(_CREATE["postgres"])
-            self._ready = True
+        # Threads racing here both make it: IF NOT EXISTS, and on PostgreSQL one waits for
+        # the other (no lock of this process's, which a fork could leave held).
+        if s.dialect == "sqlite":
+            s.conn.execute(_CREATE["sqlite"])  # one statement: its own transaction
+        else:
+            with s.conn.transaction():
+                s.conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
+                s.conn.execute(_CREATE["postgres"])
+        self._ready = True
 
     def begin(self, intent: Intent, timeout: float, *, live: bool) -> Tx:
         """Open the attempt's transaction: `NotSent` if the database cannot be reached or
