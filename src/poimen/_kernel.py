@@ -271,11 +271,11 @@ class Kernel:
     lease_ttl = property(lambda self: self.settings.lease_ttl, doc="`Settings.lease_ttl`")
     max_attempts = property(lambda self: self.settings.max_attempts, doc="`Settings.max_attempts`")
     lookup_limit = property(lambda self: self.settings.lookup_limit, doc="`Settings.lookup_limit`")
-    lookup_backoff = property(lambda self: self.settings.lookup_backoff)
-    max_backoff = property(lambda self: self.settings.max_backoff)
-    deadline_margin = property(lambda self: self.settings.deadline_margin)
-    wait_bound = property(lambda self: self.settings.wait_bound)
-    recover_interval = property(lambda self: self.settings.recover_interval)
+    lookup_backoff = property(lambda self: self.settings.lookup_backoff, doc="`Settings.lookup_backoff`")
+    max_backoff = property(lambda self: self.settings.max_backoff, doc="`Settings.max_backoff`")
+    deadline_margin = property(lambda self: self.settings.deadline_margin, doc="`Settings.deadline_margin`")
+    wait_bound = property(lambda self: self.settings.wait_bound, doc="`Settings.wait_bound`")
+    recover_interval = property(lambda self: self.settings.recover_interval, doc="`Settings.recover_interval`")
 
     @property
     def _closed(self) -> bool:
