@@ -143,6 +143,21 @@ MUTANTS: list[Mutant] = [
            "    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly | "
            "Transactional)\n",
            "    landed_before = False\n", (*T_DECIDE, *T_GATE, "-k", "gate or refusal or key")),
+    Mutant("refusal-final-after-write", "a refused attempt is FAILED only if none of its "
+           "writes went out", DECIDE, "    if writes == 0 and not landed_before:\n",
+           "    if not landed_before:\n", T_DECIDE),
+    # The gate reads the clock as the request leaves and counts the key's age from the call's
+    # creation (an approved call's wait included), not from its attempt's start.
+    Mutant("gate-clock-at-attempt", "the gate judges the key's age when the request leaves",
+           CAP, "        now = issuer.store.now()\n        with self._lock:",
+           "        now = it.updated_at\n        with self._lock:",
+           (*T_GATE, "-k", "sqlite and key_window")),
+    Mutant("key-age-from-attempt", "the key's age counts from the call's creation, its wait "
+           "for approval included", CAP, "                    key_from=it.created_at,",
+           "                    key_from=it.updated_at,", (*T_GATE, "-k", "sqlite and key_age")),
+    Mutant("writes-uncounted", "every write let out counts as a write of the attempt", CAP,
+           "                if write:\n                    self.writes += 1\n", "",
+           (*T_GATE, "-k", "sqlite and (own_client or sink or denial_the_tool)")),
     Mutant("refusal-swallowed", "a refused send decides its attempt, whatever the tool does "
            "with the refusal", RUNNERS,
            "    refused = None if record is None else record.outcome()\n"
@@ -217,6 +232,11 @@ MUTANTS: list[Mutant] = [
            "            \"WHERE id = ? AND fence >= ? \"",
            ("tests/integration/test_approval.py", "-k", "sqlite or held_row")),
     # The window is in the compare-and-set itself, so no caller can approve past it.
+    # A decision after the window ends the call (approval_expired) under the row lock.
+    Mutant("late-decision-not-expired", "a decision after the approval window expires the call",
+           "poimen/store/_approvals.py",
+           "            if it.next_check_at is not None and it.next_check_at <= now:",
+           "            if False:", ("tests/integration/test_approval.py", "-k", "window and sqlite")),
     Mutant("approve-after-window", "an approval counts only within its window", SQL,
            "\"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"\n"
            "            \"AND (next_check_at IS NULL OR next_check_at > ?)\"\n"
@@ -320,6 +340,30 @@ MUTANTS: list[Mutant] = [
            "poimen/store/_retention.py", "        if changed:\n            raise _Changed(",
            "        if False:\n            raise _Changed(",
            ("tests/contract/test_prune_store.py", "-k", "written_to and sqlite")),
+    # The undo's call id shortened to a hash: its original is found by its undo events.
+    Mutant("prune-hashed-undo", "an undo intent is never pruned while its original remains, "
+           "its call id shortened or not", "poimen/store/_retention.py",
+           "            params = [f'%\"undo_call_id\": \"{call_id}\"%']",
+           "            params = [f'%\"undo_call_id\": \"{call_id}!\"%']",
+           ("tests/contract/test_prune_store.py", "-k", "undo_intent_stays and sqlite")),
+    Mutant("prune-key-window-ignored", "a prune keeps an intent inside its tool's key window",
+           "poimen/operator/_prune.py", "now - max(older_than, ttls.get(i.tool_id, 0))]",
+           "now - older_than]", ("tests/integration/test_retention.py", "-k", "sqlite")),
+    Mutant("prune-undelivered", "a prune keeps an intent whose notification is undelivered",
+           "poimen/store/_retention.py",
+           '"WHERE o.intent_id = i.id AND o.delivered_at IS NULL) "',
+           '"WHERE o.intent_id = i.id AND o.delivered_at IS NULL AND 1 = 0) "',
+           ("tests/integration/test_retention.py", "-k", "sqlite")),
+    Mutant("prune-indeterminate", "a prune never removes an unresolved Indeterminate intent",
+           "poimen/store/_retention.py",
+           'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED")',
+           'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED", '
+           '"INDETERMINATE")', ("tests/integration/test_retention.py", "-k", "sqlite")),
+    Mutant("undo-blind", "an Indeterminate call is undone only by an Idempotent undo "
+           "(else an operator resolves it first)", UNDO,
+           "    if not resume and it.state == S.INDETERMINATE and not isinstance(",
+           "    if False and it.state == S.INDETERMINATE and not isinstance(",
+           ("tests/integration/test_undo.py", "-k", "not_undone_blindly and sqlite")),
     # The operator path.
     Mutant("redaction-skipped", "secrets are redacted wherever they are shown",
            "poimen/_core/present.py",
