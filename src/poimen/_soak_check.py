@@ -536,7 +536,9 @@ def _feature_stats(intents: list[Intent], sides: Sides) -> dict[str, Any]:
     wire: dict[str, int] = defaultdict(int)
     for i in intents:
         if i.tool_id == APPROVED:
-            wire[(i.reason or "failed") if i.state == IntentState.FAILED else i.state.value] += 1
+            # A call that failed after its approval (a refusal) keeps the reason "approved".
+            ended = i.state == IntentState.FAILED and i.reason in ("rejected", "approval_expired")
+            wire[str(i.reason) if ended else i.state.value] += 1
     undos = none = prunes = pruned = decisions = 0
     for _wid, recs in sides:
         for r in recs:
