@@ -223,14 +223,11 @@ MUTANTS: list[Mutant] = [
     Mutant("resolve-two-winners", "an operator's decision has exactly one winner", STORE,
            "        if row[0] != S.INDETERMINATE:\n            raise NotIndeterminateError(",
            "        if False:\n            raise NotIndeterminateError(", T_STORE),
-    # The fence alone, or the state alone, stops a second approval: the mutant drops both.
-    # SQLite reads under its one writer; PostgreSQL's reads take no lock, so the race there.
-    Mutant("approve-two-winners", "an approval has exactly one winner", SQL,
-           "\"reason = 'approved', updated_at = ? \"\n"
-           "            \"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"",
-           "\"reason = 'approved', updated_at = ? \"\n"
-           "            \"WHERE id = ? AND fence >= ? \"",
-           ("tests/integration/test_approval.py", "-k", "sqlite or held_row")),
+    # A second approval is stopped twice: by the state read under the row lock (FOR UPDATE on
+    # PostgreSQL) and by the approve statement's fence and state. A mutant of either alone is
+    # equivalent (approve-two-winners, dropping the statement's, survived once the row lock
+    # came): no single change breaks the rule, which test_approval.py's `one_winner` tests
+    # check on both backends.
     # A decision after the window ends the call (approval_expired) under the row lock. The
     # approve statement's own window clause is a second guard under the same lock and clock:
     # a mutant of it alone is equivalent (it survived: nothing reaches it past the window).
