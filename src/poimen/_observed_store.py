@@ -233,8 +233,10 @@ class ObservedStore:
             self._fenced(intent_id, fence, "defer")
         return ok
 
-    def seize(self, intent_id: str, fence: int, judged_lease: float | None) -> bool:
-        ok = self._inner.seize(intent_id, fence, judged_lease)
+    def seize(
+        self, intent_id: str, fence: int, judged_lease: float | None, *, owed: bool = False
+    ) -> bool:
+        ok = self._inner.seize(intent_id, fence, judged_lease, owed=owed)
         if not ok:
             self._fenced(intent_id, fence, "seize")
         return ok
@@ -434,6 +436,7 @@ UNOBSERVED = frozenset(
         "get_intent",
         "get_by_call_id",
         "unsettled_call",
+        "take_answer",  # an answer owed, given: no transition
         "list_intents",
         "search_call_id",
         "attempts",

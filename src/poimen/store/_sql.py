@@ -370,10 +370,14 @@ class SqlStore(Retention, Approvals, Chain):
 
         return self._tx("complete_landed", op)
 
-    def seize(self, intent_id: str, fence: int, judged_lease: float | None) -> bool:
+    def seize(
+        self, intent_id: str, fence: int, judged_lease: float | None, *, owed: bool = False
+    ) -> bool:
         # The lease is no part of the history an inline row stands for: nothing to spill.
+        statement = self._sql.seize_owed if owed else self._sql.seize
+
         def op(ex: Executor, retrying: bool) -> bool:
-            cur = ex.execute(self._sql.seize, (intent_id, fence, judged_lease))
+            cur = ex.execute(statement, (intent_id, fence, judged_lease))
             if cur.rowcount == 0:
                 # Our own earlier try, whose answer was lost, may have seized it.
                 got = ex.execute(self._sql.seized, (intent_id, fence)).fetchone()
@@ -536,15 +540,20 @@ class SqlStore(Retention, Approvals, Chain):
             self._serialize(ex, json.dumps([scope, d.tool_id, d.args_hash]))
             known = self._by_call_id(ex, d.call_id)
             if known is not None:
+                ex.execute(self._sql.take_answer, (known.id,))  # answered now, if settled
                 return known, retrying and known.id == d.intent_id
-            row = ex.execute(self._sql.unsettled_same, (scope, d.tool_id, d.args_hash)).fetchone()
+            same = (scope, d.tool_id, d.args_hash)
+            row = ex.execute(self._sql.unsettled_same, same).fetchone()
+            if row is None:  # settled by recovery, its answer not taken yet: this call's
+                row = ex.execute(self._sql.owed_same, same).fetchone()
             if row is not None:
                 first = intent_from_row(row)
                 ex.execute(self._sql.insert_alias, (d.call_id, first.id, d.now))
+                taken = ex.execute(self._sql.take_answer, (first.id,)).rowcount == 1
                 self._spill(ex, first.id)
                 self._event(
                     ex, first.id, d.now, "coalesced", None, None, d.owner.worker_id,
-                    {"call_id": d.call_id},
+                    {"call_id": d.call_id, **({"answer_taken": True} if taken else {})},
                 )
                 return first, False
             ex.execute(self._sql.drop_alias, (d.call_id,))  # its intent was pruned
@@ -556,6 +565,19 @@ class SqlStore(Retention, Approvals, Chain):
             return made, True
 
         return op
+
+    def take_answer(self, intent_id: str) -> bool:
+        """A call was answered with this settled intent's outcome: an answer owed to the
+        next caller (recovery settled it) is taken. True if this took it. Read first: a
+        caller is seldom owed, and a read costs no commit."""
+        rows = self._read(self._sql.answer_owed, (intent_id,))
+        if not rows or not rows[0][0]:
+            return False
+
+        def op(ex: Executor, retrying: bool) -> bool:
+            return ex.execute(self._sql.take_answer, (intent_id,)).rowcount == 1 or retrying
+
+        return self._tx("take_answer", op)
 
     def unsettled_call(self, scope: str, tool_id: str, args_hash: str) -> Intent | None:
         """The one unsettled intent of this tool and argument set in the scope, if any."""
