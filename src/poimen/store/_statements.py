@@ -185,8 +185,10 @@ class Sql:
             "deadline_at, ?) "
             "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
         )
+        # An operator's decision owes no answer: the application tells the model of it, and
+        # a call it makes afterwards, knowingly, is a new call (section 4).
         self.resolve = q(
-            "UPDATE intents SET state = ?, result = ?, updated_at = ? "
+            "UPDATE intents SET state = ?, result = ?, updated_at = ?, answer_owed = 0 "
             "WHERE id = ? AND state = 'INDETERMINATE'"
         )
         # The fence moves on: a worker that comes back after all only adds late evidence.
