@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from poimen._core.intents import (
+    TERMINAL,
     Attempt,
     Delivery,
     Denial,
@@ -540,20 +541,24 @@ class SqlStore(Retention, Approvals, Chain):
             self._serialize(ex, json.dumps([scope, d.tool_id, d.args_hash]))
             known = self._by_call_id(ex, d.call_id)
             if known is not None:
-                ex.execute(self._sql.take_answer, (known.id,))  # answered now, if settled
+                if known.state in TERMINAL:  # answered now: an answer owed is taken
+                    ex.execute(self._sql.take_answer, (known.id,))
                 return known, retrying and known.id == d.intent_id
             same = (scope, d.tool_id, d.args_hash)
             row = ex.execute(self._sql.unsettled_same, same).fetchone()
-            if row is None:  # settled by recovery, its answer not taken yet: this call's
+            owed = False
+            if row is None:  # settled by recovery, its answer not given yet: this call's
                 row = ex.execute(self._sql.owed_same, same).fetchone()
+                owed = row is not None
             if row is not None:
                 first = intent_from_row(row)
                 ex.execute(self._sql.insert_alias, (d.call_id, first.id, d.now))
-                taken = ex.execute(self._sql.take_answer, (first.id,)).rowcount == 1
+                if owed:
+                    ex.execute(self._sql.take_answer, (first.id,))
                 self._spill(ex, first.id)
                 self._event(
                     ex, first.id, d.now, "coalesced", None, None, d.owner.worker_id,
-                    {"call_id": d.call_id, **({"answer_taken": True} if taken else {})},
+                    {"call_id": d.call_id, **({"answer_taken": True} if owed else {})},
                 )
                 return first, False
             ex.execute(self._sql.drop_alias, (d.call_id,))  # its intent was pruned
