@@ -539,9 +539,10 @@ class SqlStore(Retention, Approvals, Chain):
             # Every scoped write of this (scope, tool, arguments), of this call id too, in
             # turn: a reader of "none unsettled" inserts before the next one reads.
             self._serialize(ex, json.dumps([scope, d.tool_id, d.args_hash]))
-            known = self._by_call_id(ex, d.call_id)
-            if known is not None:
-                if known.state in TERMINAL:  # answered now: an answer owed is taken
+            found = self._by_call_id(ex, d.call_id)
+            if found is not None:
+                known, owed = found
+                if owed and known.state in TERMINAL:  # answered now: the answer is taken
                     ex.execute(self._sql.take_answer, (known.id,))
                 return known, retrying and known.id == d.intent_id
             same = (scope, d.tool_id, d.args_hash)
@@ -589,11 +590,12 @@ class SqlStore(Retention, Approvals, Chain):
         rows = self._read(self._sql.unsettled_same, (scope, tool_id, args_hash))
         return intent_from_row(rows[0]) if rows else None
 
-    def _by_call_id(self, ex: Executor, call_id: str) -> Intent | None:
-        row = ex.execute(self._sql.intent_by_call_id, (call_id,)).fetchone()
+    def _by_call_id(self, ex: Executor, call_id: str) -> tuple[Intent, bool] | None:
+        """The intent of this call id (its own or an alias's), and whether its answer is owed."""
+        row = ex.execute(self._sql.known_by_call_id, (call_id,)).fetchone()
         if row is None:
-            row = ex.execute(self._sql.intent_by_alias, (call_id,)).fetchone()
-        return None if row is None else intent_from_row(row)
+            row = ex.execute(self._sql.known_by_alias, (call_id,)).fetchone()
+        return None if row is None else (intent_from_row(row), bool(row[-1]))
 
     # Approval before acting: `_approvals.Approvals`.
 

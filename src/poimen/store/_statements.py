@@ -218,6 +218,14 @@ class Sql:
             f"AND args_hash = ? AND answer_owed = 1 AND {settled}"
         )
         self.answer_owed = q("SELECT answer_owed FROM intents WHERE id = ?")
+        # A call id's intent at its dispatch commit, and whether its answer is owed.
+        self.known_by_call_id = q(
+            f"SELECT {INTENT_COLUMNS}, answer_owed FROM intents WHERE call_id = ?"
+        )
+        self.known_by_alias = q(
+            f"SELECT {INTENT_COLUMNS}, answer_owed FROM intents WHERE id = "
+            "(SELECT intent_id FROM call_aliases WHERE call_id = ?)"
+        )
         self.take_answer = q(
             f"UPDATE intents SET answer_owed = 0 WHERE id = ? AND answer_owed = 1 AND {settled}"
         )
