@@ -515,7 +515,7 @@ class Kernel:
     async def wait(self, call_id: str, *, timeout: float | None = None) -> Outcome:
         """Wait until this call's outcome is final (Completed, Failed, or an operator's
         Resolved); after `timeout` seconds, the outcome as it is then (Pending,
-        Indeterminate). None waits for ever."""
+        Indeterminate). None waits for ever. The outcome is given, as by `outcome`."""
         end = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
         while True:
