@@ -15,7 +15,7 @@ One no-op Idempotent tool, one caller, interleaved in one run:
   set poimen's added cost against.
 At synchronous=OFF, so that the observers' CPU shows above the disk; and again at FULL,
 poimen's default, as a user sees it; and 64 async callers at FULL, with the SDK and
-without. Ratios compare medians of this run.
+without. Ratios compare medians of this run; the one-caller cases take turns every 50 calls.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from poimen import Caps, Completed, Idempotent, Kernel, KeyDerivation, ToolConte
 from poimen.store.sqlite import SqliteStore
 
 GROUP = "7 observability"
+#: Calls per turn of a case: small enough that the cases see the same load.
+CHUNK = 50
 TOOL = "bench.observed"
 
 
@@ -64,18 +66,24 @@ def _kernel(path: Path, synchronous: str, observers: Sequence[Any], log_events: 
     return k
 
 
-def _timed(k: Kernel, calls: int, warmup: int) -> float:
-    try:
-        for i in range(warmup):
-            k.call(TOOL, {"n": i}, call_id=f"w{i}")
+class _Calls:
+    """One kernel, kept open for the whole run, called in chunks: the cases take turns chunk
+    by chunk, so that each sees the same load (a shared machine's load changes within the
+    second a 2,000-call run takes)."""
+
+    def __init__(self, k: Kernel, name: str) -> None:
+        self.k, self.name, self.n = k, name, 0
+
+    def __call__(self, calls: int) -> float:
+        """Seconds for `calls` more calls."""
+        k, start = self.k, self.n
         t0 = time.perf_counter()
-        for i in range(calls):
-            out = k.call(TOOL, {"n": i}, call_id=f"c{i}")
+        for i in range(start, start + calls):
+            out = k.call(TOOL, {"n": i}, call_id=f"{self.name}{i}")
         elapsed = time.perf_counter() - t0
+        self.n += calls
         assert isinstance(out, Completed), out
-        return per_call_us(elapsed, calls)
-    finally:
-        k.close()
+        return elapsed
 
 
 def _tasks(k: Kernel, callers: int, total: int, warmup: int) -> float:
@@ -199,47 +207,73 @@ def rows(*, reps: int, quick: bool, workdir: Path) -> list[Row]:
     def sdk() -> list[Any]:
         return [OpenTelemetry(tracer_provider=tp, meter_provider=mp)]
 
-    def logged(path: Path, sync: str) -> float:
-        quiet.setLevel(logging.INFO)
-        quiet.propagate = False
-        quiet.handlers[:] = [logging.NullHandler()]
-        try:
-            return _timed(_kernel(path, sync, [], True), calls, warmup)
-        finally:
-            quiet.setLevel(before[0])
-            quiet.propagate = before[1]
-            quiet.handlers[:] = before[2]
+    def at_info(run: Callable[[int], float]) -> Callable[[int], float]:
+        def logged(n: int) -> float:
+            quiet.setLevel(logging.INFO)
+            quiet.propagate = False
+            quiet.handlers[:] = [logging.NullHandler()]
+            try:
+                return run(n)
+            finally:
+                quiet.setLevel(before[0])
+                quiet.propagate = before[1]
+                quiet.handlers[:] = before[2]
 
-    def one(name: str, sync: str, observers: Callable[[], list[Any]]) -> Callable[[], float]:
-        return lambda: _timed(
-            _kernel(workdir / f"{name}.db", sync, observers(), False), calls, warmup
-        )
+        return logged
+
+    kernels: list[Kernel] = []
+
+    def one(
+        name: str, sync: str, observers: list[Any], log: bool = False
+    ) -> Callable[[int], float]:
+        k = _kernel(workdir / f"{name}.db", sync, observers, log)
+        kernels.append(k)
+        run = _Calls(k, name)
+        return at_info(run) if log else run
 
     def tasks(name: str, observers: Callable[[], list[Any]]) -> Callable[[], float]:
         return lambda: _tasks(
             _kernel(workdir / f"{name}.db", "FULL", observers(), False), callers, total, warmup
         )
 
-    cases: dict[str, Callable[[], float]] = {
-        "none": one("none", "OFF", list),
-        "noop": one("noop", "OFF", lambda: [OpenTelemetry()]),
-        "sdk": one("sdk", "OFF", sdk),
-        "log": lambda: logged(workdir / "log.db", "OFF"),
-        "floor": lambda: sdk_floor(floor_tp, floor_mp, calls, warmup),
-        "none_full": one("none_full", "FULL", list),
-        "sdk_full": one("sdk_full", "FULL", sdk),
-        "log_full": lambda: logged(workdir / "log_full.db", "FULL"),
+    def floor(n: int) -> float:
+        return sdk_floor(floor_tp, floor_mp, n, 0) * n / 1e6
+
+    chunked: dict[str, Callable[[int], float]] = {
+        "none": one("none", "OFF", []),
+        "noop": one("noop", "OFF", [OpenTelemetry()]),
+        "sdk": one("sdk", "OFF", sdk()),
+        "log": one("log", "OFF", [], log=True),
+        "floor": floor,
+        "none_full": one("none_full", "FULL", []),
+        "sdk_full": one("sdk_full", "FULL", sdk()),
+        "log_full": one("log_full", "FULL", [], log=True),
+    }
+    whole: dict[str, Callable[[], float]] = {
         "tasks": tasks("tasks", list),
         "tasks_sdk": tasks("tasks_sdk", sdk),
     }
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+    chunk = min(CHUNK, calls)
+    samples: dict[str, list[float]] = {name: [] for name in (*chunked, *whole)}
     try:
+        for run in chunked.values():
+            run(warmup)
         for rep in range(reps):
-            order = list(cases) if rep % 2 == 0 else list(reversed(cases))
+            gc.collect()
+            spent = dict.fromkeys(chunked, 0.0)
+            for c in range(calls // chunk):
+                order = list(chunked) if (rep + c) % 2 == 0 else list(reversed(chunked))
+                for name in order:
+                    spent[name] += chunked[name](chunk)
+            for name, seconds in spent.items():
+                samples[name].append(per_call_us(seconds, calls // chunk * chunk))
+            order = list(whole) if rep % 2 == 0 else list(reversed(whole))
             for name in order:
                 gc.collect()
-                samples[name].append(cases[name]())
+                samples[name].append(whole[name]())
     finally:
+        for k in kernels:
+            k.close()
         for p in (tp, mp, floor_tp, floor_mp):
             p.shutdown()
     return _rows(samples, callers)
