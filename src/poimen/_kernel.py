@@ -502,16 +502,20 @@ class Kernel:
     # Outcomes of calls made earlier, for a caller that resumes.
 
     def outcome(self, call_id: str) -> Outcome | None:
-        """What the log says of this call id now, or None if it was never called."""
+        """What the log says of this call id now, or None if it was never called. A settled
+        outcome read here is given to the call's caller: an answer owed since recovery settled
+        it is taken (docs/design.md section 4)."""
         if self._sandbox is not None:
             return self._sandbox.outcome(call_id)
         intent = self.store.get_by_call_id(call_id)
-        return None if intent is None else _protocol.answer(_approval.followed(self.store, intent))
+        if intent is None:
+            return None
+        return _protocol.given(self.store, _protocol.answer(_approval.followed(self.store, intent)))
 
     async def wait(self, call_id: str, *, timeout: float | None = None) -> Outcome:
         """Wait until this call's outcome is final (Completed, Failed, or an operator's
         Resolved); after `timeout` seconds, the outcome as it is then (Pending,
-        Indeterminate). None waits for ever."""
+        Indeterminate). None waits for ever. The outcome is given, as by `outcome`."""
         end = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
         while True:
@@ -554,8 +558,8 @@ class Kernel:
         if t is not None and e.claimable(intent, read_at) == "claimable":
             out = run_sync(e, orphan_steps(e, t, intent, CallState()))
             if out is not None:
-                return out
-        return _protocol.answer(intent)
+                return _protocol.given(e.store, out)
+        return _protocol.given(e.store, _protocol.answer(intent))
 
     # Life cycle.
 
