@@ -26,10 +26,11 @@ from poimen._capability.context import Issuer, Sink, ToolContext
 from poimen._core.approval import ApprovalRule, approval_due, approval_rule
 from poimen._core.audit import Head
 from poimen._core.effects import EffectClass, Idempotent, ReadOnly, Transactional
-from poimen._core.intents import Denial, Intent, Outcome, RecoveryReport
+from poimen._core.intents import Denial, Intent, IntentState, Outcome, RecoveryReport
 from poimen._core.retry import Retry
 from poimen._core.spec import ToolSpec, safe_name, spec_of
 from poimen._core.tools import Caps, Tool, ToolRegistration, build_tool
+from poimen._engine import hooks as _hooks
 from poimen._engine import protocol as _protocol
 from poimen._engine import runners as _runners
 from poimen._engine.audit_head import HeadPublisher, check_every
@@ -48,12 +49,20 @@ from poimen._observe import logging_wanted
 from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoArgs, UndoReport, UndoRule
 from poimen.errors import (
+    ApprovalExpiredError,
     IntentNotFoundError,
     PoimenError,
     RegistrationError,
     UnknownToolError,
 )
-from poimen.events import KernelEvent, Observer
+from poimen.events import (
+    AbandonedEvent,
+    ApprovalDecidedEvent,
+    KernelEvent,
+    LeasesRenewedEvent,
+    Observer,
+    ResolvedEvent,
+)
 from poimen.operator._ops import Identity
 from poimen.operator._ops import abandon as operator_abandon
 from poimen.operator._ops import decide_approval as operator_decide_approval
@@ -452,14 +461,13 @@ class Kernel:
             return lambda f: self.on(kind, f)
         if not callable(fn):
             raise PoimenError(f"on() needs a function to call, not {fn!r}", field="fn")
-        _observe.install(self._engine, self._issuer).hook_thread().on(kind, fn)
+        _observe.install(self._engine, self._issuer).subscribe(kind, fn)
         return fn
 
     def off(self, kind: type[E], fn: Callable[[E], object]) -> None:
         """Stop calling `fn` for `kind` (as registered with `on`)."""
-        obs = self._engine.observer
-        if obs is not None and obs.hooks is not None:
-            obs.hooks.off(kind, fn)
+        if self._engine.observer is not None:
+            _observe.install(self._engine, self._issuer).unsubscribe(kind, fn)
 
     def denials(
         self, tool_id: str | None = None, since: float | None = None, *, limit: int = 1000
@@ -494,16 +502,20 @@ class Kernel:
     # Outcomes of calls made earlier, for a caller that resumes.
 
     def outcome(self, call_id: str) -> Outcome | None:
-        """What the log says of this call id now, or None if it was never called."""
+        """What the log says of this call id now, or None if it was never called. A settled
+        outcome read here is given to the call's caller: an answer owed since recovery settled
+        it is taken (docs/design.md section 4)."""
         if self._sandbox is not None:
             return self._sandbox.outcome(call_id)
         intent = self.store.get_by_call_id(call_id)
-        return None if intent is None else _protocol.answer(_approval.followed(self.store, intent))
+        if intent is None:
+            return None
+        return _protocol.given(self.store, _protocol.answer(_approval.followed(self.store, intent)))
 
     async def wait(self, call_id: str, *, timeout: float | None = None) -> Outcome:
         """Wait until this call's outcome is final (Completed, Failed, or an operator's
         Resolved); after `timeout` seconds, the outcome as it is then (Pending,
-        Indeterminate). None waits for ever."""
+        Indeterminate). None waits for ever. The outcome is given, as by `outcome`."""
         end = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
         while True:
@@ -540,14 +552,14 @@ class Kernel:
         intent = _approval.followed(self.store, intent)
         e = self._engine
         if approval_due(intent, read_at):  # no decision came within its window
-            e.store.expire_approvals(read_at, 1, intent.id)
+            _hooks.expired(e, e.store.expire_approvals(read_at, 1, intent.id), intent)
             intent = e.store.get_intent(intent.id) or intent
         t = e.tools.get(intent.tool_id)
         if t is not None and e.claimable(intent, read_at) == "claimable":
             out = run_sync(e, orphan_steps(e, t, intent, CallState()))
             if out is not None:
-                return out
-        return _protocol.answer(intent)
+                return _protocol.given(e.store, out)
+        return _protocol.given(e.store, _protocol.answer(intent))
 
     # Life cycle.
 
@@ -590,10 +602,12 @@ class Kernel:
         self.close()
 
     def _renew(self) -> None:
-        ids = self._engine.holds.ids()
+        e = self._engine
+        ids = e.holds.ids()
         if ids:
             now = self.store.now()
-            self._engine.store.renew_leases(self.worker_id, ids, now + self.lease_ttl, now)
+            n = e.store.renew_leases(self.worker_id, ids, now + self.lease_ttl, now)
+            _hooks.point(e, lambda base: LeasesRenewedEvent(**base, held=len(ids), renewed=n))
 
     def _after_fork_in_child(self) -> None:
         """A forked child is another process: a new identity, no calls of the parent's, its
@@ -607,8 +621,7 @@ class Kernel:
         e.holds.reset()
         e.continuations = set()
         e.shutdown_pools(forked=True)
-        if e.observer is not None:
-            e.observer.after_fork()
+        _observe.after_fork(e)
         self._deliver_lock = threading.Lock()
         self._issuer.after_fork()
         self._aids.gatherer.after_fork()
@@ -671,25 +684,32 @@ class Kernel:
         self, intent_id: str, *, landed: bool, result: Any = None, operator: str, reason: str
     ) -> Intent:
         """An operator's decision on an INDETERMINATE intent; terminal and audited."""
-        return operator_resolve(
-            self._engine.store,
-            intent_id,
-            landed=landed,
-            result=result,
-            operator=operator,
-            reason=reason,
+        e = self._engine
+        it = operator_resolve(
+            e.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
+        _hooks.report(e, ResolvedEvent, it, landed=landed, operator=operator, reason=reason)
+        return it
 
     def abandon(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator gives up on a DISPATCHED intent whose worker will not come back: it
         becomes INDETERMINATE (`abandoned_by_operator`), notified to this kernel's notifiers,
         for an operator to resolve."""
+        e = self._engine
         done = operator_abandon(
-            self._engine.store,
+            e.store,
             intent_id,
             operator=operator,
             reason=reason,
             notifiers=notifier_names(self.notifiers),
+        )
+        _hooks.report(
+            e,
+            AbandonedEvent,
+            done,
+            fence=done.fence,
+            reason=done.reason or "abandoned",
+            operator=operator,
         )
         self._notify_soon()
         return done
@@ -705,15 +725,26 @@ class Kernel:
             return _approval.approve_edited(
                 self, intent_id, operator=operator, reason=reason, args=args
             )
-        return operator_decide_approval(
-            self._engine.store, intent_id, approve=True, operator=operator, reason=reason
-        )
+        return self._decide(intent_id, True, operator, reason)
 
     def reject(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator rejects a call awaiting approval: FAILED, nothing is sent."""
-        return operator_decide_approval(
-            self._engine.store, intent_id, approve=False, operator=operator, reason=reason
-        )
+        return self._decide(intent_id, False, operator, reason)
+
+    def _decide(self, intent_id: str, approve: bool, operator: str, reason: str) -> Intent:
+        e = self._engine
+        try:
+            it = operator_decide_approval(
+                e.store, intent_id, approve=approve, operator=operator, reason=reason
+            )
+        except ApprovalExpiredError as exc:
+            if getattr(exc, "expired_here", False):  # this decision came late and expired it
+                _hooks.expired(e, [intent_id])
+            raise
+        if it.state != IntentState.AWAITING_APPROVAL:  # not one approval of several
+            decided = {"approved": approve, "operator": operator, "reason": reason}
+            _hooks.report(e, ApprovalDecidedEvent, it, **decided)
+        return it
 
     def undo(
         self,
@@ -799,9 +830,7 @@ class Kernel:
         return self._heads.publish(force=True)
 
     def _emit(self, event: KernelEvent) -> None:
-        obs = self._engine.observer
-        if obs is not None:
-            obs.emit(event)
+        _hooks.point(self._engine, lambda base: event)
 
     def _notify_soon(self) -> None:
         """The outbox row is committed: have the delivery duty deliver it, so a slow webhook

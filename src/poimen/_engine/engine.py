@@ -28,6 +28,7 @@ from poimen._core.intents import Intent, Outcome, Owner
 from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
 from poimen._core.retry import Retry as RetryPolicy
 from poimen._core.tools import Tool
+from poimen._engine import hooks as _hooks
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
 from poimen._engine.protocol import Approval, call_steps
@@ -45,8 +46,8 @@ from poimen.store import Store
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
+    from poimen._engine.hooks import ObserverHooks
     from poimen._engine.transactional import Database
-    from poimen._observe import Observation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +138,7 @@ class Engine:
         self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._pools_lock = threading.Lock()
         self.continuations: set[threading.Thread] = set()
-        self.observer: Observation | None = None  # set while the kernel has observers
+        self.observer: ObserverHooks | None = None  # set while the kernel has observers
 
     def retry(self, t: Tool) -> RetryPolicy:
         return self.retries.get(t.id, self.default_retry)
@@ -207,8 +208,9 @@ class Engine:
             )
         self.on_call()
         steps = call_steps(self, t, d, kwargs, CallState(), approval)
-        if self.observer is not None:
-            return self.observer.call(d, lambda: run_sync(self, steps))
+        obs = self.observer
+        if obs is not None and _hooks.calls_wanted(obs):
+            return _hooks.observed_call(obs, d, lambda: run_sync(self, steps))
         return run_sync(self, steps)
 
     async def arun_call(
@@ -228,8 +230,9 @@ class Engine:
         c = CallState()
         approval = self.approval(t, d)
         run = run_async(self, call_steps(self, t, d, kwargs, c, approval), c)
-        if self.observer is not None:
-            return await self.observer.acall(d, run)
+        obs = self.observer
+        if obs is not None and _hooks.calls_wanted(obs):
+            return await _hooks.observed_acall(obs, d, run)
         return await run
 
     def prepare(
