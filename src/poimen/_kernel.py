@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
@@ -42,7 +41,6 @@ from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport
 from poimen.errors import (
     PoimenError,
-    UnknownToolError,
 )
 from poimen.events import KernelEvent, Observer
 from poimen.operator._ops import Identity
@@ -423,9 +421,7 @@ class Kernel:
 
     def spec(self, tool: str) -> ToolSpec:
         """A tool as a model sees it (by id or by its provider-safe name)."""
-        records = self._engine.records
-        r = records.get(tool) if isinstance(tool, str) else None
-        return (r or records[self.tool_id(tool)]).spec
+        return self._engine.spec(tool)
 
     def specs(self) -> list[ToolSpec]:
         """Every registered tool's spec, in registration order."""
@@ -434,12 +430,7 @@ class Kernel:
     def tool_id(self, name: str) -> str:
         """The tool id a spec's name stands for (a name a model sent; an id works too, and
         is looked up first)."""
-        if isinstance(name, str):
-            if name in self._engine.tools:
-                return name
-            if name in self._engine.names:
-                return self._engine.names[name]
-        raise UnknownToolError(f"no tool is registered as {name!r}", tool_id=name)
+        return self._engine.tool_id(name)
 
     # Outcomes of calls made earlier, for a caller that resumes.
 
@@ -451,29 +442,11 @@ class Kernel:
         """Wait until this call's outcome is final (Completed, Failed, or an operator's
         Resolved); after `timeout` seconds, the outcome as it is then (Pending,
         Indeterminate). None waits for ever."""
-        end = None if timeout is None else time.monotonic() + timeout
-        delay = 0.02
-        while True:
-            out = await asyncio.to_thread(self._outcome_of, call_id)
-            if out.terminal or (end is not None and time.monotonic() >= end):
-                return out
-            left = delay if end is None else min(delay, max(0.0, end - time.monotonic()))
-            await asyncio.sleep(left)
-            delay = min(delay * 2, 1.0)
+        return await self._engine.wait(call_id, timeout)
 
     def wait_sync(self, call_id: str, *, timeout: float | None = None) -> Outcome:
         """`wait` for a caller without an event loop."""
-        end = None if timeout is None else time.monotonic() + timeout
-        delay = 0.02
-        while True:
-            out = self._outcome_of(call_id)
-            if out.terminal or (end is not None and time.monotonic() >= end):
-                return out
-            time.sleep(delay if end is None else min(delay, max(0.0, end - time.monotonic())))
-            delay = min(delay * 2, 1.0)
-
-    def _outcome_of(self, call_id: str) -> Outcome:
-        return self._engine.outcome_now(call_id)
+        return self._engine.wait_sync(call_id, timeout)
 
     # Life cycle.
 
@@ -516,25 +489,16 @@ class Kernel:
         self.close()
 
     def _renew(self) -> None:
-        ids = self._engine.holds.ids()
-        if ids:
-            now = self.store.now()
-            self._engine.store.renew_leases(self.worker_id, ids, now + self.lease_ttl, now)
+        self._engine.renew()
 
     def _after_fork_in_child(self) -> None:
         """A forked child is another process: a new identity, no calls of the parent's, its
         own connections and threads (the parent's do not exist here)."""
-        e = self._engine
-        old = e.owner.worker_id
-        given = self._given_worker_id
-        e.owner = current_owner(f"{given}.{os.getpid()}" if given else None, self._given_host)
+        old, given = self.worker_id, self._given_worker_id
+        owner = current_owner(f"{given}.{os.getpid()}" if given else None, self._given_host)
+        self._engine.after_fork(owner)
         forget_worker_id(old)
-        claim_worker_id(e.owner.worker_id, self)
-        e.holds.reset()
-        e.continuations = set()
-        e.shutdown_pools(forked=True)
-        if e.observer is not None:
-            e.observer.after_fork()
+        claim_worker_id(owner.worker_id, self)
         self._deliver_lock = threading.Lock()
         self._issuer.after_fork()
         self._aids.gatherer.after_fork()

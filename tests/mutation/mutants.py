@@ -168,7 +168,7 @@ MUTANTS: list[Mutant] = [
            ("tests/integration/test_in_process_races.py", "-k", "run_it_once and sqlite")),
     # Identity and background duties.
     Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
-           "        e.owner = current_owner(", "        e.owner = e.owner or current_owner(",
+           "        owner = current_owner(f", "        owner = self.owner or current_owner(f",
            T_LIFE),
     Mutant("duplicate-worker", "one identity per live kernel", "poimen/_engine/workers.py",
            "if other is not None and other is not k and not other._closed:", "if False:",

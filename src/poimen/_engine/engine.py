@@ -240,6 +240,20 @@ class Engine:
         if record.database is not None:
             self.databases[record.tool.id] = record.database
 
+    def tool_id(self, name: str) -> str:
+        """The tool id a spec's name stands for (an id works too, and is looked up first)."""
+        if isinstance(name, str):
+            if name in self.tools:
+                return name
+            if name in self.names:
+                return self.names[name]
+        raise UnknownToolError(f"no tool is registered as {name!r}", tool_id=name)
+
+    def spec(self, tool: str) -> ToolSpec:
+        """A tool as a model sees it, by id or by its spec's name."""
+        r = self.records.get(tool) if isinstance(tool, str) else None
+        return (r or self.records[self.tool_id(tool)]).spec
+
     def retry(self, t: Tool) -> RetryPolicy:
         r = self.records.get(t.id)
         return r.retry if r is not None and r.retry is not None else self.default_retry
@@ -272,6 +286,22 @@ class Engine:
             return
         for p in pools.values():
             p.shutdown(wait=False)
+
+    def renew(self) -> None:
+        """Renew the leases of the calls this kernel runs."""
+        ids = self.holds.ids()
+        if ids:
+            now = self.store.now()
+            self.store.renew_leases(self.owner.worker_id, ids, now + self.lease_ttl, now)
+
+    def after_fork(self, owner: Owner) -> None:
+        """In a forked child: its own identity, none of the parent's calls, threads, pools."""
+        self.owner = owner
+        self.holds.reset()
+        self.continuations = set()
+        self.shutdown_pools(forked=True)
+        if self.observer is not None:
+            self.observer.after_fork()
 
     def claimable(self, intent: Intent, now: float) -> str:
         return claimability(
@@ -366,6 +396,28 @@ class Engine:
                 return out
         return answer(intent)
 
+    async def wait(self, call_id: str, timeout: float | None) -> Outcome:
+        """`Kernel.wait`: `outcome_now` until it is final or `timeout` has passed."""
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            out = await asyncio.to_thread(self.outcome_now, call_id)
+            if out.terminal or (end is not None and time.monotonic() >= end):
+                return out
+            await asyncio.sleep(_left(delay, end))
+            delay = min(delay * 2, 1.0)
+
+    def wait_sync(self, call_id: str, timeout: float | None) -> Outcome:
+        """`wait` for a caller without an event loop."""
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            out = self.outcome_now(call_id)
+            if out.terminal or (end is not None and time.monotonic() >= end):
+                return out
+            time.sleep(_left(delay, end))
+            delay = min(delay * 2, 1.0)
+
     def prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str, scope: str | None = None
     ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
@@ -435,6 +487,11 @@ def check_not_reserved(call_id: str) -> None:
             field="call_id",
             call_id=call_id,
         )
+
+
+def _left(delay: float, end: float | None) -> float:
+    """The next poll's wait: `delay`, cut short by the end of a caller's timeout."""
+    return delay if end is None else min(delay, max(0.0, end - time.monotonic()))
 
 
 def followed(store: Store, intent: Intent) -> Intent:
