@@ -3,20 +3,25 @@
     python -m bench.observe [--quick] [--json PATH]
 
 One no-op Idempotent tool, one caller, interleaved in one run:
-- no observer: the kernel uses its store as is (as without the ``otel`` extra: nothing of
+- no observer: the kernel calls no hook (as without the ``otel`` extra: nothing of
   OpenTelemetry is imported or called);
 - the OpenTelemetry observer with no SDK configured (the API's no-op tracer and meter);
 - the OpenTelemetry observer with the SDK: a tracer provider with a batch processor (spans
   dropped by the exporter) and a meter provider;
 - poimen's logging observer with the loggers at INFO (the happy path logs at DEBUG: nothing
-  is written, each event is built and checked).
-At synchronous=OFF, so that the observers' CPU shows above the disk; and the SDK case again
-at FULL, poimen's default, as a user sees it. Ratios compare medians of this run.
+  is written);
+- the SDK's own floor: the same two spans, two span events and three metric points, made by
+  a bare loop (`start_as_current_span`, `add_event`, `counter.add`, `histogram.record`), to
+  set poimen's added cost against.
+At synchronous=OFF, so that the observers' CPU shows above the disk; and again at FULL,
+poimen's default, as a user sees it; and 64 async callers at FULL, with the SDK and
+without. Ratios compare medians of this run; the one-caller cases take turns every 50 calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import logging
@@ -32,6 +37,8 @@ from poimen import Caps, Completed, Idempotent, Kernel, KeyDerivation, ToolConte
 from poimen.store.sqlite import SqliteStore
 
 GROUP = "7 observability"
+#: Calls per turn of a case: small enough that the cases see the same load.
+CHUNK = 50
 TOOL = "bench.observed"
 
 
@@ -47,19 +54,56 @@ def _kernel(path: Path, synchronous: str, observers: Sequence[Any], log_events: 
     def noop(ctx: ToolContext, n: int) -> None:
         return None
 
+    @k.tool(
+        id=TOOL + ".async",
+        effects=Idempotent(key=KeyDerivation.fields("n")),
+        caps=Caps(),
+        timeout=10,
+    )
+    async def anoop(ctx: ToolContext, n: int) -> None:
+        return None
+
     return k
 
 
-def _timed(k: Kernel, calls: int, warmup: int) -> float:
-    try:
-        for i in range(warmup):
-            k.call(TOOL, {"n": i}, call_id=f"w{i}")
+class _Calls:
+    """One kernel, kept open for the whole run, called in chunks: the cases take turns chunk
+    by chunk, so that each sees the same load (a shared machine's load changes within the
+    second a 2,000-call run takes)."""
+
+    def __init__(self, k: Kernel, name: str) -> None:
+        self.k, self.name, self.n = k, name, 0
+
+    def __call__(self, calls: int) -> float:
+        """Seconds for `calls` more calls."""
+        k, start = self.k, self.n
         t0 = time.perf_counter()
-        for i in range(calls):
-            out = k.call(TOOL, {"n": i}, call_id=f"c{i}")
+        for i in range(start, start + calls):
+            out = k.call(TOOL, {"n": i}, call_id=f"{self.name}{i}")
         elapsed = time.perf_counter() - t0
+        self.n += calls
         assert isinstance(out, Completed), out
-        return per_call_us(elapsed, calls)
+        return elapsed
+
+
+def _tasks(k: Kernel, callers: int, total: int, warmup: int) -> float:
+    """`callers` asyncio tasks on one loop, each awaiting acall in a loop; calls/s."""
+    per = max(1, total // callers)
+    tool = TOOL + ".async"
+
+    async def caller(c: int) -> None:
+        for i in range(per):
+            await k.acall(tool, {"n": i}, call_id=f"a{c}-{i}")
+
+    async def main() -> float:
+        for i in range(warmup):
+            await k.acall(tool, {"n": i}, call_id=f"w{i}")
+        t0 = time.perf_counter()
+        await asyncio.gather(*(caller(c) for c in range(callers)))
+        return per * callers / (time.perf_counter() - t0)
+
+    try:
+        return asyncio.run(main())
     finally:
         k.close()
 
@@ -90,6 +134,56 @@ def _sdk() -> tuple[Any, Any]:
     return tp, MeterProvider(metric_readers=[InMemoryMetricReader()])
 
 
+def sdk_floor(tp: Any, mp: Any, calls: int, warmup: int) -> float:
+    """The SDK alone making what poimen makes for one completed call: the call's span (with
+    the GenAI attributes), its attempt's span under it, two span events, and the calls,
+    call duration and attempts points; µs per call."""
+    from opentelemetry.trace import SpanKind
+
+    tracer = tp.get_tracer("floor")
+    meter = mp.get_meter("floor")
+    calls_c = meter.create_counter("floor.calls")
+    duration_h = meter.create_histogram("floor.call.duration")
+    attempts_c = meter.create_counter("floor.attempts")
+    ids = {"poimen.tool_id": TOOL, "poimen.effect": "idempotent"}
+    points = {"poimen.tool_id": TOOL, "poimen.outcome": "completed"}
+
+    def one(i: int) -> None:
+        cid, iid = f"c{i}", f"in_{i}"
+        began = time.perf_counter()
+        with tracer.start_as_current_span(
+            f"execute_tool {TOOL}",
+            kind=SpanKind.INTERNAL,
+            attributes={
+                **ids,
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": TOOL,
+                "gen_ai.tool.type": "function",
+                "poimen.call_id": cid,
+                "gen_ai.tool.call.id": cid,
+            },
+        ) as call:
+            event = {**ids, "poimen.call_id": cid, "poimen.intent_id": iid, "poimen.fence": 1}
+            call.add_event("poimen.dispatched", event)
+            with tracer.start_as_current_span(
+                f"poimen.attempt {TOOL}",
+                attributes={**event, "poimen.attempt": 1},
+            ) as attempt:
+                attempt.set_attribute("poimen.outcome", "completed")
+            attempts_c.add(1, points)
+            call.add_event("poimen.completed", {**event, "poimen.via": "call"})
+            call.set_attributes({"poimen.outcome": "completed", "poimen.intent_id": iid})
+        calls_c.add(1, points)
+        duration_h.record(time.perf_counter() - began, points)
+
+    for i in range(warmup):
+        one(i)
+    t0 = time.perf_counter()
+    for i in range(calls):
+        one(i)
+    return per_call_us(time.perf_counter() - t0, calls)
+
+
 def available() -> str | None:
     try:
         import opentelemetry.sdk.trace  # noqa: F401
@@ -104,99 +198,162 @@ def rows(*, reps: int, quick: bool, workdir: Path) -> list[Row]:
     from poimen.otel import OpenTelemetry
 
     calls, warmup = (20, 5) if quick else (2000, 300)
+    callers, total = (4, 64) if quick else (64, 4000)
     tp, mp = _sdk()
+    floor_tp, floor_mp = _sdk()
     quiet = logging.getLogger("poimen")
     before = quiet.level, quiet.propagate, list(quiet.handlers)
 
-    def logged(path: Path, sync: str) -> float:
-        quiet.setLevel(logging.INFO)
-        quiet.propagate = False
-        quiet.handlers[:] = [logging.NullHandler()]
-        try:
-            return _timed(_kernel(path, sync, [], True), calls, warmup)
-        finally:
-            quiet.setLevel(before[0])
-            quiet.propagate = before[1]
-            quiet.handlers[:] = before[2]
+    def sdk() -> list[Any]:
+        return [OpenTelemetry(tracer_provider=tp, meter_provider=mp)]
 
-    cases: dict[str, Callable[[], float]] = {
-        "none": lambda: _timed(_kernel(workdir / "o0.db", "OFF", [], False), calls, warmup),
-        "noop": lambda: _timed(
-            _kernel(workdir / "o1.db", "OFF", [OpenTelemetry()], False), calls, warmup
-        ),
-        "sdk": lambda: _timed(
-            _kernel(
-                workdir / "o2.db",
-                "OFF",
-                [OpenTelemetry(tracer_provider=tp, meter_provider=mp)],
-                False,
-            ),
-            calls,
-            warmup,
-        ),
-        "log": lambda: logged(workdir / "o3.db", "OFF"),
-        "none_full": lambda: _timed(
-            _kernel(workdir / "o4.db", "FULL", [], False), calls, warmup
-        ),
-        "sdk_full": lambda: _timed(
-            _kernel(
-                workdir / "o5.db",
-                "FULL",
-                [OpenTelemetry(tracer_provider=tp, meter_provider=mp)],
-                False,
-            ),
-            calls,
-            warmup,
-        ),
+    def at_info(run: Callable[[int], float]) -> Callable[[int], float]:
+        def logged(n: int) -> float:
+            quiet.setLevel(logging.INFO)
+            quiet.propagate = False
+            quiet.handlers[:] = [logging.NullHandler()]
+            try:
+                return run(n)
+            finally:
+                quiet.setLevel(before[0])
+                quiet.propagate = before[1]
+                quiet.handlers[:] = before[2]
+
+        return logged
+
+    kernels: list[Kernel] = []
+
+    def one(
+        name: str, sync: str, observers: list[Any], log: bool = False
+    ) -> Callable[[int], float]:
+        k = _kernel(workdir / f"{name}.db", sync, observers, log)
+        kernels.append(k)
+        run = _Calls(k, name)
+        return at_info(run) if log else run
+
+    def tasks(name: str, observers: Callable[[], list[Any]]) -> Callable[[], float]:
+        return lambda: _tasks(
+            _kernel(workdir / f"{name}.db", "FULL", observers(), False), callers, total, warmup
+        )
+
+    def floor(n: int) -> float:
+        return sdk_floor(floor_tp, floor_mp, n, 0) * n / 1e6
+
+    chunked: dict[str, Callable[[int], float]] = {
+        "none": one("none", "OFF", []),
+        "noop": one("noop", "OFF", [OpenTelemetry()]),
+        "sdk": one("sdk", "OFF", sdk()),
+        "log": one("log", "OFF", [], log=True),
+        "floor": floor,
+        "none_full": one("none_full", "FULL", []),
+        "sdk_full": one("sdk_full", "FULL", sdk()),
+        "log_full": one("log_full", "FULL", [], log=True),
     }
-    samples: dict[str, list[float]] = {name: [] for name in cases}
+    whole: dict[str, Callable[[], float]] = {
+        "tasks": tasks("tasks", list),
+        "tasks_sdk": tasks("tasks_sdk", sdk),
+    }
+    chunk = min(CHUNK, calls)
+    samples: dict[str, list[float]] = {name: [] for name in (*chunked, *whole)}
     try:
+        for run in chunked.values():
+            run(warmup)
         for rep in range(reps):
-            order = list(cases) if rep % 2 == 0 else list(reversed(cases))
+            gc.collect()
+            spent = dict.fromkeys(chunked, 0.0)
+            for c in range(calls // chunk):
+                order = list(chunked) if (rep + c) % 2 == 0 else list(reversed(chunked))
+                for name in order:
+                    spent[name] += chunked[name](chunk)
+            for name, seconds in spent.items():
+                samples[name].append(per_call_us(seconds, calls // chunk * chunk))
+            order = list(whole) if rep % 2 == 0 else list(reversed(whole))
             for name in order:
                 gc.collect()
-                samples[name].append(cases[name]())
+                samples[name].append(whole[name]())
     finally:
-        tp.shutdown()
-        mp.shutdown()
-    off = "SQLite synchronous=OFF: the observers' CPU above the disk"
-    base = Row(GROUP, "Kernel.call, no observer", "µs/call", samples["none"], note=off)
-    out = [
-        base,
-        Row(
-            GROUP,
-            "Kernel.call, OpenTelemetry observer, no SDK configured",
-            "µs/call",
-            samples["noop"],
-            note="the API's no-op tracer and meter",
-        ),
-        Row(
-            GROUP,
-            "Kernel.call, OpenTelemetry observer, SDK tracer + meter",
-            "µs/call",
-            samples["sdk"],
-            note="batch span processor, spans dropped; 2 spans, 2 span events per call",
-        ),
-        Row(
-            GROUP,
-            "Kernel.call, transitions logged at INFO",
-            "µs/call",
-            samples["log"],
-            note="the happy path's records are DEBUG: built, checked, not written",
-        ),
-    ]
-    for r in out[1:]:
+        for k in kernels:
+            k.close()
+        for p in (tp, mp, floor_tp, floor_mp):
+            p.shutdown()
+    return _rows(samples, callers)
+
+
+def _rows(samples: dict[str, list[float]], callers: int) -> list[Row]:
+    def row(key: str, name: str, note: str = "", unit: str = "µs/call") -> Row:
+        return Row(GROUP, name, unit, samples[key], note=note)
+
+    def vs(r: Row, base: Row, target: float | None = None, at_least: bool = False) -> Row:
         r.ratio, r.ratio_of = r.median / base.median, "x no observer"
-    full = Row(GROUP, "Kernel.call at FULL, no observer", "µs/call", samples["none_full"])
-    sdk_full = Row(
-        GROUP,
-        "Kernel.call at FULL, OpenTelemetry observer, SDK tracer + meter",
-        "µs/call",
-        samples["sdk_full"],
-        note="poimen's default durability, as a user sees it",
+        if target is not None:
+            r.target = f"{'≥' if at_least else '≤'} {target:.2f}x"
+            r.met = r.ratio >= target if at_least else r.ratio <= target
+        return r
+
+    off = "SQLite synchronous=OFF: the observers' CPU above the disk"
+    base = row("none", "Kernel.call, no observer", off)
+    noop = vs(
+        row(
+            "noop",
+            "Kernel.call, OpenTelemetry observer, no SDK configured",
+            "the API's no-op tracer and meter: the observer asks for nothing",
+        ),
+        base,
+        1.03,
     )
-    sdk_full.ratio, sdk_full.ratio_of = sdk_full.median / full.median, "x no observer"
-    return [*out, full, sdk_full]
+    sdk = vs(
+        row(
+            "sdk",
+            "Kernel.call, OpenTelemetry observer, SDK tracer + meter",
+            "batch span processor, spans dropped; 2 spans, 2 span events, 3 points per call",
+        ),
+        base,
+    )
+    log = vs(
+        row(
+            "log",
+            "Kernel.call, transitions logged at INFO",
+            "the happy path's records are DEBUG: not built",
+        ),
+        base,
+    )
+    floor = row(
+        "floor",
+        "SDK floor: the same 2 spans, 2 events, 3 points, bare loop",
+        "start_as_current_span, add_event, counter.add, histogram.record",
+    )
+    added = Row(
+        GROUP,
+        "OpenTelemetry SDK observer: added per call (SDK case - no observer)",
+        "µs/call",
+        [s - n for s, n in zip(samples["sdk"], samples["none"], strict=True)],
+        note="each repetition's difference, synchronous=OFF",
+    )
+    added.ratio, added.ratio_of = added.median / floor.median, "x SDK floor"
+    added.target, added.met = "≤ 1.5x SDK floor", added.ratio <= 1.5
+    full = row("none_full", "Kernel.call at FULL, no observer")
+    sdk_full = vs(
+        row(
+            "sdk_full",
+            "Kernel.call at FULL, OpenTelemetry observer, SDK tracer + meter",
+            "poimen's default durability, as a user sees it",
+        ),
+        full,
+        1.10,
+    )
+    log_full = vs(row("log_full", "Kernel.call at FULL, transitions logged at INFO"), full, 1.05)
+    tasks = row("tasks", f"{callers} async callers at FULL, no observer", unit="calls/s")
+    tasks_sdk = vs(
+        row(
+            "tasks_sdk",
+            f"{callers} async callers at FULL, OpenTelemetry SDK tracer + meter",
+            unit="calls/s",
+        ),
+        tasks,
+        0.9,
+        at_least=True,
+    )
+    return [base, noop, sdk, log, floor, added, full, sdk_full, log_full, tasks, tasks_sdk]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         got = rows(reps=ns.reps or (2 if ns.quick else 5), quick=ns.quick, workdir=Path(tmp))
     for r in got:
         ratio = f"  {r.ratio:.3f} {r.ratio_of}" if r.ratio is not None else ""
-        print(f"{r.name:66} {r.median:9.1f} {r.unit}{ratio}")
+        met = "" if r.met is None else f"  target {r.target}: {'met' if r.met else 'NOT met'}"
+        print(f"{r.name:72} {r.median:10.1f} {r.unit}{ratio}{met}")
     if ns.json:
         ns.json.write_text(json.dumps([r.as_json() for r in got], indent=2) + "\n")
     return 0

@@ -22,11 +22,12 @@ from poimen._capability.context import Issuer, Sink, ToolContext
 from poimen._core.approval import ApprovalRule
 from poimen._core.audit import Head
 from poimen._core.effects import EffectClass
-from poimen._core.intents import Denial, Intent, Outcome, RecoveryReport
+from poimen._core.intents import Denial, Intent, IntentState, Outcome, RecoveryReport
 from poimen._core.retry import Retry
 from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, Tool, ToolRegistration
 from poimen._core.undo import UndoArgs, UndoRule
+from poimen._engine import hooks as _hooks
 from poimen._engine import runners as _runners
 from poimen._engine.audit_head import HeadPublisher, check_every
 from poimen._engine.engine import Engine, Settings
@@ -40,9 +41,16 @@ from poimen._observe import logging_wanted
 from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport
 from poimen.errors import (
+    ApprovalExpiredError,
     PoimenError,
 )
-from poimen.events import KernelEvent, Observer
+from poimen.events import (
+    AbandonedEvent,
+    ApprovalDecidedEvent,
+    KernelEvent,
+    Observer,
+    ResolvedEvent,
+)
 from poimen.operator._ops import Identity
 from poimen.operator._ops import abandon as operator_abandon
 from poimen.operator._ops import decide_approval as operator_decide_approval
@@ -400,14 +408,13 @@ class Kernel:
             return lambda f: self.on(kind, f)
         if not callable(fn):
             raise PoimenError(f"on() needs a function to call, not {fn!r}", field="fn")
-        _observe.install(self._engine, self._issuer).hook_thread().on(kind, fn)
+        _observe.install(self._engine, self._issuer).subscribe(kind, fn)
         return fn
 
     def off(self, kind: type[E], fn: Callable[[E], object]) -> None:
         """Stop calling `fn` for `kind` (as registered with `on`)."""
-        obs = self._engine.observer
-        if obs is not None and obs.hooks is not None:
-            obs.hooks.off(kind, fn)
+        if self._engine.observer is not None:
+            _observe.install(self._engine, self._issuer).unsubscribe(kind, fn)
 
     def denials(
         self, tool_id: str | None = None, since: float | None = None, *, limit: int = 1000
@@ -499,6 +506,7 @@ class Kernel:
         self._engine.after_fork(owner)
         forget_worker_id(old)
         claim_worker_id(owner.worker_id, self)
+        _observe.after_fork(self._engine)
         self._deliver_lock = threading.Lock()
         self._issuer.after_fork()
         self._aids.gatherer.after_fork()
@@ -561,25 +569,32 @@ class Kernel:
         self, intent_id: str, *, landed: bool, result: Any = None, operator: str, reason: str
     ) -> Intent:
         """An operator's decision on an INDETERMINATE intent; terminal and audited."""
-        return operator_resolve(
-            self._engine.store,
-            intent_id,
-            landed=landed,
-            result=result,
-            operator=operator,
-            reason=reason,
+        e = self._engine
+        it = operator_resolve(
+            e.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
+        _hooks.report(e, ResolvedEvent, it, landed=landed, operator=operator, reason=reason)
+        return it
 
     def abandon(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator gives up on a DISPATCHED intent whose worker will not come back: it
         becomes INDETERMINATE (`abandoned_by_operator`), notified to this kernel's notifiers,
         for an operator to resolve."""
+        e = self._engine
         done = operator_abandon(
-            self._engine.store,
+            e.store,
             intent_id,
             operator=operator,
             reason=reason,
             notifiers=notifier_names(self.notifiers),
+        )
+        _hooks.report(
+            e,
+            AbandonedEvent,
+            done,
+            fence=done.fence,
+            reason=done.reason or "abandoned",
+            operator=operator,
         )
         self._notify_soon()
         return done
@@ -595,15 +610,26 @@ class Kernel:
             return _approval.approve_edited(
                 self, intent_id, operator=operator, reason=reason, args=args
             )
-        return operator_decide_approval(
-            self._engine.store, intent_id, approve=True, operator=operator, reason=reason
-        )
+        return self._decide(intent_id, True, operator, reason)
 
     def reject(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator rejects a call awaiting approval: FAILED, nothing is sent."""
-        return operator_decide_approval(
-            self._engine.store, intent_id, approve=False, operator=operator, reason=reason
-        )
+        return self._decide(intent_id, False, operator, reason)
+
+    def _decide(self, intent_id: str, approve: bool, operator: str, reason: str) -> Intent:
+        e = self._engine
+        try:
+            it = operator_decide_approval(
+                e.store, intent_id, approve=approve, operator=operator, reason=reason
+            )
+        except ApprovalExpiredError as exc:
+            if getattr(exc, "expired_here", False):  # this decision came late and expired it
+                _hooks.expired(e, [intent_id])
+            raise
+        if it.state != IntentState.AWAITING_APPROVAL:  # not one approval of several
+            decided = {"approved": approve, "operator": operator, "reason": reason}
+            _hooks.report(e, ApprovalDecidedEvent, it, **decided)
+        return it
 
     def undo(
         self,
@@ -689,9 +715,7 @@ class Kernel:
         return self._heads.publish(force=True)
 
     def _emit(self, event: KernelEvent) -> None:
-        obs = self._engine.observer
-        if obs is not None:
-            obs.emit(event)
+        _hooks.point(self._engine, lambda base: event)
 
     def _notify_soon(self) -> None:
         """The outbox row is committed: have the delivery duty deliver it, so a slow webhook

@@ -1,15 +1,10 @@
-"""How a kernel tells its observers what it does (the events of `poimen.events`).
+"""A kernel's observers behind the hooks the engine calls (`poimen._engine.hooks`).
 
-A kernel without observers or hooks has `engine.observer` None and uses its store as is: each
-hook below is then one attribute test. With observers, the kernel installs an `Observation`
-and wraps its store in `ObservedStore` (`poimen._observed_store`), which emits each
-transition after its commit; the scopes (a call, an attempt, a lookup, a recovery pass, one intent's recovery) are bracketed
-by the decorators and calls here, in the caller's context, so that a span opened by an
-observer is the current one while the scope runs. Hooks of `Kernel.on` run on a thread of
-their own (`Hooks`), never on the caller's.
-
-A little over 600 lines: the events, the scopes that emit them and the logging of each are
-kept side by side, so that adding an event is one change in one file.
+`Observation` is all of them at once: it calls each observer only for what the observer
+wants, and logs an observer's exception instead of letting it reach the caller. poimen's own
+observers implement the hooks themselves (its logging below, `poimen.otel`) and are handed
+what the call has; any other `poimen.events.Observer` gets typed events (`_Events`). The
+functions of `Kernel.on` run on a thread of their own (`Hooks`), never on the caller's.
 """
 
 from __future__ import annotations
@@ -19,138 +14,110 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from poimen import events as ev
-from poimen._core.effects import Landed, NotLanded
-from poimen._core.intents import (
-    Completed,
-    Failed,
-    Indeterminate,
-    Intent,
-    Outcome,
-    Pending,
-    Resolved,
-)
 from poimen._core.present import redact_urls
+from poimen._engine import hooks as _hooks
+from poimen._engine.hooks import CALLS, EVERYTHING, RECOVERY, TRANSITIONS, ObserverHooks, ids
 from poimen.errors import PoimenError
-from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
-    from poimen._core.intents import RecoveryReport
+    from poimen._capability.context import Issuer
+    from poimen._core.intents import Intent, Outcome
     from poimen._engine.engine import Engine
-    from poimen._engine.steps import Invoke, Lookup, Run
-    from poimen._kernel import Kernel
-    from poimen.store import Store
+    from poimen._engine.steps import Run
+    from poimen.store._base import NewDispatch
 
 log = logging.getLogger("poimen.observe")
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
-# Outcomes as the events name them.
+class Kernel(Protocol):
+    """What the observers are installed on: a kernel (`poimen.Kernel`, a layer above)."""
 
-
-def outcome_kind(out: Outcome | None) -> tuple[str, str | None]:
-    match out:
-        case Completed():
-            return "completed", None
-        case Failed(error=error):
-            return "failed", error
-        case Indeterminate(reason=reason):
-            return "indeterminate", reason
-        case Resolved(landed=landed):
-            return "resolved", "landed" if landed else "not_landed"
-        case Pending(reason=reason):
-            return "pending", reason
-    return "error", None
-
-
-def _raised(exc: BaseException) -> tuple[str, str]:
-    import asyncio
-
-    if isinstance(exc, asyncio.CancelledError):
-        return "cancelled", "the caller was cancelled"
-    return "error", f"{type(exc).__name__}: {exc}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Info:
-    call_id: str
-    tool_id: str
-    effect: str
-    request_id: str | None
-
-
-class _Known:
-    """What the events of an intent need beyond what a store call names (its call id, tool
-    and class), for the intents this kernel drives; bounded, oldest first out."""
-
-    LIMIT = 65_536
-
-    def __init__(self) -> None:
-        self._by_id: dict[str, _Info] = {}
-        self._by_request: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def put(self, intent_id: str, info: _Info) -> None:
-        with self._lock:
-            if len(self._by_id) >= self.LIMIT:
-                old = next(iter(self._by_id))
-                gone = self._by_id.pop(old)
-                if gone.request_id is not None:
-                    self._by_request.pop(gone.request_id, None)
-            self._by_id[intent_id] = info
-            if info.request_id is not None:
-                self._by_request[info.request_id] = intent_id
-
-    def intent(self, it: Intent) -> _Info:
-        info = _Info(it.call_id, it.tool_id, it.effect, it.request_id)
-        self.put(it.id, info)
-        return info
-
-    def get(self, intent_id: str) -> _Info | None:
-        return self._by_id.get(intent_id)
-
-    def by_request(self, request_id: str) -> str | None:
-        return self._by_request.get(request_id)
-
-    def drop(self, intent_id: str) -> None:
-        with self._lock:
-            info = self._by_id.pop(intent_id, None)
-            if info is not None and info.request_id is not None:
-                self._by_request.pop(info.request_id, None)
+    _engine: Engine
+    _issuer: Issuer
 
 
 class Observation:
-    """A kernel's observers and hooks; the engine and the store wrapper report to it."""
+    """A kernel's observers, as one `ObserverHooks` for its engine."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self.observers: tuple[ev.Observer, ...] = ()
+        self.observers: tuple[ev.Observer, ...] = ()  # as given
         self.hooks: Hooks | None = None
-        self.known = _Known()
+        self._all: tuple[ObserverHooks, ...] = ()
+        self._calls: tuple[ObserverHooks, ...] = ()
+        self._recovery: tuple[ObserverHooks, ...] = ()
+        self._transitions: tuple[ObserverHooks, ...] = ()
+        self._watched: tuple[ObserverHooks, ...] = ()
+        self.wants = 0
+        self.watching = False
         self._lock = threading.Lock()
-        self.worker_id: str = engine.owner.worker_id  # a forked child's is set again
 
     def add(self, observer: ev.Observer) -> None:
+        hooks = (
+            observer
+            if isinstance(observer, ObserverHooks)
+            else _Events(observer, self._engine)
+        )
         with self._lock:
             self.observers = (*self.observers, observer)
+            self._all = (*self._all, hooks)
+            self._sort()
 
     def hook_thread(self) -> Hooks:
         with self._lock:
             if self.hooks is None:
                 self.hooks = Hooks()
                 self.observers = (*self.observers, self.hooks)
-            return self.hooks
+                self._all = (*self._all, _Events(self.hooks, self._engine))
+        return self.hooks
+
+    def subscribe(self, kind: type[ev.KernelEvent], fn: Callable[[Any], object]) -> None:
+        self.hook_thread().on(kind, fn)
+        self.resort()
+
+    def unsubscribe(self, kind: type[ev.KernelEvent], fn: Callable[[Any], object]) -> None:
+        if self.hooks is not None:
+            self.hooks.off(kind, fn)
+            self.resort()
+
+    def resort(self) -> None:
+        with self._lock:
+            self._sort()
+
+    def _sort(self) -> None:
+        for o in self._all:
+            if isinstance(o, _Events) and isinstance(o.observer, Hooks):
+                o.wants = o.observer.wanted()
+        everyone = self._all
+        self._calls = tuple(o for o in everyone if o.wants & CALLS)
+        self._recovery = tuple(o for o in everyone if o.wants & RECOVERY)
+        self._transitions = tuple(o for o in everyone if o.wants & TRANSITIONS)
+        self._watched = tuple(o for o in everyone if o.watching)
+        self.wants = functools.reduce(lambda a, o: a | o.wants, everyone, 0)
+        self.watching = bool(self._watched)
+
+    def refresh(self) -> None:
+        changed = False
+        for o in self._watched:
+            before = o.wants
+            try:
+                o.refresh()
+            except Exception:
+                _failed(o, "refresh")
+            changed = changed or o.wants != before or not o.watching
+        if changed:
+            self.resort()
 
     def has(self, kind: type[ev.Observer]) -> bool:
         return any(type(o) is kind for o in self.observers)
 
     def close(self) -> None:
-        for o in self.observers:
+        for o in self._all:
             try:
                 o.close()
             except Exception:
@@ -158,229 +125,196 @@ class Observation:
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()
-        self.known = _Known()
-        self.worker_id = self._engine.owner.worker_id
         if self.hooks is not None:
             self.hooks.after_fork()
 
-    # Reporting.
+    # The hooks, each to the observers that want it (in order; finishes in reverse, as
+    # contexts attached in order are detached).
 
-    def emit(self, event: ev.KernelEvent) -> None:
-        for o in self.observers:
-            try:
-                o.event(event)
-            except Exception:
-                log.exception("poimen: observer %s failed on %s", type(o).__name__, event.kind)
-
-    def start(self, event: ev.StartEvent) -> list[tuple[ev.Observer, object]]:
+    def call_started(self, d: NewDispatch) -> object:
         tokens = []
-        for o in self.observers:
+        for o in self._calls:
+            try:
+                tokens.append((o, o.call_started(d)))
+            except Exception:
+                _failed(o, "call_started")
+        return tokens
+
+    def call_finished(
+        self,
+        token: object,
+        d: NewDispatch,
+        out: Outcome | None,
+        exc: BaseException | None,
+        duration: float,
+    ) -> None:
+        for o, t in reversed(cast("list[tuple[ObserverHooks, object]]", token)):
+            try:
+                o.call_finished(t, d, out, exc, duration)
+            except Exception:
+                _failed(o, "call_finished")
+
+    def attempt_started(self, it: Intent) -> object:
+        tokens = []
+        for o in self._calls:
+            try:
+                tokens.append((o, o.attempt_started(it)))
+            except Exception:
+                _failed(o, "attempt_started")
+        return tokens
+
+    def attempt_finished(
+        self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
+    ) -> None:
+        for o, t in reversed(cast("list[tuple[ObserverHooks, object]]", token)):
+            try:
+                o.attempt_finished(t, it, run, exc, duration)
+            except Exception:
+                _failed(o, "attempt_finished")
+
+    def start(self, event: ev.StartEvent) -> object:
+        tokens = []
+        for o in self._recovery:
             try:
                 tokens.append((o, o.start(event)))
             except Exception:
-                log.exception("poimen: observer %s failed on %s", type(o).__name__, event.kind)
+                _failed(o, event.kind)
         return tokens
 
-    def finish(self, tokens: list[tuple[ev.Observer, object]], event: ev.FinishEvent) -> None:
-        for o, token in reversed(tokens):  # contexts attached in order, detached in reverse
+    def finish(self, token: object, event: ev.FinishEvent) -> None:
+        for o, t in reversed(cast("list[tuple[ObserverHooks, object]]", token)):
             try:
-                o.finish(token, event)
+                o.finish(t, event)
             except Exception:
-                log.exception("poimen: observer %s failed on %s", type(o).__name__, event.kind)
+                _failed(o, event.kind)
 
-    def info(self, intent_id: str, store: Store) -> _Info:
-        info = self.known.get(intent_id)
-        if info is not None:
-            return info
-        try:
-            it = store.get_intent(intent_id)
-        except Exception:
-            it = None
-        if it is None:
-            return _Info("", "", "", None)
-        return _Info(it.call_id, it.tool_id, it.effect, it.request_id)
+    def dispatched(self, d: NewDispatch, intent: Intent) -> None:
+        for o in self._transitions:
+            try:
+                o.dispatched(d, intent)
+            except Exception:
+                _failed(o, "dispatched")
 
-    def about(self, intent_id: str, store: Store) -> dict[str, Any]:
-        i = self.info(intent_id, store)
-        ids = {"intent_id": intent_id, "call_id": i.call_id, "tool_id": i.tool_id}
-        return {**self._base(), **ids, "effect": i.effect}
+    def settled(self, it: Intent, completed: bool, error: str | None) -> None:
+        for o in self._transitions:
+            try:
+                o.settled(it, completed, error)
+            except Exception:
+                _failed(o, "completed" if completed else "failed")
 
-    # Scopes.
+    def event(self, event: ev.KernelEvent) -> None:
+        for o in self._transitions:
+            try:
+                o.event(event)
+            except Exception:
+                _failed(o, event.kind)
+
+
+def _failed(o: ObserverHooks, what: str) -> None:
+    name = type(o.observer if isinstance(o, _Events) else o).__name__
+    log.exception("poimen: observer %s failed on %s", name, what)
+
+
+# The happy path's transitions as events, for the observers that take events.
+
+
+def dispatched_event(worker_id: str, intent: Intent) -> ev.DispatchedEvent:
+    return ev.DispatchedEvent(at=time.time(), worker_id=worker_id, **ids(intent), fence=intent.fence)
+
+
+def settled_event(
+    worker_id: str, it: Intent, completed: bool, error: str | None
+) -> ev.CompletedEvent | ev.FailedEvent:
+    if completed:
+        return ev.CompletedEvent(
+            at=time.time(), worker_id=worker_id, **ids(it), fence=it.fence, via="call"
+        )
+    return ev.FailedEvent(at=time.time(), worker_id=worker_id, **ids(it), fence=it.fence, error=error)
+
+
+class _Events:
+    """Any `poimen.events.Observer`: every hook as the events of `poimen.events`."""
+
+    watching = False
+
+    def __init__(self, observer: ev.Observer, engine: Engine) -> None:
+        self.observer = observer
+        self._engine = engine
+        self.wants = EVERYTHING
+
+    def refresh(self) -> None:
+        pass
 
     def _base(self) -> dict[str, Any]:
-        return {"at": time.time(), "worker_id": self.worker_id}
+        return {"at": time.time(), "worker_id": self._engine.owner.worker_id}
 
-    def call(self, d: NewDispatch, run: Callable[[], Outcome]) -> Outcome:
-        with self.call_scope(d) as scope:
-            out = scope.value = run()
-            return out
-
-    async def acall(self, d: NewDispatch, run: Awaitable[Outcome]) -> Outcome:
-        with self.call_scope(d) as scope:
-            out = scope.value = await run
-            return out
-
-    def call_scope(self, d: NewDispatch) -> Scope:
+    def call_started(self, d: NewDispatch) -> object:
         f: dict[str, Any] = {"tool_id": d.tool_id, "call_id": d.call_id, "effect": d.effect}
+        return self.observer.start(ev.CallStartedEvent(**self._base(), **f))
 
-        def end(common: dict[str, Any], out: Outcome | None, exc: BaseException | None) -> Any:
-            outcome, reason = _raised(exc) if exc is not None else outcome_kind(out)
-            intent_id = None if out is None else out.intent_id
-            return ev.CallFinishedEvent(
-                **common, **f, intent_id=intent_id, outcome=outcome, reason=reason
-            )
-
-        return Scope(self, ev.CallStartedEvent(**self._base(), **f), end)
-
-    def attempt_scope(self, step: Invoke) -> Scope:
-        it = step.intent
-        self.known.intent(it)
-        f = {**_of(it), "attempt": it.attempts, "fence": it.fence}
-
-        def end(common: dict[str, Any], run: Run | None, exc: BaseException | None) -> Any:
-            outcome, error = (
-                (run.kind, run.error)
-                if run is not None
-                else _raised(exc)
-                if exc is not None
-                else ("error", None)
-            )
-            return ev.AttemptFinishedEvent(**common, **f, outcome=outcome, error=error)
-
-        return Scope(self, ev.AttemptStartedEvent(**self._base(), **f), end)
-
-    def lookup_scope(self, step: Lookup) -> Scope:
-        f: dict[str, Any] = {
-            "tool_id": step.tool.id,
-            "request_id": step.request_id,
-            "intent_id": self.known.by_request(step.request_id),
-        }
-
-        def end(common: dict[str, Any], got: object, exc: BaseException | None) -> Any:
-            answer = (
-                "landed"
-                if isinstance(got, Landed)
-                else "not_landed"
-                if isinstance(got, NotLanded)
-                else "unknown"
-            )
-            detail = getattr(got, "reason", None) if exc is None else _raised(exc)[1]
-            return ev.LookupFinishedEvent(**common, **f, answer=answer, detail=detail)
-
-        return Scope(self, ev.LookupStartedEvent(**self._base(), **f), end)
-
-    def pass_scope(self) -> Scope:
-        def end(
-            common: dict[str, Any], report: RecoveryReport | None, exc: BaseException | None
-        ) -> Any:
-            error = None if exc is None else _raised(exc)[1]
-            return ev.RecoveryPassFinishedEvent(**common, report=report, error=error)
-
-        return Scope(self, ev.RecoveryPassStartedEvent(**self._base()), end)
-
-    def recovery_scope(self, it: Intent) -> Scope:
-        f = _of(it)
-
-        def end(common: dict[str, Any], out: Outcome | None, exc: BaseException | None) -> Any:
-            outcome, reason = _raised(exc) if exc is not None else outcome_kind(out)
-            return ev.IntentRecoveryFinishedEvent(**common, **f, outcome=outcome, reason=reason)
-
-        return Scope(self, ev.IntentRecoveryStartedEvent(**self._base(), **f), end)
-
-    def takeover(self, it: Intent) -> None:
-        self.known.intent(it)
-        self.emit(
-            ev.TakeoverEvent(
-                **self._base(),
-                **_of(it),
-                fence=it.fence,
-                attempt=it.attempts,
-                previous_owner=None if it.owner is None else it.owner.worker_id,
-                reason="approved" if it.attempts == 0 else "owner_gone",
-            )
-        )
-
-
-def _of(it: Intent) -> dict[str, Any]:
-    return {"intent_id": it.id, "call_id": it.call_id, "tool_id": it.tool_id, "effect": it.effect}
-
-
-class Scope:
-    """A scope's start (on entry) and finish (on exit, built by `end` from the duration, the
-    `value` the scope produced, or None, and the exception that left it, if any)."""
-
-    __slots__ = ("_began", "_end", "_obs", "_start", "_tokens", "value")
-
-    def __init__(
+    def call_finished(
         self,
-        obs: Observation,
-        start: ev.StartEvent,
-        end: Callable[[dict[str, Any], Any, BaseException | None], ev.FinishEvent],
+        token: object,
+        d: NewDispatch,
+        out: Outcome | None,
+        exc: BaseException | None,
+        duration: float,
     ) -> None:
-        self._obs = obs
-        self._start = start
-        self._end = end
-        self._tokens: list[tuple[ev.Observer, object]] = []
-        self._began = 0.0
-        self.value: Any = None
+        outcome, reason = _hooks.raised(exc) if exc is not None else _hooks.outcome_kind(out)
+        finished = ev.CallFinishedEvent(
+            **self._base(),
+            duration=duration,
+            tool_id=d.tool_id,
+            call_id=d.call_id,
+            effect=d.effect,
+            intent_id=None if out is None else out.intent_id,
+            outcome=outcome,
+            reason=reason,
+        )
+        self.observer.finish(token, finished)
 
-    def __enter__(self) -> Scope:
-        self._tokens = self._obs.start(self._start)
-        self._began = time.perf_counter()
-        return self
+    def attempt_started(self, it: Intent) -> object:
+        f = {**ids(it), "attempt": it.attempts, "fence": it.fence}
+        return self.observer.start(ev.AttemptStartedEvent(**self._base(), **f))
 
-    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        common = {**self._obs._base(), "duration": time.perf_counter() - self._began}
-        self._obs.finish(self._tokens, self._end(common, self.value, exc))
+    def attempt_finished(
+        self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
+    ) -> None:
+        outcome, error = (
+            (run.kind, run.error)
+            if run is not None
+            else _hooks.raised(exc)
+            if exc is not None
+            else ("error", None)
+        )
+        finished = ev.AttemptFinishedEvent(
+            **self._base(),
+            duration=duration,
+            **ids(it),
+            attempt=it.attempts,
+            fence=it.fence,
+            outcome=outcome,
+            error=error,
+        )
+        self.observer.finish(token, finished)
 
+    def start(self, event: ev.StartEvent) -> object:
+        return self.observer.start(event)
 
-# The hooks in the call path and recovery: each costs one attribute test without observers.
+    def finish(self, token: object, event: ev.FinishEvent) -> None:
+        self.observer.finish(token, event)
 
+    def dispatched(self, d: NewDispatch, intent: Intent) -> None:
+        self.observer.event(dispatched_event(self._engine.owner.worker_id, intent))
 
-def _observed(
-    scope: Callable[..., Scope],
-) -> Callable[[Callable[Concatenate[Engine, P], R]], Callable[Concatenate[Engine, P], R]]:
-    """A decorator running a function of the engine in the scope `scope(observation, *args)`
-    makes, when the engine has observers."""
+    def settled(self, it: Intent, completed: bool, error: str | None) -> None:
+        self.observer.event(settled_event(self._engine.owner.worker_id, it, completed, error))
 
-    def decorate(fn: Callable[Concatenate[Engine, P], R]) -> Callable[Concatenate[Engine, P], R]:
-        @functools.wraps(fn)
-        def run(e: Engine, /, *args: P.args, **kw: P.kwargs) -> R:
-            if e.observer is None:
-                return fn(e, *args, **kw)
-            with scope(e.observer, *args, **kw) as s:
-                out = s.value = fn(e, *args, **kw)
-                return out
+    def event(self, event: ev.KernelEvent) -> None:
+        self.observer.event(event)
 
-        return run
-
-    return decorate
-
-
-#: An attempt of a sync run, around the tool.
-observed_invoke = _observed(lambda obs, step: obs.attempt_scope(step))
-#: A lookup of a Queryable request id.
-observed_lookup = _observed(lambda obs, step: obs.lookup_scope(step))
-#: A recovery pass.
-observed_pass = _observed(lambda obs, *args, **kw: obs.pass_scope())
-#: Recovery of one intent within a pass.
-observed_recovery = _observed(lambda obs, tool, it, report: obs.recovery_scope(it))
-
-
-def observed_ainvoke(
-    fn: Callable[[Engine, Invoke], Coroutine[Any, Any, Run]],
-) -> Callable[[Engine, Invoke], Coroutine[Any, Any, Run]]:
-    """An attempt of an async tool, in the caller's task."""
-
-    @functools.wraps(fn)
-    async def invoke(e: Engine, step: Invoke) -> Run:
-        if e.observer is None:
-            return await fn(e, step)
-        with e.observer.attempt_scope(step) as scope:
-            run = scope.value = await fn(e, step)
-            return run
-
-    return invoke
+    def close(self) -> None:
+        self.observer.close()
 
 
 # Hooks of `Kernel.on`: on a thread of their own, in order.
@@ -410,6 +344,15 @@ class Hooks(ev.Observer):
     def off(self, kind: type[ev.KernelEvent], fn: Callable[[Any], object]) -> None:
         with self._lock:
             self._subs = tuple(s for s in self._subs if s != (kind, fn))
+
+    def wanted(self) -> int:
+        """The hooks the subscribed kinds need (nothing is built for the others)."""
+        out = 0
+        for kind, _ in self._subs:
+            for cls, group in _GROUPS.items():
+                if issubclass(cls, kind):
+                    out |= group
+        return out
 
     def event(self, event: ev.KernelEvent) -> None:
         fns = [fn for kind, fn in self._subs if isinstance(event, kind)]
@@ -468,6 +411,25 @@ class Hooks(ev.Observer):
         self._thread = None
 
 
+
+def _group(cls: type[ev.KernelEvent]) -> int:
+    if cls in (
+        ev.CallStartedEvent, ev.CallFinishedEvent, ev.AttemptStartedEvent, ev.AttemptFinishedEvent
+    ):
+        return CALLS
+    if issubclass(cls, ev.StartEvent | ev.FinishEvent):
+        return RECOVERY
+    return TRANSITIONS
+
+
+#: Each event class poimen emits, and the hooks that bring it.
+_GROUPS: dict[type[ev.KernelEvent], int] = {
+    cls: _group(cls)
+    for cls in (getattr(ev, name) for name in ev.__all__)
+    if isinstance(cls, type) and issubclass(cls, ev.KernelEvent) and "kind" in vars(cls)
+}
+
+
 # Logging: each event once, on a child of the ``poimen`` logger.
 
 _LOGGERS = {
@@ -506,6 +468,7 @@ def _logger(kind: str) -> logging.Logger:
 
 
 _WATCHED = tuple(logging.getLogger(n) for n in sorted(LOGGER_NAMES))
+_CALL_LOG = logging.getLogger("poimen.call")  # the happy path's two transitions
 
 
 def logging_wanted() -> bool:
@@ -565,7 +528,52 @@ def _message(event: ev.KernelEvent, f: Mapping[str, Any]) -> str:
 class LogObserver(ev.Observer):
     """Each transition once, through stdlib logging: DEBUG for the ordinary path, INFO for
     unknown outcomes, retries, takeovers, Indeterminate and operators' decisions, WARNING for
-    denials. The event's fields go in ``extra={"poimen": {...}}``."""
+    denials. The event's fields go in ``extra={"poimen": {...}}``. An event is built only
+    when its logger would write it."""
+
+    wants = TRANSITIONS | RECOVERY  # the lookups' and passes' ends are logged
+    watching = False
+
+    def __init__(self) -> None:
+        self._engine: Engine | None = None
+
+    def bind(self, kernel: Kernel) -> None:
+        self._engine = kernel._engine
+
+    def refresh(self) -> None:
+        pass
+
+    def _worker(self) -> str:
+        return "" if self._engine is None else self._engine.owner.worker_id
+
+    def call_started(self, d: NewDispatch) -> object:
+        return None
+
+    def call_finished(
+        self,
+        token: object,
+        d: NewDispatch,
+        out: Outcome | None,
+        exc: BaseException | None,
+        duration: float,
+    ) -> None:
+        pass
+
+    def attempt_started(self, it: Intent) -> object:
+        return None
+
+    def attempt_finished(
+        self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
+    ) -> None:
+        pass
+
+    def dispatched(self, d: NewDispatch, intent: Intent) -> None:
+        if _CALL_LOG.isEnabledFor(logging.DEBUG):
+            self.event(dispatched_event(self._worker(), intent))
+
+    def settled(self, it: Intent, completed: bool, error: str | None) -> None:
+        if _CALL_LOG.isEnabledFor(logging.DEBUG):
+            self.event(settled_event(self._worker(), it, completed, error))
 
     def event(self, event: ev.KernelEvent) -> None:
         level = _LEVELS.get(event.kind)
@@ -603,16 +611,20 @@ class LogObserver(ev.Observer):
 
 
 def install(e: Engine, issuer: Any) -> Observation:
-    """The engine's observation, made on first need: from then on its store (and the
-    capability layer's, for denials) reports each transition."""
+    """The engine's observation, made on first need (the capability layer reports its
+    denials to it from then on)."""
     if e.observer is None:
-        from poimen._observed_store import ObservedStore  # it builds on this module
-
         obs = Observation(e)
-        e.store = cast("Store", ObservedStore(e.store, obs))
-        issuer.store = e.store
+        issuer.denied = lambda data: _hooks.point(
+            e, lambda base: ev.DenialEvent(**base, **data)
+        )
         e.observer = obs
-    return e.observer
+    return cast("Observation", e.observer)
+
+
+def after_fork(e: Engine) -> None:
+    if e.observer is not None:
+        cast(Observation, e.observer).after_fork()
 
 
 def setup(kernel: Kernel, observers: Sequence[ev.Observer] | None, log_events: bool | None) -> None:
@@ -644,7 +656,7 @@ def watching(kernel: Kernel, log_events: bool | None) -> bool:
     """Whether the kernel must still look for logging configured later: only by default
     (`log_events` None) and while its logging is not installed."""
     obs = kernel._engine.observer
-    return log_events is None and (obs is None or not obs.has(LogObserver))
+    return log_events is None and (obs is None or not cast(Observation, obs).has(LogObserver))
 
 
 def relog(kernel: Kernel) -> None:

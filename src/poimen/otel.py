@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import importlib.metadata
+import sys
 import threading
 import time
 import weakref
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 from poimen import events as ev
 from poimen._core.intents import IntentState
 from poimen._core.present import redact_store_url, redact_urls
+from poimen._engine.hooks import EVERYTHING, outcome_kind, raised
 from poimen.errors import MissingExtraError
 from poimen.operator import _metrics
 
@@ -46,13 +48,16 @@ try:
     from opentelemetry import propagate as otel_propagate
     from opentelemetry import trace as otel_trace
     from opentelemetry.metrics import CallbackOptions, Observation
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
 except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.otel", "otel", exc) from exc
 
 if TYPE_CHECKING:
+    from poimen._core.intents import Intent, Outcome
+    from poimen._engine.steps import Run
     from poimen._kernel import Kernel
     from poimen.store import Store
+    from poimen.store._base import NewDispatch
 
 __all__ = ["OpenTelemetry"]
 
@@ -96,6 +101,34 @@ def _present(kind: type[ev.KernelEvent], names: tuple[str, ...]) -> tuple[tuple[
     return got
 
 
+# The global providers, None while unset. Asked at each call until both are set: the API's
+# getters also look at the environment each time, so the values are read where the API keeps
+# them once the getters have had their one look (at import); the getters are the fallback.
+
+otel_trace.get_tracer_provider()
+otel_metrics.get_meter_provider()
+_METRICS_API = sys.modules[otel_metrics.get_meter_provider.__module__]
+
+
+def _global_tracer_provider() -> Any:
+    tp = getattr(otel_trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if tp is _UNKNOWN:  # pragma: no cover - another API version
+        tp = otel_trace.get_tracer_provider()
+        return None if isinstance(tp, ProxyTracerProvider) else tp
+    return tp
+
+
+def _global_meter_provider() -> Any:
+    mp = getattr(_METRICS_API, "_METER_PROVIDER", _UNKNOWN)
+    if mp is _UNKNOWN:  # pragma: no cover - another API version
+        mp = otel_metrics.get_meter_provider()
+        return None if type(mp).__name__ == "_ProxyMeterProvider" else mp
+    return mp
+
+
+_UNKNOWN = object()
+
+
 def _inject(headers: dict[str, str]) -> None:
     carrier: dict[str, str] = {}
     otel_propagate.inject(carrier)
@@ -113,7 +146,13 @@ class OpenTelemetry(ev.Observer):
     `log_gauges` exports the gauges read from the log (open Indeterminate intents, ...).
     They describe the whole log, whichever process reads it: turn them on in one process
     per log (or scrape the console's ``/metrics``), so that summing them does not count the
-    log once per kernel. Each observation names its log in ``poimen.log``."""
+    log once per kernel. Each observation names its log in ``poimen.log``.
+
+    A call is one span and its attempts one each, opened from what the call has (the
+    attributes of a tool are built once); transitions are events on them; metric points use
+    the instruments directly. With neither an SDK's tracer nor its meter, the observer asks
+    for nothing and the kernel calls none of its hooks (it looks again at each call until
+    global providers are set)."""
 
     def __init__(
         self,
@@ -161,6 +200,154 @@ class OpenTelemetry(ev.Observer):
         self._kernels: list[weakref.ref[Kernel]] = []
         self._lock = threading.Lock()
         self._propagate = propagate
+        self._providers = (tracer_provider, meter_provider)
+        self._tools: dict[str, _Tool] = {}
+        self._tracing = False
+        # This observer's innermost open span: transitions are events on it (another
+        # observer's span may be the current one).
+        self._open: contextvars.ContextVar[Any] = contextvars.ContextVar(
+            "poimen_otel_open", default=None
+        )
+        self.wants = 0
+        self.watching = True
+        self.refresh()
+
+    def refresh(self) -> None:
+        """What to ask for: everything if an SDK traces or measures, else nothing; looked
+        at again while the global tracer provider may still be set."""
+        tp, mp = self._providers
+        tp = _global_tracer_provider() if tp is None else tp
+        mp = _global_meter_provider() if mp is None else mp
+        self._tracing = tp is not None and not isinstance(tp, otel_trace.NoOpTracerProvider)
+        measuring = mp is not None and not isinstance(mp, otel_metrics.NoOpMeterProvider)
+        self.wants = EVERYTHING if self._tracing or measuring else 0
+        # A global meter provider set later changes nothing here (the instruments made from
+        # the API's stand-in pass their points on to it); a tracer provider does.
+        self.watching = tp is None
+
+    def _tool(self, tool_id: str, effect: str) -> _Tool:
+        t = self._tools.get(tool_id)
+        if t is None or t.effect != effect:
+            if len(self._tools) >= 4096:  # ids seen in a log, not only registered ones
+                self._tools.clear()
+            t = self._tools[tool_id] = _Tool(tool_id, effect)
+        return t
+
+    # A call and its attempts, from what the call has.
+
+    def call_started(self, d: NewDispatch) -> object:
+        if not self._tracing:
+            return None
+        t = self._tool(d.tool_id, d.effect)
+        attrs = t.call.copy()
+        attrs["poimen.call_id"] = attrs["gen_ai.tool.call.id"] = d.call_id
+        span = self._tracer.start_span(t.call_name, kind=SpanKind.INTERNAL, attributes=attrs)
+        return self._opened(span)
+
+    def _opened(self, span: Any) -> tuple[Any, Any, Any]:
+        """`span` made current, for the caller's code and for this observer's events."""
+        return span, otel_context.attach(otel_trace.set_span_in_context(span)), self._open.set(span)
+
+    def _closed(self, token: Any) -> None:
+        span, ctx_token, open_token = token
+        self._open.reset(open_token)
+        if ctx_token is not None:
+            otel_context.detach(ctx_token)
+        span.end()
+
+    def call_finished(
+        self,
+        token: object,
+        d: NewDispatch,
+        out: Outcome | None,
+        exc: BaseException | None,
+        duration: float,
+    ) -> None:
+        outcome, reason = raised(exc) if exc is not None else outcome_kind(out)
+        if token is not None:
+            span = cast("tuple[Any, ...]", token)[0]
+            try:
+                if span.is_recording():
+                    attrs: dict[str, Any] = {"poimen.outcome": outcome}
+                    if out is not None:
+                        attrs["poimen.intent_id"] = out.intent_id
+                    if reason is not None:
+                        attrs["poimen.reason"] = reason
+                    if outcome in _CALL_ERRORS:
+                        attrs["error.type"] = _error_type(outcome, reason)
+                        span.set_status(Status(StatusCode.ERROR, _shown(reason)))
+                    span.set_attributes(attrs)
+            finally:
+                self._closed(token)
+        points = self._tool(d.tool_id, d.effect).points(outcome)
+        self._calls.add(1, points)
+        self._call_duration.record(duration, points)
+
+    def attempt_started(self, it: Intent) -> object:
+        if _PASS.get() is not None:
+            self._materialize()
+        if not self._tracing:
+            return None
+        t = self._tool(it.tool_id, it.effect)
+        attrs = t.ids.copy()
+        attrs["poimen.call_id"] = it.call_id
+        attrs["poimen.intent_id"] = it.id
+        attrs["poimen.attempt"] = it.attempts
+        attrs["poimen.fence"] = it.fence
+        span = self._tracer.start_span(t.attempt_name, attributes=attrs)
+        return self._opened(span)
+
+    def attempt_finished(
+        self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
+    ) -> None:
+        outcome, error = (
+            (run.kind, run.error)
+            if run is not None
+            else raised(exc)
+            if exc is not None
+            else ("error", None)
+        )
+        if token is not None:
+            span = cast("tuple[Any, ...]", token)[0]
+            try:
+                if span.is_recording():
+                    if outcome == "completed":
+                        span.set_attribute("poimen.outcome", outcome)
+                    else:
+                        span.set_attributes({"poimen.outcome": outcome, "error.type": outcome})
+                        span.set_status(Status(StatusCode.ERROR, _shown(error)))
+            finally:
+                self._closed(token)
+        self._attempts.add(1, self._tool(it.tool_id, it.effect).points(outcome))
+
+    def dispatched(self, d: NewDispatch, intent: Intent) -> None:
+        if self._tracing:
+            self._transition("poimen.dispatched", intent, intent.fence, None)
+
+    def settled(self, it: Intent, completed: bool, error: str | None) -> None:
+        if _PASS.get() is not None:
+            self._materialize()
+        if not self._tracing:
+            return
+        if completed:
+            self._transition("poimen.completed", it, it.fence, ("poimen.via", "call"))
+        else:
+            shown = None if error is None else ("poimen.error", redact_urls(error))
+            self._transition("poimen.failed", it, it.fence, shown)
+
+    def _transition(
+        self, name: str, it: Intent, fence: int, extra: tuple[str, Any] | None
+    ) -> None:
+        span = self._open.get() or otel_trace.get_current_span()
+        if not span.is_recording():
+            return
+        attrs = self._tool(it.tool_id, it.effect).ids.copy()
+        attrs["poimen.call_id"] = it.call_id
+        attrs["poimen.intent_id"] = it.id
+        attrs["poimen.fence"] = fence
+        if extra is not None:
+            attrs[extra[0]] = extra[1]
+        span.add_event(name, attrs)
 
     def bind(self, kernel: Kernel) -> None:
         with self._lock:
@@ -185,8 +372,8 @@ class OpenTelemetry(ev.Observer):
         else:
             span = self._tracer.start_span(_span_name(event), attributes=_attrs(event))
         if not span.get_span_context().is_valid:  # no SDK: nothing to make current
-            return span, None
-        return span, otel_context.attach(otel_trace.set_span_in_context(span))
+            return span, None, self._open.set(span)
+        return self._opened(span)
 
     def _materialize(self) -> None:
         """Open the span of the background pass this runs in, if it has none yet."""
@@ -200,9 +387,9 @@ class OpenTelemetry(ev.Observer):
             lazy.ctx_token = otel_context.attach(otel_trace.set_span_in_context(lazy.span))
 
     def finish(self, token: object, event: ev.FinishEvent) -> None:
-        first, ctx_token = cast("tuple[Any, Any]", token)
+        first = cast("tuple[Any, ...]", token)[0]
         if isinstance(first, _LazyPass):
-            self._finish_pass(first, ctx_token, event)
+            self._finish_pass(first, cast("tuple[Any, Any]", token)[1], event)
             return
         span = first
         try:
@@ -210,9 +397,7 @@ class OpenTelemetry(ev.Observer):
                 span.set_attributes(_attrs(event, _FINISH_ATTRS))
                 self._ended(span, event)
         finally:
-            if ctx_token is not None:
-                otel_context.detach(ctx_token)
-            span.end()
+            self._closed(token)
         self._measure(event)
 
     def _finish_pass(self, lazy: _LazyPass, pass_token: Any, event: ev.FinishEvent) -> None:
@@ -284,7 +469,7 @@ class OpenTelemetry(ev.Observer):
             span.add_event("poimen.audit_head", attrs)
             span.end()
             return
-        span = otel_trace.get_current_span()
+        span = self._open.get() or otel_trace.get_current_span()
         if span.is_recording():
             span.add_event(f"poimen.{event.kind}", _event_attrs(event))
         self._measure(event)
@@ -317,6 +502,33 @@ class OpenTelemetry(ev.Observer):
             k = ref()
             if k is not None and not k._closed:
                 yield k.store
+
+
+class _Tool:
+    """What a tool's spans and points share, built once: names, attributes, and the metric
+    attributes of each outcome."""
+
+    __slots__ = ("attempt_name", "call", "call_name", "effect", "ids", "outcomes", "tool_id")
+
+    def __init__(self, tool_id: str, effect: str) -> None:
+        self.tool_id = tool_id
+        self.effect = effect
+        self.call_name = f"execute_tool {tool_id}"
+        self.attempt_name = f"poimen.attempt {tool_id}"
+        self.ids: dict[str, Any] = {"poimen.tool_id": tool_id, "poimen.effect": effect}
+        self.call = {
+            **self.ids,
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool_id,
+            "gen_ai.tool.type": "function",  # run by the application, not the model's provider
+        }
+        self.outcomes: dict[str, dict[str, str]] = {}
+
+    def points(self, outcome: str) -> dict[str, str]:
+        a = self.outcomes.get(outcome)
+        if a is None:
+            a = self.outcomes[outcome] = {"poimen.tool_id": self.tool_id, "poimen.outcome": outcome}
+        return a
 
 
 #: The events a metric counts (the others pass by at the cost of one set lookup).

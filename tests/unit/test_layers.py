@@ -21,10 +21,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("_capability/context.py", "_engine/transactional.py"): (
         "`ctx.tx` is typed as `poimen.Tx`, which the engine's Transactional database makes"
     ),
-    ("_engine/engine.py", "_observe.py"): "the observer the call entry reports to",
-    ("_engine/recovery.py", "_observe.py"): "a recovery pass reported to the observers",
-    ("_engine/runners.py", "_observe.py"): "each invocation and lookup reported to the observers",
-    ("_observe.py", "_kernel.py"): "the observers are set up on a kernel",
 }
 
 

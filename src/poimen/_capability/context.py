@@ -114,6 +114,8 @@ class Issuer:
         # Adds trace context headers (W3C traceparent) that a request lacks: set by
         # `poimen.otel`, None without it.
         self.propagate: Callable[[dict[str, str]], None] | None = None
+        # Told of each denial after its row is committed: set while the kernel has observers.
+        self.denied: Callable[[dict[str, Any]], None] | None = None
 
     def register_sink(self, name: str, sink: Sink) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -303,13 +305,13 @@ class CallScope:
     def deny(self, action: str, target: str, reason: str) -> NoReturn:
         """Commit the denial row, then raise."""
         deny(
-            self._issuer.store, self.tool_id, self.intent_id, self.attempt, action, target, reason,
+            self._issuer, self.tool_id, self.intent_id, self.attempt, action, target, reason,
             self.abort,
         )
 
 
 def deny(
-    store: Store,
+    issuer: Issuer,
     tool_id: str,
     intent_id: str,
     attempt: int,
@@ -335,11 +337,14 @@ def deny(
         "target": target,
         "reason": reason,
     }
+    store = issuer.store
     token = _guard.suspend()
     try:
         if abort is not None:
             abort()
         denial = store.record_denial(now=store.now(), **data)
+        if issuer.denied is not None:  # still unguarded: an observer may write its log
+            issuer.denied(data)
     except PoimenError as exc:
         raise CapabilityDeniedError(
             f"{msg} (the denial could not be recorded: {exc})", denial_id=None, **data
@@ -405,7 +410,7 @@ class AttemptRecord:
             if self.refused is None:
                 self.refused = refused
         deny(
-            issuer.store,
+            issuer,
             self.tool_id,
             it.id,
             it.attempts,

@@ -30,6 +30,7 @@ from poimen._core.retry import Retry as RetryPolicy
 from poimen._core.spec import ToolSpec, safe_name, spec_of
 from poimen._core.tools import Tool, ToolRegistration, build_tool
 from poimen._core.undo import UndoArgs, UndoRule, undo_rule
+from poimen._engine import hooks as _hooks
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
 from poimen._engine.protocol import Approval, answer, call_steps, orphan_steps
@@ -46,11 +47,12 @@ from poimen.errors import (
     UnknownToolError,
     WrongRunnerError,
 )
+from poimen.events import LeasesRenewedEvent
 from poimen.store import Store
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
-    from poimen._observe import Observation
+    from poimen._engine.hooks import ObserverHooks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,7 +166,7 @@ class Engine:
         self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._pools_lock = threading.Lock()
         self.continuations: set[threading.Thread] = set()
-        self.observer: Observation | None = None  # set while the kernel has observers
+        self.observer: ObserverHooks | None = None  # set while the kernel has observers
 
     def record(
         self,
@@ -292,16 +294,16 @@ class Engine:
         ids = self.holds.ids()
         if ids:
             now = self.store.now()
-            self.store.renew_leases(self.owner.worker_id, ids, now + self.lease_ttl, now)
+            n = self.store.renew_leases(self.owner.worker_id, ids, now + self.lease_ttl, now)
+            _hooks.point(self, lambda base: LeasesRenewedEvent(**base, held=len(ids), renewed=n))
 
     def after_fork(self, owner: Owner) -> None:
-        """In a forked child: its own identity, none of the parent's calls, threads, pools."""
+        """In a forked child: its own identity, none of the parent's calls, threads, pools
+        (its observers' are `poimen._observe.after_fork`'s)."""
         self.owner = owner
         self.holds.reset()
         self.continuations = set()
         self.shutdown_pools(forked=True)
-        if self.observer is not None:
-            self.observer.after_fork()
 
     def claimable(self, intent: Intent, now: float) -> str:
         return claimability(
@@ -339,8 +341,9 @@ class Engine:
             )
         self.on_call()
         steps = call_steps(self, t, d, kwargs, CallState(), approval)
-        if self.observer is not None:
-            return self.observer.call(d, lambda: run_sync(self, steps))
+        obs = self.observer
+        if obs is not None and _hooks.calls_wanted(obs):
+            return _hooks.observed_call(obs, d, lambda: run_sync(self, steps))
         return run_sync(self, steps)
 
     async def arun_call(
@@ -360,8 +363,9 @@ class Engine:
         c = CallState()
         approval = self.approval(t, d)
         run = run_async(self, call_steps(self, t, d, kwargs, c, approval), c)
-        if self.observer is not None:
-            return await self.observer.acall(d, run)
+        obs = self.observer
+        if obs is not None and _hooks.calls_wanted(obs):
+            return await _hooks.observed_acall(obs, d, run)
         return await run
 
     # Outcomes of calls made earlier, for a caller that resumes.
@@ -387,7 +391,7 @@ class Engine:
             raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
         intent = followed(self.store, intent)
         if approval_due(intent, read_at):  # no decision came within its window
-            self.store.expire_approvals(read_at, 1, intent.id)
+            _hooks.expired(self, self.store.expire_approvals(read_at, 1, intent.id), intent)
             intent = self.store.get_intent(intent.id) or intent
         t = self.tools.get(intent.tool_id)
         if t is not None and self.claimable(intent, read_at) == "claimable":

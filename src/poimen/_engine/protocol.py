@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from poimen import events as ev
 from poimen._core.approval import approval_due
 from poimen._core.decide import (
     Answer,
@@ -56,6 +57,8 @@ from poimen._core.keys import encode_value
 from poimen._core.retry import Retry as RetryPolicy
 from poimen._core.tools import Tool
 from poimen._engine import crashpoints as _crashpoints
+from poimen._engine import hooks as _hooks
+from poimen._engine.hooks import TRANSITIONS
 from poimen._engine.notify import approval_note, indeterminate_note
 from poimen._engine.steps import (
     Block,
@@ -106,6 +109,9 @@ def call_steps(
         )
         if not created:
             return (yield from existing_steps(e, t, intent, d, c))
+        obs = e.observer
+        if obs is not None and obs.wants & TRANSITIONS:
+            obs.dispatched(d, intent)
         _crashpoints.hit("after_dispatch_commit", d.call_id)
         if c.cancelled:  # cancelled during the dispatch commit: the tool never ran
             return (
@@ -139,6 +145,7 @@ def _await_approval(
     )
     if not created:
         return (yield from existing_steps(e, t, intent, d, c))
+    _hooks.report(e, ev.ApprovalRequestedEvent, intent, expires_at=approval.expires_at)
     e.notify()
     return Pending(intent.id, "awaiting_approval")
 
@@ -160,7 +167,8 @@ def existing_steps(
     read_at = d.now  # the clock before the row was read (the dispatch commit read it)
     while True:
         if approval_due(intent, read_at):  # repeated after its window: it expires now
-            yield Block(e.store.expire_approvals, (read_at, 1, intent.id))
+            gone = yield Block(e.store.expire_approvals, (read_at, 1, intent.id))
+            _hooks.expired(e, gone, intent)
             intent = (yield Block(e.store.get_intent, (intent.id,))) or intent
         if intent.state != S.DISPATCHED:
             return answer(intent)
@@ -188,9 +196,17 @@ def orphan_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
         # would otherwise hand the call to two live drivers.
         seized = yield Block(e.store.seize, (intent.id, intent.fence, intent.lease_expires_at))
         if not seized:
+            _hooks.fenced(e, intent, intent.fence, "seize")
             return None
-        if e.observer is not None:
-            e.observer.takeover(intent)
+        _hooks.report(
+            e,
+            ev.TakeoverEvent,
+            intent,
+            fence=intent.fence,
+            attempt=intent.attempts,
+            previous_owner=None if intent.owner is None else intent.owner.worker_id,
+            reason="approved" if intent.attempts == 0 else "owner_gone",
+        )
         later = takeover_deadline(intent, e.store.now(), e.deadline_margin)
         if later is not None and isinstance(t.registration.effects, Queryable):
             # Its owner stopped mid-attempt: what it sent until now may still land.
@@ -240,6 +256,7 @@ def run_steps(
                 else Run("indeterminate", reason="refused_after_unknown", error=run.error)
             )
         if run.kind == "committed":  # the outcome committed with the tool's transaction
+            _hooks.report(e, ev.CompletedEvent, intent, fence=intent.fence, via="transaction")
             return Completed(intent.id, run.value)
         if run.kind in ("completed", "failed"):
             return (yield from _write_outcome(e, intent, run))
@@ -252,9 +269,12 @@ def run_steps(
                 attempt_deadline(now, intent.timeout_s, e.deadline_margin),
             )
             intent = dataclasses.replace(intent, deadline_at=deadline)
-        yield Block(
-            e.store.record_unknown, (intent.id, intent.fence, run.error or "unknown", now, deadline)
-        )
+        error = run.error or "unknown"
+        ok = yield Block(e.store.record_unknown, (intent.id, intent.fence, error, now, deadline))
+        if ok:
+            _hooks.report(e, ev.UnknownOutcomeEvent, intent, fence=intent.fence, error=error)
+        else:
+            _hooks.fenced(e, intent, intent.fence, "unknown")
         if run.kind == "indeterminate":
             return (yield from indeterminate_steps(e, intent, run.reason or "unknown"))
         nxt = yield from decide_steps(e, t, intent, c)
@@ -288,7 +308,7 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
                 if c.cancelled or intent.request_id is None:
                     return Pending(intent.id, "cancelled" if c.cancelled else "no_request_id")
                 asked = e.store.now()
-                got = yield Lookup(t, intent.request_id)
+                got = yield Lookup(t, intent.request_id, intent)
                 if c.cancelled:
                     return Pending(intent.id, "cancelled")
             case Ask(what="marker"):
@@ -301,13 +321,16 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
                 text = _encode_result(result, intent.id, "<lookup result>")
                 ok = yield Block(e.store.complete_landed, (intent.id, intent.fence, text, now))
                 if ok:
+                    _hooks.report(e, ev.CompletedEvent, intent, fence=intent.fence, via="lookup")
                     return Completed(intent.id, None if text is None else json.loads(text))
+                _hooks.fenced(e, intent, intent.fence, "complete_landed")
                 return (yield from answer_current(e, intent.id))
             case Defer(at=at, unknown_count=n, reason=reason):
                 ok = yield Block(
                     _defer,
                     (e.store, intent.id, intent.fence, at, n, reason, now, intent.deadline_at),
                 )
+                _deferred(e, intent, ok, reason, at)
                 if ok:
                     return Pending(intent.id, reason)
                 return (yield from answer_current(e, intent.id))
@@ -335,6 +358,7 @@ def _retry(
             _defer,
             (e.store, intent.id, intent.fence, at, intent.unknown_count, "retry_deferred", now),
         )
+        _deferred(e, intent, ok, "retry_deferred", at)
         return (
             Pending(intent.id, "retry_deferred")
             if ok
@@ -359,7 +383,9 @@ def _retry(
         ),
     )
     if claimed is None:
+        _hooks.fenced(e, intent, intent.fence, "claim")
         return Pending(intent.id, "lost_race")
+    _hooks.report(e, ev.RetryEvent, claimed, attempt=claimed.attempts, fence=claimed.fence)
     return (yield from _stamp_deadline(e, t, claimed, now))
 
 
@@ -370,8 +396,10 @@ def indeterminate_steps(e: Engine, intent: Intent, reason: str) -> Steps[Outcome
         (intent.id, intent.fence, reason, indeterminate_note(intent, reason, e.notifiers), now),
     )
     if ok:
+        _hooks.report(e, ev.IndeterminateEvent, intent, fence=intent.fence, reason=reason)
         e.notify()
         return Indeterminate(intent.id, reason)
+    _hooks.fenced(e, intent, intent.fence, "mark_indeterminate")
     return (yield from answer_current(e, intent.id))
 
 
@@ -392,7 +420,11 @@ def _write_outcome(e: Engine, intent: Intent, run: Run) -> Steps[Outcome]:
         {"result": w.result, "error": w.error, "now": store.now()},
     )
     if ok:
+        obs = e.observer
+        if obs is not None and obs.wants & TRANSITIONS:
+            obs.settled(intent, w.state == S.COMPLETED, w.error)
         return w.outcome(intent.id)
+    _hooks.fenced(e, intent, intent.fence, "outcome")
     return (yield from answer_current(e, intent.id))
 
 
@@ -444,6 +476,13 @@ def _claim(
         deadline_at=deadline,
         now=now,
     )
+
+
+def _deferred(e: Engine, it: Intent, ok: bool, reason: str, until: float) -> None:
+    if ok:
+        _hooks.report(e, ev.DeferredEvent, it, fence=it.fence, reason=reason, until=until)
+    else:
+        _hooks.fenced(e, it, it.fence, "defer")
 
 
 def _defer(

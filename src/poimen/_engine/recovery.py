@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 from poimen._core.intents import Intent, Outcome, Pending, RecoveryReport
 from poimen._core.tools import Tool
+from poimen._engine import hooks as _hooks
+from poimen._engine.hooks import observed_pass, observed_recovery
 from poimen._engine.protocol import orphan_steps
 from poimen._engine.runners import run_sync
 from poimen._engine.steps import CallState
-from poimen._observe import observed_pass, observed_recovery
 from poimen.errors import CorruptRowError
 
 if TYPE_CHECKING:
@@ -76,7 +77,9 @@ def recover_pass(
     `progress`, if given, is called with the number of intents scanned so far; `workers`
     intents of a page are resolved side by side."""
     report = RecoveryReport()
-    report.expired = len(e.store.expire_approvals(e.store.now()))
+    gone = e.store.expire_approvals(e.store.now())
+    _hooks.expired(e, gone)
+    report.expired = len(gone)
     after = ""
     step = batch
     while True:

@@ -31,10 +31,10 @@ from poimen._core.effects import (
 )
 from poimen._core.intents import Intent
 from poimen._core.tools import Tool
+from poimen._engine.hooks import observed_ainvoke, observed_invoke, observed_lookup
 from poimen._engine.protocol import printable
 from poimen._engine.steps import Block, CallState, Invoke, Lookup, Run, Sleep, Steps
 from poimen._engine.transactional import Tx
-from poimen._observe import observed_ainvoke, observed_invoke, observed_lookup
 from poimen.errors import (
     CapabilityDeniedError,
     DefiniteFailure,

@@ -23,6 +23,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
+from poimen import events as ev
 from poimen._core.effects import ReadOnly, Transactional, Unsafe
 from poimen._core.intents import (
     Completed,
@@ -35,6 +36,7 @@ from poimen._core.intents import (
     Resolved,
 )
 from poimen._core.tools import Tool
+from poimen._engine import hooks as _hooks
 from poimen._engine import protocol as _protocol
 from poimen.errors import (
     CallIdMismatchError,
@@ -168,15 +170,16 @@ class Sandbox:
         """What a call this mode does not run is answered (and recorded as)."""
         store = self.store
         if isinstance(t.registration.effects, Unsafe):
-            store.record_denial(
-                tool_id=t.id,
-                intent_id=None,
-                attempt=None,
-                action="dispatch",
-                target=d.call_id,
-                reason=f"unsafe tool in {self.mode} mode",
-                now=store.now(),
-            )
+            data: dict[str, Any] = {
+                "tool_id": t.id,
+                "intent_id": None,
+                "attempt": None,
+                "action": "dispatch",
+                "target": d.call_id,
+                "reason": f"unsafe tool in {self.mode} mode",
+            }
+            store.record_denial(now=store.now(), **data)
+            _hooks.point(self.engine, lambda base: ev.DenialEvent(**base, **data))
         seen = records.get(store, d.call_id)
         if seen is not None:
             return self._again(seen, t, d)
