@@ -442,13 +442,15 @@ class Kernel:
     # Outcomes of calls made earlier, for a caller that resumes.
 
     def outcome(self, call_id: str) -> Outcome | None:
-        """What the log says of this call id now, or None if it was never called."""
+        """What the log says of this call id now, or None if it was never called. A settled
+        outcome read here is given to the call's caller: an answer owed since recovery settled
+        it is taken (docs/design.md section 4)."""
         return self._engine.outcome(call_id)
 
     async def wait(self, call_id: str, *, timeout: float | None = None) -> Outcome:
         """Wait until this call's outcome is final (Completed, Failed, or an operator's
         Resolved); after `timeout` seconds, the outcome as it is then (Pending,
-        Indeterminate). None waits for ever."""
+        Indeterminate). None waits for ever. The outcome is given, as by `outcome`."""
         return await self._engine.wait(call_id, timeout)
 
     def wait_sync(self, call_id: str, *, timeout: float | None = None) -> Outcome:

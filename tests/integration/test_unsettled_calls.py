@@ -28,6 +28,7 @@ from poimen import (
     Unsafe,
     call_ids,
 )
+from poimen._core.intents import Owner
 from poimen.errors import ArgumentError
 from poimen.testing import ProviderClient, ProviderProcess
 
@@ -233,3 +234,120 @@ def test_threads_racing_with_one_call_under_many_call_ids_send_once(
     for r in range(rounds):
         assert len({got[r, n].intent_id for n in range(width)}) == 1
     assert sent(ledger) == rounds
+
+
+# A call recovery settled: its caller never got the answer (it died, or was told Pending). The
+# first identical call in the scope takes that answer instead of a second dispatch; only one.
+
+SHIPMENT = {"order_id": "o-1", "address": "x"}
+
+
+@pytest.fixture
+def recovering(store_url: str, provider: ProviderProcess) -> Iterator[Kernel]:
+    from poimen.testing import register_test_tools
+
+    k = Kernel(store_url, notifiers=[], deadline_margin=0.0, wait_bound=0.2)
+    register_test_tools(k, provider.url, timeout=1.0)
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def recovered(k: Kernel, call_id: str, tool: str, args: dict[str, Any], state: str) -> str:
+    """A call in scope `conv` whose process died before its request left, driven to `state`
+    by recovery passes; nobody asks for it by call id. Its intent id."""
+    from poimen._core.keys import args_digest, canonical
+    from poimen._engine.liveness import default_host
+    from poimen.store._base import NewDispatch
+    from poimen.testing import SHIP
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    now = k.store.now()
+    text = canonical(args)
+    d = NewDispatch(
+        intent_id=f"in_{call_id.replace('/', '_')}", call_id=call_id, tool_id=tool,
+        effect="queryable" if tool == SHIP else "unsafe", args=text,
+        args_hash=args_digest(text), key=None,
+        request_id="rq_" + call_id.replace("/", "_") if tool == SHIP else None,
+        owner=Owner("w-gone", default_host(), int(gone.stdout), "1"),
+        lease_expires_at=now + 300, timeout_s=1.0, deadline_at=now - 1, now=now, scope="conv",
+    )
+    intent, created = k.store.record_dispatch(d)
+    assert created
+    end = time.monotonic() + 60
+    while (it := k.store.get_intent(intent.id)) is None or it.state != state:
+        assert time.monotonic() < end, it
+        k.recover()
+        time.sleep(0.05)
+    return intent.id
+
+
+def shipped_by_recovery(k: Kernel, call_id: str) -> str:
+    from poimen.testing import SHIP
+
+    return recovered(k, call_id, SHIP, SHIPMENT, "COMPLETED")
+
+
+def test_an_identical_call_after_recovery_settled_the_first_takes_its_answer_once(
+    recovering: Kernel, ledger: ProviderClient
+) -> None:
+    from poimen.testing import SHIP
+
+    k = recovering
+    first = shipped_by_recovery(k, "conv/call_a")
+    assert ledger.count() == 1
+    # The model asked again under a new id (a restart that re-prompted it): the answer.
+    again = k.call(SHIP, SHIPMENT, call_id="conv/call_b", scope="conv")
+    assert isinstance(again, Completed) and again.intent_id == first
+    assert ledger.count() == 1
+    coalesced = [e for e in k.store.events(first) if e.kind == "coalesced"]
+    assert [json.loads(e.detail or "{}") for e in coalesced] == [
+        {"call_id": "conv/call_b", "answer_taken": True}]
+    # Taken once: an identical call later is a new one; its call ids still answer with it.
+    later = k.call(SHIP, SHIPMENT, call_id="conv/call_c", scope="conv")
+    assert isinstance(later, Completed) and later.intent_id != first
+    assert ledger.count() == 2
+    assert k.call(SHIP, SHIPMENT, call_id="conv/call_a", scope="conv") == again
+    assert k.call(SHIP, SHIPMENT, call_id="conv/call_b", scope="conv") == again
+
+
+@pytest.mark.parametrize("given", ["call", "outcome", "wait"])
+def test_an_answer_given_by_call_id_is_given_once(
+    given: str, recovering: Kernel, ledger: ProviderClient
+) -> None:
+    from poimen.testing import SHIP
+
+    k = recovering
+    first = shipped_by_recovery(k, "conv/call_a")
+    # The caller resumes with its call id and gets the answer: a second shipment asked for
+    # after that is a new call, never swallowed by the first's answer.
+    match given:
+        case "call":
+            out = k.call(SHIP, SHIPMENT, call_id="conv/call_a", scope="conv")
+        case "outcome":
+            out = k.outcome("conv/call_a")
+        case _:
+            out = k.wait_sync("conv/call_a", timeout=0)
+    assert isinstance(out, Completed) and out.intent_id == first
+    later = k.call(SHIP, SHIPMENT, call_id="conv/call_b", scope="conv")
+    assert isinstance(later, Completed) and later.intent_id != first
+    assert ledger.count() == 2
+
+
+def test_a_call_made_after_an_operator_decided_a_recovered_call_is_a_new_call(
+    recovering: Kernel, ledger: ProviderClient
+) -> None:
+    from poimen.testing import EMAIL
+
+    k = recovering
+    mail = {"to": "bob@example.com", "subject": "hi"}
+    first = recovered(k, "conv/call_a", EMAIL, mail, "INDETERMINATE")
+    # Asked again while Indeterminate: the same call. Decided by an operator, the decision
+    # is the application's to tell; a call it makes after that, knowingly, is a new call.
+    assert k.call(EMAIL, mail, call_id="conv/call_b", scope="conv").intent_id == first
+    k.resolve(first, landed=False, operator="ann", reason="not in the sent folder")
+    later = k.call(EMAIL, mail, call_id="conv/call_c", scope="conv")
+    assert isinstance(later, Completed) and later.intent_id != first
+    assert ledger.count(kind="plain") == 1

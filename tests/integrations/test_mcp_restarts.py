@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,34 @@ def test_a_restart_that_re_prompts_the_model_sends_one_email(
     again = server.session(call("test_email", BOB, "call-2"))
     assert meta(again)[OUTCOME_META] == "indeterminate" and not again.is_error
     assert ledger.count(kind="plain") == 1
+
+
+@KILL_TIMEOUT
+def test_a_client_asking_again_under_a_new_call_id_after_recovery_settled_the_call_ships_once(
+    tmp_path: Path, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    server = Server(tmp_path, provider)
+    server.killed_at("mid_call", "test_ship", SHIP, "call-1")
+    assert ledger.count() == 0
+
+    async def settled_then_asked_again(c: Client) -> types.CallToolResult:
+        # The restarted server's recovery lands the shipment; its client, cut off, never got
+        # the answer. Re-prompting its model, it asks again under a new call id.
+        await asyncio.to_thread(settled, server.db, "conv-5/call-1")
+        return await c.call_tool("test_ship", SHIP, meta={CALL_ID_META: "call-2"})
+
+    again = server.session(settled_then_asked_again)
+    assert meta(again)[OUTCOME_META] == "completed" and not again.is_error
+    assert ledger.count() == 1
+    with Kernel(server.db, notifiers=[], worker_id="reader") as k:
+        first = k.store.get_by_call_id("conv-5/call-1")
+        assert first is not None and meta(again)[INTENT_META] == first.id
+
+
+def settled(db: str, call_id: str) -> None:
+    """Until the call is settled, read by intent (`outcome` would give its answer away)."""
+    with Kernel(db, notifiers=[], worker_id="reader") as k:
+        end = time.monotonic() + 120
+        while (it := k.store.get_by_call_id(call_id)) is None or it.state != "COMPLETED":
+            assert time.monotonic() < end, it
+            time.sleep(0.05)

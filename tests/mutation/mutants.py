@@ -43,6 +43,8 @@ T_STORE = ("tests/contract/test_store_machine.py", "tests/contract/test_store_co
            "-k", "sqlite")
 T_GATE = ("tests/integration/test_send_gate.py",)
 T_UNSETTLED = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite or not postgres")
+T_OWED = ("tests/integration/test_unsettled_calls.py", "-k",
+          "sqlite and (recovery_settled or given_once or operator_decided)")
 T_TX = ("tests/integration/test_transactional.py",)
 T_TX_CRASH = ("tests/crash/test_transactional_crash.py", "-k", "sqlite")
 # The crash tests of the provider-backed classes (Transactional's have mutants of their own).
@@ -409,18 +411,34 @@ MUTANTS: list[Mutant] = [
            "return None", T_UNSETTLED),
     Mutant("unsettled-lookup-skipped", "an unsettled identical call answers the new one",
            STORE,
-           "row = ex.execute(self._sql.unsettled_same, (scope, d.tool_id, d.args_hash)).fetchone()",
+           "row = ex.execute(self._sql.unsettled_same, same).fetchone()",
            "row = None", T_UNSETTLED),
     Mutant("unsettled-unlocked", "scoped first commits of one call run one at a time", PG,
            '        ex.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))\n',
            "        pass\n",
            ("tests/integration/test_unsettled_calls.py", "-k", "threads and postgres")),
     Mutant("alias-forgotten", "a coalesced call id answers with the call it found", STORE,
-           "            row = ex.execute(self._sql.intent_by_alias, (call_id,)).fetchone()\n",
+           "            row = ex.execute(self._sql.known_by_alias, (call_id,)).fetchone()\n",
            "            pass\n", T_UNSETTLED),
     Mutant("pending-counted", "a Pending or Indeterminate answer is not a result",
            "poimen/call_ids.py", 'if getattr(outcome, "terminal", True):', "if True:",
            T_UNSETTLED),
+    # A call recovery settled owes its answer to the first identical call, and to one only.
+    Mutant("owed-answer-forgotten", "a call settled by recovery answers an identical call",
+           "poimen/_engine/recovery.py", "orphan_steps(e, tool, it, CallState(), owed=True)",
+           "orphan_steps(e, tool, it, CallState(), owed=False)", T_OWED),
+    Mutant("owed-answer-matched-late", "a call settled by recovery answers an identical call",
+           STORE, "row = ex.execute(self._sql.owed_same, same).fetchone()", "pass", T_OWED),
+    Mutant("owed-answer-given-twice", "an owed answer is taken by one call only", STORE,
+           "                    ex.execute(self._sql.take_answer, (first.id,))\n",
+           "                    pass\n", T_OWED),
+    Mutant("owed-answer-kept", "an answer given to its call id is not owed any more", STORE,
+           "if owed and known.state in TERMINAL:", "if False:", T_OWED),
+    Mutant("owed-answer-read-kept", "an answer read by call id is not owed any more",
+           PROTOCOL, "        store.take_answer(out.intent_id)\n", "        pass\n", T_OWED),
+    Mutant("owed-answer-after-decision", "an operator's decision owes no answer", SQL,
+           '"UPDATE intents SET state = ?, result = ?, updated_at = ?, answer_owed = 0 "',
+           '"UPDATE intents SET state = ?, result = ?, updated_at = ? "', T_OWED),
     Mutant("four-eyes-ignored", "a four-eyes call needs its distinct approvers",
            "poimen/store/_approvals.py",
            "if approve and edit is None and len(given) + 1 < needed:", "if False:",

@@ -33,7 +33,7 @@ from poimen._core.undo import UndoArgs, UndoRule, undo_rule
 from poimen._engine import hooks as _hooks
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
-from poimen._engine.protocol import Approval, answer, call_steps, orphan_steps
+from poimen._engine.protocol import Approval, answer, call_steps, given, orphan_steps
 from poimen._engine.runners import run_async, run_sync
 from poimen._engine.steps import CallState, Holds
 from poimen._engine.transactional import Database
@@ -371,11 +371,14 @@ class Engine:
     # Outcomes of calls made earlier, for a caller that resumes.
 
     def outcome(self, call_id: str) -> Outcome | None:
-        """What the log says of this call id now, or None if it was never called."""
+        """What the log says of this call id now, or None if it was never called; a settled
+        outcome read here is given to the call's caller (`protocol.given`)."""
         if self.sandbox is not None:
             return self.sandbox.outcome(call_id)
         intent = self.store.get_by_call_id(call_id)
-        return None if intent is None else answer(followed(self.store, intent))
+        if intent is None:
+            return None
+        return given(self.store, answer(followed(self.store, intent)))
 
     def outcome_now(self, call_id: str) -> Outcome:
         """The outcome now; an intent nobody drives (approved and never run, or its owner
@@ -397,8 +400,8 @@ class Engine:
         if t is not None and self.claimable(intent, read_at) == "claimable":
             out = run_sync(self, orphan_steps(self, t, intent, CallState()))
             if out is not None:
-                return out
-        return answer(intent)
+                return given(self.store, out)
+        return given(self.store, answer(intent))
 
     async def wait(self, call_id: str, timeout: float | None) -> Outcome:
         """`Kernel.wait`: `outcome_now` until it is final or `timeout` has passed."""

@@ -394,6 +394,7 @@ UNOBSERVED = frozenset(
         "get_intent",
         "get_by_call_id",
         "unsettled_call",
+        "take_answer",  # an answer owed, given: no transition
         "list_intents",
         "search_call_id",
         "attempts",

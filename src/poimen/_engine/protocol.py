@@ -165,20 +165,23 @@ def existing_steps(
         )
     end = time.monotonic() + e.wait_bound
     read_at = d.now  # the clock before the row was read (the dispatch commit read it)
+    waited = False
     while True:
         if approval_due(intent, read_at):  # repeated after its window: it expires now
             gone = yield Block(e.store.expire_approvals, (read_at, 1, intent.id))
             _hooks.expired(e, gone, intent)
             intent = (yield Block(e.store.get_intent, (intent.id,))) or intent
         if intent.state != S.DISPATCHED:
-            return answer(intent)
+            # Read settled by the dispatch commit: taken there. Settled since: taken now.
+            return (yield from taken(e, answer(intent), waited))
         if e.claimable(intent, read_at) == "claimable":
             out = yield from orphan_steps(e, t, intent, c)
             if out is not None:
-                return out
+                return (yield from taken(e, out))
         if time.monotonic() >= end or c.cancelled:
             return Pending(intent.id, "in_flight")
         yield Sleep(0.05)
+        waited = True
         read_at = e.store.now()
         current = yield Block(e.store.get_intent, (intent.id,))
         if current is None:
@@ -186,15 +189,21 @@ def existing_steps(
         intent = current
 
 
-def orphan_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outcome | None]:
+def orphan_steps(
+    e: Engine, t: Tool, intent: Intent, c: CallState, *, owed: bool = False
+) -> Steps[Outcome | None]:
     """Settle an unfinished intent found claimable; None if it is not taken over: this
-    kernel drives it already, or a write since it was read (its owner's renewal) came first."""
+    kernel drives it already, or a write since it was read (its owner's renewal) came first.
+    `owed`: no caller waits for the outcome (a recovery pass), so its answer is owed."""
     if not e.holds.take(intent.id):
         return None
     try:
         # On the lease as judged: a renewal sent before the judgement and applied after
         # would otherwise hand the call to two live drivers.
-        seized = yield Block(e.store.seize, (intent.id, intent.fence, intent.lease_expires_at))
+        seized = yield Block(
+            e.store.seize, (intent.id, intent.fence, intent.lease_expires_at), None,
+            {"owed": owed},
+        )
         if not seized:
             _hooks.fenced(e, intent, intent.fence, "seize")
             return None
@@ -401,6 +410,21 @@ def indeterminate_steps(e: Engine, intent: Intent, reason: str) -> Steps[Outcome
         return Indeterminate(intent.id, reason)
     _hooks.fenced(e, intent, intent.fence, "mark_indeterminate")
     return (yield from answer_current(e, intent.id))
+
+
+def given(store: Store, out: Outcome) -> Outcome:
+    """`out`, given to a caller by call id: a settled outcome's answer, if owed, is taken
+    (docs/design.md section 4)."""
+    if isinstance(out, Completed | Failed | Resolved):
+        store.take_answer(out.intent_id)
+    return out
+
+
+def taken(e: Engine, out: Outcome, ask: bool = True) -> Steps[Outcome]:
+    """`given`, as a step of a call."""
+    if ask:
+        yield Block(given, (e.store, out))
+    return out
 
 
 def answer_current(e: Engine, intent_id: str) -> Steps[Outcome]:

@@ -29,8 +29,9 @@ log = logging.getLogger("poimen.recovery")
 
 
 def drive_orphan(e: Engine, tool: Tool, it: Intent) -> Outcome:
-    """Settle one claimable intent; Pending("busy") if this kernel drives it already."""
-    out = run_sync(e, orphan_steps(e, tool, it, CallState()))
+    """Settle one claimable intent; Pending("busy") if this kernel drives it already. No
+    caller waits for it: its answer is owed to the first call that asks (section 4)."""
+    out = run_sync(e, orphan_steps(e, tool, it, CallState(), owed=True))
     return Pending(it.id, "busy") if out is None else out
 
 

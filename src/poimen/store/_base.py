@@ -175,10 +175,17 @@ class RecoveryStore(StoreBase, Protocol):
         now: float,
         deadline_at: float | None = None,
     ) -> bool: ...
-    def seize(self, intent_id: str, fence: int, judged_lease: float | None) -> bool:
+    def seize(
+        self, intent_id: str, fence: int, judged_lease: float | None, *, owed: bool = False
+    ) -> bool:
         """A takeover's first write: run the lease out for good, if it is still the one the
         takeover judged (`judged_lease`, as read) on this fence; False if a renewal or another
-        write came first, and the intent is not to be taken over now."""
+        write came first, and the intent is not to be taken over now. `owed`: no caller waits
+        for this takeover (a recovery pass): a scoped intent's answer is owed from then on."""
+        ...
+    def take_answer(self, intent_id: str) -> bool:
+        """A call was answered with this settled intent's outcome: the answer owed (if any)
+        is taken, and an identical call in its scope is a new call from then on."""
         ...
 
     def renew_leases(

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from poimen._core.intents import (
+    TERMINAL,
     Attempt,
     Delivery,
     Denial,
@@ -370,10 +371,14 @@ class SqlStore(Retention, Approvals, Chain):
 
         return self._tx("complete_landed", op)
 
-    def seize(self, intent_id: str, fence: int, judged_lease: float | None) -> bool:
+    def seize(
+        self, intent_id: str, fence: int, judged_lease: float | None, *, owed: bool = False
+    ) -> bool:
         # The lease is no part of the history an inline row stands for: nothing to spill.
+        statement = self._sql.seize_owed if owed else self._sql.seize
+
         def op(ex: Executor, retrying: bool) -> bool:
-            cur = ex.execute(self._sql.seize, (intent_id, fence, judged_lease))
+            cur = ex.execute(statement, (intent_id, fence, judged_lease))
             if cur.rowcount == 0:
                 # Our own earlier try, whose answer was lost, may have seized it.
                 got = ex.execute(self._sql.seized, (intent_id, fence)).fetchone()
@@ -534,17 +539,27 @@ class SqlStore(Retention, Approvals, Chain):
             # Every scoped write of this (scope, tool, arguments), of this call id too, in
             # turn: a reader of "none unsettled" inserts before the next one reads.
             self._serialize(ex, json.dumps([scope, d.tool_id, d.args_hash]))
-            known = self._by_call_id(ex, d.call_id)
-            if known is not None:
+            found = self._by_call_id(ex, d.call_id)
+            if found is not None:
+                known, owed = found
+                if owed and known.state in TERMINAL:  # answered now: the answer is taken
+                    ex.execute(self._sql.take_answer, (known.id,))
                 return known, retrying and known.id == d.intent_id
-            row = ex.execute(self._sql.unsettled_same, (scope, d.tool_id, d.args_hash)).fetchone()
+            same = (scope, d.tool_id, d.args_hash)
+            row = ex.execute(self._sql.unsettled_same, same).fetchone()
+            owed = False
+            if row is None:  # settled by recovery, its answer not given yet: this call's
+                row = ex.execute(self._sql.owed_same, same).fetchone()
+                owed = row is not None
             if row is not None:
                 first = intent_from_row(row)
                 ex.execute(self._sql.insert_alias, (d.call_id, first.id, d.now))
+                if owed:
+                    ex.execute(self._sql.take_answer, (first.id,))
                 self._spill(ex, first.id)
                 self._event(
                     ex, first.id, d.now, "coalesced", None, None, d.owner.worker_id,
-                    {"call_id": d.call_id},
+                    {"call_id": d.call_id, **({"answer_taken": True} if owed else {})},
                 )
                 return first, False
             ex.execute(self._sql.drop_alias, (d.call_id,))  # its intent was pruned
@@ -557,16 +572,30 @@ class SqlStore(Retention, Approvals, Chain):
 
         return op
 
+    def take_answer(self, intent_id: str) -> bool:
+        """A call was answered with this settled intent's outcome: an answer owed to the
+        next caller (recovery settled it) is taken. True if this took it. Read first: a
+        caller is seldom owed, and a read costs no commit."""
+        rows = self._read(self._sql.answer_owed, (intent_id,))
+        if not rows or not rows[0][0]:
+            return False
+
+        def op(ex: Executor, retrying: bool) -> bool:
+            return ex.execute(self._sql.take_answer, (intent_id,)).rowcount == 1 or retrying
+
+        return self._tx("take_answer", op)
+
     def unsettled_call(self, scope: str, tool_id: str, args_hash: str) -> Intent | None:
         """The one unsettled intent of this tool and argument set in the scope, if any."""
         rows = self._read(self._sql.unsettled_same, (scope, tool_id, args_hash))
         return intent_from_row(rows[0]) if rows else None
 
-    def _by_call_id(self, ex: Executor, call_id: str) -> Intent | None:
-        row = ex.execute(self._sql.intent_by_call_id, (call_id,)).fetchone()
+    def _by_call_id(self, ex: Executor, call_id: str) -> tuple[Intent, bool] | None:
+        """The intent of this call id (its own or an alias's), and whether its answer is owed."""
+        row = ex.execute(self._sql.known_by_call_id, (call_id,)).fetchone()
         if row is None:
-            row = ex.execute(self._sql.intent_by_alias, (call_id,)).fetchone()
-        return None if row is None else intent_from_row(row)
+            row = ex.execute(self._sql.known_by_alias, (call_id,)).fetchone()
+        return None if row is None else (intent_from_row(row), bool(row[-1]))
 
     # Approval before acting: `_approvals.Approvals`.
 

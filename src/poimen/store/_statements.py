@@ -153,10 +153,15 @@ class Sql:
         # A takeover's first write: only on the lease it judged run out, so a renewal that
         # applied since wins; the lease left has run out for good, so none applies after.
         same = dialect.same
-        self.seize = q(
-            f"UPDATE intents SET lease_expires_at = {SEIZED!r} "
-            "WHERE id = ? AND fence = ? AND state = 'DISPATCHED' "
-            f"AND lease_expires_at {same} ?"
+        judged = (
+            f"WHERE id = ? AND fence = ? AND state = 'DISPATCHED' AND lease_expires_at {same} ?"
+        )
+        self.seize = q(f"UPDATE intents SET lease_expires_at = {SEIZED!r} {judged}")
+        # A recovery pass's takeover: no caller waits for it, so a scoped call's answer is
+        # owed to the first call that asks for it (version 11, docs/design.md section 4).
+        self.seize_owed = q(
+            f"UPDATE intents SET lease_expires_at = {SEIZED!r}, "
+            f"answer_owed = CASE WHEN scope IS NULL THEN 0 ELSE 1 END {judged}"
         )
         self.seized = q(
             "SELECT 1 FROM intents WHERE id = ? AND fence = ? AND state = 'DISPATCHED' "
@@ -180,8 +185,10 @@ class Sql:
             "deadline_at, ?) "
             "WHERE id = ? AND fence = ? AND state = 'DISPATCHED'"
         )
+        # An operator's decision owes no answer: the application tells the model of it, and
+        # a call it makes afterwards, knowingly, is a new call (section 4).
         self.resolve = q(
-            "UPDATE intents SET state = ?, result = ?, updated_at = ? "
+            "UPDATE intents SET state = ?, result = ?, updated_at = ?, answer_owed = 0 "
             "WHERE id = ? AND state = 'INDETERMINATE'"
         )
         # The fence moves on: a worker that comes back after all only adds late evidence.
@@ -204,6 +211,23 @@ class Sql:
         self.unsettled_same = q(
             f"SELECT {INTENT_COLUMNS} FROM intents WHERE scope = ? AND tool_id = ? "
             "AND args_hash = ? AND state IN ('DISPATCHED', 'AWAITING_APPROVAL', 'INDETERMINATE')"
+        )
+        settled = "state IN ('COMPLETED', 'FAILED', 'RESOLVED_LANDED', 'RESOLVED_NOT_LANDED')"
+        self.owed_same = q(
+            f"SELECT {INTENT_COLUMNS} FROM intents WHERE scope = ? AND tool_id = ? "
+            f"AND args_hash = ? AND answer_owed = 1 AND {settled}"
+        )
+        self.answer_owed = q("SELECT answer_owed FROM intents WHERE id = ?")
+        # A call id's intent at its dispatch commit, and whether its answer is owed.
+        self.known_by_call_id = q(
+            f"SELECT {INTENT_COLUMNS}, answer_owed FROM intents WHERE call_id = ?"
+        )
+        self.known_by_alias = q(
+            f"SELECT {INTENT_COLUMNS}, answer_owed FROM intents WHERE id = "
+            "(SELECT intent_id FROM call_aliases WHERE call_id = ?)"
+        )
+        self.take_answer = q(
+            f"UPDATE intents SET answer_owed = 0 WHERE id = ? AND answer_owed = 1 AND {settled}"
         )
         self.intent_by_alias = q(
             f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = "
