@@ -425,3 +425,21 @@ def test_a_caller_that_settled_its_call_after_a_recovery_seize_owes_no_answer(
         t.join(30)
         recoverer.close()
         caller.close()
+
+
+def test_the_audit_chain_holds_after_an_owed_answer_is_taken_from_a_settled_row(
+    recovering: Kernel, ledger: ProviderClient
+) -> None:
+    # answer_owed is not hashed: clearing it on a settled, chained row breaks no link, and
+    # the chain records the take (the alias's `coalesced` event).
+    from poimen.operator._audit import verify
+    from poimen.testing import SHIP
+
+    k = recovering
+    first = shipped_by_recovery(k, "conv/call_a")
+    before = verify(k.store)
+    assert before.ok, before.line()
+    assert k.call(SHIP, SHIPMENT, call_id="conv/call_b", scope="conv").intent_id == first
+    after = verify(k.store)
+    assert after.ok, after.line()
+    assert ledger.count() == 1
