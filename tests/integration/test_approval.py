@@ -106,6 +106,10 @@ def test_rejected_or_expired_calls_fail_and_send_nothing(
         failed = k.wait_sync("c1", timeout=5)
         assert isinstance(failed, Failed) and failed.error.startswith("rejected by ann")
         assert failed.retryable and sent(ledger, "c1") == 0
+        # The model is told it was rejected, not invited to ask again on its own.
+        assert failed.rejected and "rejected" in failed.for_model()
+        assert "Do not call it again" in failed.for_model()
+        assert k.call(EMAIL, {"to": "bob"}, call_id="c1").for_model() == failed.for_model()
         with pytest.raises(NotAwaitingApprovalError):
             k.approve(out.intent_id, operator="bob", reason="too late")
     finally:

@@ -182,13 +182,21 @@ class Failed:
 
     intent_id: str
     error: str
+    #: An operator rejected the call before it was sent (its approval): the model is told not
+    #: to ask again on its own. Not part of equality: the same outcome either way.
+    rejected: bool = field(default=False, compare=False)
 
     terminal: ClassVar[bool] = True
     retryable: ClassVar[bool] = True
 
     def for_model(self) -> str:
         """The standard text: the action failed and had no effect; the model may correct and
-        call again."""
+        call again, unless an operator rejected it."""
+        if self.rejected:
+            return (
+                f"An operator rejected this action, so it was not carried out: {self.error}. "
+                "Do not call it again unless the user asks you to."
+            )
         return (
             f"The action failed and had no effect: {self.error}. You may correct the input "
             "and call it again."

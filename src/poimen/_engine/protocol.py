@@ -536,7 +536,7 @@ def answer(intent: Intent) -> Outcome:
         case S.COMPLETED:
             return Completed(intent.id, _loads(intent.result))
         case S.FAILED:
-            return Failed(intent.id, intent.error or "")
+            return Failed(intent.id, intent.error or "", rejected=intent.reason == "rejected")
         case S.INDETERMINATE:
             return Indeterminate(intent.id, intent.reason or "")
         case S.RESOLVED_LANDED | S.RESOLVED_NOT_LANDED:
