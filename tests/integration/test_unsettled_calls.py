@@ -383,9 +383,6 @@ def slow_kernel(store_url: str, provider: str, started: threading.Event,
     return k
 
 
-@pytest.mark.xfail(strict=True, reason="review: the caller's own outcome commit leaves the "
-                   "owed mark a recovery seize set in the lease-expiry window; the next "
-                   "identical call is swallowed")
 def test_a_caller_that_settled_its_call_after_a_recovery_seize_owes_no_answer(
     store_url: str, provider: ProviderProcess, ledger: ProviderClient,
     monkeypatch: pytest.MonkeyPatch,
