@@ -440,3 +440,45 @@ def test_the_audit_chain_holds_after_an_owed_answer_is_taken_from_a_settled_row(
     after = verify(k.store)
     assert after.ok, after.line()
     assert ledger.count() == 1
+
+
+def test_an_owed_answer_taken_by_its_call_id_meanwhile_is_not_recorded_taken_twice(
+    postgres_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    # PostgreSQL: an identical call reads the answer owed, and its take waits on the row
+    # while the call id's own take (`Store.take_answer`, outside the triple's lock) commits.
+    # The identical call is still answered (it asked before the answer was given), but the
+    # chained `coalesced` event must not say it took the answer: its take changed nothing.
+    import psycopg
+
+    from poimen.testing import SHIP, register_test_tools
+
+    k = Kernel(postgres_url, notifiers=[], deadline_margin=0.0, wait_bound=0.2)
+    register_test_tools(k, provider.url, timeout=1.0)
+    got: list[Any] = []
+    try:
+        first = shipped_by_recovery(k, "conv/call_a")
+        with psycopg.connect(postgres_url) as taker, psycopg.connect(
+            postgres_url, autocommit=True
+        ) as watch:
+            # The call id's take, in flight: the row is locked until it commits.
+            taker.execute("UPDATE intents SET answer_owed = 0 WHERE id = %s", (first,))
+            t = threading.Thread(target=lambda: got.append(
+                k.call(SHIP, SHIPMENT, call_id="conv/call_b", scope="conv")))
+            t.start()
+            end = time.monotonic() + 30
+            while not watch.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE intents SET answer_owed%%'"
+            ).fetchone():
+                assert time.monotonic() < end and t.is_alive()
+                time.sleep(0.02)
+            taker.commit()
+            t.join(30)
+        assert isinstance(got[0], Completed) and got[0].intent_id == first
+        assert ledger.count() == 1
+        coalesced = [json.loads(e.detail or "{}") for e in k.store.events(first)
+                     if e.kind == "coalesced"]
+        assert coalesced == [{"call_id": "conv/call_b"}]
+    finally:
+        k.close()
