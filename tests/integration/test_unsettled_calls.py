@@ -482,3 +482,61 @@ def test_an_owed_answer_taken_by_its_call_id_meanwhile_is_not_recorded_taken_twi
         assert coalesced == [{"call_id": "conv/call_b"}]
     finally:
         k.close()
+
+
+def test_a_call_made_after_a_recovered_call_was_undone_is_a_new_call(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    # An undo is an operator's decision, as `resolve` is: it owes no answer. The shipment
+    # recovery made is cancelled; the model asking for it again must ship, not be told the
+    # cancelled shipment stands.
+    from poimen import Idempotent, KeyDerivation, Queryable
+    from poimen._core.keys import args_digest, canonical
+    from poimen._engine.liveness import default_host
+    from poimen.store._base import NewDispatch
+    from poimen.testing import provider_lookup
+
+    k = Kernel(store_url, notifiers=[], deadline_margin=0.0, wait_bound=0.2)
+    client = httpx.Client(base_url=provider.url, timeout=5)
+    k.on_close(client.close)
+    cancelled: list[str] = []
+
+    @k.tool(id="ship.u", effects=Queryable(lookup=provider_lookup(provider.url, client)),
+            caps=Caps(), timeout=1, undo="ship.cancel",
+            undo_args=lambda a, r: {"order_id": a["order_id"]})
+    def ship(ctx: ToolContext, order_id: str) -> Any:
+        assert ctx.request_id is not None
+        return client.post("/requests", json={"order_id": order_id},
+                           headers={"X-Request-Id": ctx.request_id}).json()
+
+    @k.tool(id="ship.cancel", effects=Idempotent(key=KeyDerivation.all_args()), caps=Caps(),
+            timeout=1)
+    def cancel(ctx: ToolContext, order_id: str) -> None:
+        cancelled.append(order_id)
+
+    try:
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+        now = k.store.now()
+        text = canonical({"order_id": "o-1"})
+        d = NewDispatch(
+            intent_id="in_undo_a", call_id="conv/call_a", tool_id="ship.u", effect="queryable",
+            args=text, args_hash=args_digest(text), key=None, request_id="rq_undo_a",
+            owner=Owner("w-gone", default_host(), int(gone.stdout), "1"),
+            lease_expires_at=now + 300, timeout_s=1.0, deadline_at=now - 1, now=now,
+            scope="conv",
+        )
+        assert k.store.record_dispatch(d)[1]
+        end = time.monotonic() + 60
+        while (it := k.store.get_intent("in_undo_a")) is None or it.state != "COMPLETED":
+            assert time.monotonic() < end, it
+            k.recover()
+            time.sleep(0.05)
+        assert ledger.count() == 1
+        assert k.undo("conv/", operator="ann", reason="the user cancelled").complete
+        assert cancelled == ["o-1"]
+        later = k.call("ship.u", {"order_id": "o-1"}, call_id="conv/call_b", scope="conv")
+        assert isinstance(later, Completed) and later.intent_id != "in_undo_a"
+        assert ledger.count() == 2
+    finally:
+        k.close()
