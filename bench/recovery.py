@@ -89,7 +89,7 @@ def build_settled(path: Path, count: int) -> float:
             '\'{"amount_cents":1200,"order_id":"o-\' || x || \'"}\', lower(hex(randomblob(32))), '
             "'pk1_' || lower(hex(randomblob(24))), NULL, 'COMPLETED', 1, 'bench-old', 'old', 1, "
             "'1', NULL, 10.0, :base + x * 0.001 + 10, NULL, 0, 1, 'null', NULL, NULL, "
-            ":base + x * 0.001, :base + x * 0.001, 1, NULL, NULL, NULL FROM n",
+            ":base + x * 0.001, :base + x * 0.001, 1, NULL, NULL, NULL, 0 FROM n",  # answer_owed 0
             {"count": count, "tool": TOOL, "base": base},
         )
         conn.execute("COMMIT")

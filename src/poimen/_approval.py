@@ -1,6 +1,6 @@
-"""Approvals as a kernel applies them (docs/approvals.md): the edited call a caller resumes
-with, and an approval with edited arguments. The rules of when a call waits are
-`poimen._core.approval`'s."""
+"""An approval with edited arguments, as a kernel applies it (docs/approvals.md). The rules of
+when a call waits are `poimen._core.approval`'s; the edited call a caller resumes with is
+`poimen._engine.engine.followed`."""
 
 from __future__ import annotations
 
@@ -13,19 +13,9 @@ from poimen._engine.engine import MAKING
 from poimen._engine.notify import approval_note
 from poimen.errors import IntentNotFoundError, NotAwaitingApprovalError
 from poimen.operator._ops import Identity, who_and_why
-from poimen.store import Store
 
 if TYPE_CHECKING:
     from poimen._kernel import Kernel
-
-
-def followed(store: Store, intent: Intent) -> Intent:
-    """An intent approved with edited arguments answers with its edited call."""
-    if intent.state == IntentState.FAILED and intent.reason == "edited":
-        edited = store.get_by_call_id(call_ids.edit_of(intent.call_id))
-        if edited is not None:
-            return edited
-    return intent
 
 
 def approve_edited(

@@ -1,12 +1,10 @@
-"""The kernel: registers tools, journals every call, runs the call protocol, recovers.
+"""The kernel: the public API over one `Engine` (`poimen._engine.engine`).
 
-This module is over 600 lines on purpose: `Kernel` is the public API, and its methods read
-in one place; each is a few lines that hand the work to the modules of docs/design.md's
-module map (the protocol, recovery, upkeep, sandbox, undo, observers).
-
-The protocol itself is `poimen._engine.protocol`; the decisions `poimen._core.decide`; the background
-duties `poimen._engine.upkeep`. This module holds what belongs to one kernel: its identity (again
-after a fork), its settings, its tools and its public API (docs/design.md §8 maps them).
+`Kernel` is a facade: construction (its settings, validated once as a `Settings`, its store,
+identity, notifiers, observers and sandbox mode), registration, and the public methods, each a
+few lines that hand the work to the modules of docs/design.md's module map. The engine owns
+what runs: the tools, the call entry (`Engine.run_call`), the protocol, recovery; the decisions
+are `poimen._core.decide`'s; the background duties `poimen._engine.upkeep`'s.
 """
 
 from __future__ import annotations
@@ -15,51 +13,41 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from poimen import _approval, _observe, _undo
 from poimen._aids import Aids
-from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer, Sink, ToolContext
-from poimen._core.approval import ApprovalRule, approval_due, approval_rule
+from poimen._core.approval import ApprovalRule
 from poimen._core.audit import Head
-from poimen._core.effects import EffectClass, Idempotent, ReadOnly, Transactional
+from poimen._core.effects import EffectClass
 from poimen._core.intents import Denial, Intent, IntentState, Outcome, RecoveryReport
 from poimen._core.retry import Retry
-from poimen._core.spec import ToolSpec, safe_name, spec_of
-from poimen._core.tools import Caps, Tool, ToolRegistration, build_tool
+from poimen._core.spec import ToolSpec
+from poimen._core.tools import Caps, Tool, ToolRegistration
+from poimen._core.undo import UndoArgs, UndoRule
 from poimen._engine import hooks as _hooks
-from poimen._engine import protocol as _protocol
 from poimen._engine import runners as _runners
 from poimen._engine.audit_head import HeadPublisher, check_every
 from poimen._engine.engine import Engine, Settings
 from poimen._engine.evidence import Evidence, Found, Gather
 from poimen._engine.liveness import current_owner
 from poimen._engine.notify import LogNotifier, Notifier, Renotifier, notifier_names
-from poimen._engine.protocol import orphan_steps
 from poimen._engine.recovery import recover_pass
-from poimen._engine.runners import run_sync
-from poimen._engine.steps import CallState
-from poimen._engine.transactional import Database
 from poimen._engine.upkeep import Upkeep
 from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
 from poimen._observe import logging_wanted
 from poimen._tool_handle import ToolHandle
-from poimen._undo import UndoArgs, UndoReport, UndoRule
+from poimen._undo import UndoReport
 from poimen.errors import (
     ApprovalExpiredError,
-    IntentNotFoundError,
     PoimenError,
-    RegistrationError,
-    UnknownToolError,
 )
 from poimen.events import (
     AbandonedEvent,
     ApprovalDecidedEvent,
     KernelEvent,
-    LeasesRenewedEvent,
     Observer,
     ResolvedEvent,
 )
@@ -237,9 +225,6 @@ class Kernel:
             publish_every=audit_head_every or 3600.0,
         )
         self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
-        self._undos: dict[str, UndoRule] = {}  # tool id -> its undo
-        self._names: dict[str, str] = {}  # provider-safe name -> tool id
-        self._specs: dict[str, ToolSpec] = {}
         _observe.setup(self, observers, log_events)
         # Logging configured later is looked for at each call and pass (_observe.relog).
         self._log_watch = _observe.watching(self, log_events)
@@ -296,7 +281,11 @@ class Kernel:
 
     @property
     def _approvals(self) -> dict[str, ApprovalRule]:
-        return self._engine.approvals
+        return {k: r.approval for k, r in self._engine.records.items() if r.approval}
+
+    @property
+    def _undos(self) -> dict[str, UndoRule]:
+        return {k: r.undo for k, r in self._engine.records.items() if r.undo}
 
     # Registration.
 
@@ -370,68 +359,26 @@ class Kernel:
         evidence: Evidence | Gather | None = None,
         escalate_after: float | None = None,
     ) -> Tool:
-        """Register `fn` under `registration` (what `tool` does); returns the built tool."""
-        if not isinstance(coalesce, bool):
-            raise RegistrationError(
-                f"tool {getattr(registration, 'id', '?')!r}: coalesce must be True or False",
-                tool_id=getattr(registration, "id", None),
-            )
-        if not isinstance(registration, ToolRegistration):
-            raise RegistrationError(
-                f"expected a ToolRegistration, got {type(registration).__name__}"
-            )
-        if retry is not None and not isinstance(retry, Retry):
-            raise RegistrationError(
-                f"tool {registration.id!r}: retry must be a Retry, not {retry!r}",
-                tool_id=registration.id,
-            )
-        if registration.id in self._engine.tools:
-            raise RegistrationError(
-                f"tool {registration.id!r} is already registered", tool_id=registration.id
-            )
-        if registration.id in self._names:  # an id and a name must never name two tools
-            other = self._names[registration.id]
-            raise RegistrationError(
-                f"tool id {registration.id!r} is the model-facing name of tool {other!r}; "
-                f"give {registration.id!r} another id",
-                tool_id=registration.id,
-                other=other,
-            )
+        """Register `fn` under `registration` (what `tool` does); returns the built tool.
+        Everything that can refuse runs before anything is kept: all or nothing."""
         if isinstance(fn, ToolHandle):  # one function registered under another id as well
             fn = fn.__wrapped__
-        tool = build_tool(registration, fn)
-        if isinstance(registration.effects, Idempotent | ReadOnly | Transactional):
-            _guard.install()
-        db = (
-            Database(registration.effects, self.store.url)
-            if isinstance(registration.effects, Transactional)
-            else None
+        record = self._engine.record(
+            registration,
+            fn,
+            retry=retry,
+            description=description,
+            requires_approval=requires_approval,
+            approval_ttl=approval_ttl,
+            approvers=approvers,
+            undo=undo,
+            undo_args=undo_args,
+            coalesce=coalesce,
         )
-        rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
-        undo_rule = _undo.rule(registration.id, undo, undo_args)
         aids = self._aids.register(registration.id, evidence, escalate_after)
-        if description is not None and not isinstance(description, str):
-            raise RegistrationError(
-                f"tool {registration.id!r}: description must be text", tool_id=registration.id
-            )
-        # Everything that can refuse runs before anything is kept: all or nothing.
-        name = safe_name(registration.id, set(self._names))
-        spec = spec_of(tool, name, description)
-        self._engine.tools[registration.id] = tool
-        if db is not None:
-            self._engine.databases[registration.id] = db
-        if rule is not None:
-            self._engine.approvals[registration.id] = rule
-        if retry is not None:
-            self._engine.retries[registration.id] = retry
-        if undo_rule is not None:
-            self._undos[registration.id] = undo_rule
-        if not coalesce:
-            self._engine.repeating.add(registration.id)
+        self._engine.add(record)
         aids()
-        self._names[name] = registration.id
-        self._specs[registration.id] = spec
-        return tool
+        return record.tool
 
     def describe(self, tool_id: str, *, check: str) -> None:
         """What an operator should check before resolving `tool_id`'s Indeterminate calls."""
@@ -481,23 +428,16 @@ class Kernel:
 
     def spec(self, tool: str) -> ToolSpec:
         """A tool as a model sees it (by id or by its provider-safe name)."""
-        spec = self._specs.get(tool) or self._specs.get(self.tool_id(tool))
-        assert spec is not None
-        return spec
+        return self._engine.spec(tool)
 
     def specs(self) -> list[ToolSpec]:
         """Every registered tool's spec, in registration order."""
-        return list(self._specs.values())
+        return [r.spec for r in self._engine.records.values()]
 
     def tool_id(self, name: str) -> str:
         """The tool id a spec's name stands for (a name a model sent; an id works too, and
         is looked up first)."""
-        if isinstance(name, str):
-            if name in self._engine.tools:
-                return name
-            if name in self._names:
-                return self._names[name]
-        raise UnknownToolError(f"no tool is registered as {name!r}", tool_id=name)
+        return self._engine.tool_id(name)
 
     # Outcomes of calls made earlier, for a caller that resumes.
 
@@ -505,61 +445,17 @@ class Kernel:
         """What the log says of this call id now, or None if it was never called. A settled
         outcome read here is given to the call's caller: an answer owed since recovery settled
         it is taken (docs/design.md section 4)."""
-        if self._sandbox is not None:
-            return self._sandbox.outcome(call_id)
-        intent = self.store.get_by_call_id(call_id)
-        if intent is None:
-            return None
-        return _protocol.given(self.store, _protocol.answer(_approval.followed(self.store, intent)))
+        return self._engine.outcome(call_id)
 
     async def wait(self, call_id: str, *, timeout: float | None = None) -> Outcome:
         """Wait until this call's outcome is final (Completed, Failed, or an operator's
         Resolved); after `timeout` seconds, the outcome as it is then (Pending,
         Indeterminate). None waits for ever. The outcome is given, as by `outcome`."""
-        end = None if timeout is None else time.monotonic() + timeout
-        delay = 0.02
-        while True:
-            out = await asyncio.to_thread(self._outcome_of, call_id)
-            if out.terminal or (end is not None and time.monotonic() >= end):
-                return out
-            left = delay if end is None else min(delay, max(0.0, end - time.monotonic()))
-            await asyncio.sleep(left)
-            delay = min(delay * 2, 1.0)
+        return await self._engine.wait(call_id, timeout)
 
     def wait_sync(self, call_id: str, *, timeout: float | None = None) -> Outcome:
         """`wait` for a caller without an event loop."""
-        end = None if timeout is None else time.monotonic() + timeout
-        delay = 0.02
-        while True:
-            out = self._outcome_of(call_id)
-            if out.terminal or (end is not None and time.monotonic() >= end):
-                return out
-            time.sleep(delay if end is None else min(delay, max(0.0, end - time.monotonic())))
-            delay = min(delay * 2, 1.0)
-
-    def _outcome_of(self, call_id: str) -> Outcome:
-        """The outcome now; an intent nobody drives (approved and never run, or its owner
-        gone) is driven here first, so a waiting caller resumes without a recovery pass."""
-        if self._sandbox is not None:  # a sandbox drives nothing here
-            out = self._sandbox.outcome(call_id)
-            if out is None:
-                raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
-            return out
-        read_at = self.store.now()  # before the read: a lease is judged as of then
-        intent = self.store.get_by_call_id(call_id)
-        if intent is None:
-            raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
-        intent = _approval.followed(self.store, intent)
-        e = self._engine
-        if approval_due(intent, read_at):  # no decision came within its window
-            _hooks.expired(e, e.store.expire_approvals(read_at, 1, intent.id), intent)
-            intent = e.store.get_intent(intent.id) or intent
-        t = e.tools.get(intent.tool_id)
-        if t is not None and e.claimable(intent, read_at) == "claimable":
-            out = run_sync(e, orphan_steps(e, t, intent, CallState()))
-            if out is not None:
-                return _protocol.given(e.store, out)
-        return _protocol.given(e.store, _protocol.answer(intent))
+        return self._engine.wait_sync(call_id, timeout)
 
     # Life cycle.
 
@@ -602,26 +498,17 @@ class Kernel:
         self.close()
 
     def _renew(self) -> None:
-        e = self._engine
-        ids = e.holds.ids()
-        if ids:
-            now = self.store.now()
-            n = e.store.renew_leases(self.worker_id, ids, now + self.lease_ttl, now)
-            _hooks.point(e, lambda base: LeasesRenewedEvent(**base, held=len(ids), renewed=n))
+        self._engine.renew()
 
     def _after_fork_in_child(self) -> None:
         """A forked child is another process: a new identity, no calls of the parent's, its
         own connections and threads (the parent's do not exist here)."""
-        e = self._engine
-        old = e.owner.worker_id
-        given = self._given_worker_id
-        e.owner = current_owner(f"{given}.{os.getpid()}" if given else None, self._given_host)
+        old, given = self.worker_id, self._given_worker_id
+        owner = current_owner(f"{given}.{os.getpid()}" if given else None, self._given_host)
+        self._engine.after_fork(owner)
         forget_worker_id(old)
-        claim_worker_id(e.owner.worker_id, self)
-        e.holds.reset()
-        e.continuations = set()
-        e.shutdown_pools(forked=True)
-        _observe.after_fork(e)
+        claim_worker_id(owner.worker_id, self)
+        _observe.after_fork(self._engine)
         self._deliver_lock = threading.Lock()
         self._issuer.after_fork()
         self._aids.gatherer.after_fork()

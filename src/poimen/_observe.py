@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from poimen import events as ev
 from poimen._core.present import redact_urls
@@ -25,13 +25,20 @@ from poimen._engine.hooks import CALLS, EVERYTHING, RECOVERY, TRANSITIONS, Obser
 from poimen.errors import PoimenError
 
 if TYPE_CHECKING:
+    from poimen._capability.context import Issuer
     from poimen._core.intents import Intent, Outcome
     from poimen._engine.engine import Engine
     from poimen._engine.steps import Run
-    from poimen._kernel import Kernel
     from poimen.store._base import NewDispatch
 
 log = logging.getLogger("poimen.observe")
+
+
+class Kernel(Protocol):
+    """What the observers are installed on: a kernel (`poimen.Kernel`, a layer above)."""
+
+    _engine: Engine
+    _issuer: Issuer
 
 
 class Observation:

@@ -7,14 +7,15 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from poimen._core.spec import ToolSpec
+from poimen._core.undo import undo_rule
 
 if TYPE_CHECKING:
     from poimen._capability.context import ToolContext
     from poimen._core.effects import EffectClass
     from poimen._core.intents import Outcome
     from poimen._core.tools import Caps
+    from poimen._core.undo import UndoArgs
     from poimen._kernel import Kernel
-    from poimen._undo import UndoArgs
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -68,7 +69,7 @@ class ToolHandle(Generic[P, R]):
         from poimen import _undo
 
         kernel = self._kernel
-        rule = _undo.rule(self.id, id, args)
+        rule = undo_rule(self.id, id, args)
         assert rule is not None
 
         def decorate(fn: Callable[Concatenate[ToolContext, P2], R2]) -> ToolHandle[P2, R2]:

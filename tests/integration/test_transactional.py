@@ -373,6 +373,23 @@ def test_a_database_that_is_no_url_or_function_is_refused_at_registration(bad: A
         Transactional(database=bad)
 
 
+def test_a_transactional_registration_is_one_record_kept_whole_or_not_at_all(
+    tmp_path: Path,
+) -> None:
+    log, app = f"sqlite:///{tmp_path / 'log.db'}", f"sqlite:///{tmp_path / 'app.db'}"
+    make_notes(app)
+    with Kernel(log, notifiers=[]) as k:
+        with pytest.raises(RegistrationError, match="description must be text"):
+            tx_tool(k, app, "tx.bad", _insert, description=42)
+        e = k._engine
+        assert "tx.bad" not in e.records and "tx.bad" not in e.databases
+        tx_tool(k, app, "tx.good", _insert)
+        db = e.records["tx.good"].database
+        assert db is not None and e.databases["tx.good"] is db and not db.own
+        assert isinstance(k.call("tx.good", {}, call_id="r1"), Completed)
+        assert rows(app, "r1") == 1
+
+
 def test_a_function_may_give_the_connection_and_must_give_a_usable_one(tmp_path: Path) -> None:
     log, path = f"sqlite:///{tmp_path / 'log.db'}", tmp_path / "app.db"
     make_notes(f"sqlite:///{path}")

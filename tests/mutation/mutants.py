@@ -157,8 +157,8 @@ MUTANTS: list[Mutant] = [
            "            key = effects.key.derive(t.id, dict(args))\n",
            ("tests/integration/test_public_api.py", "-k", "recorded_arguments and sqlite")),
     # Tool ids and model-facing names never name two different tools.
-    Mutant("id-is-a-name", "a tool id is never another tool's model-facing name", KERNEL,
-           "        if registration.id in self._names:", "        if False:",
+    Mutant("id-is-a-name", "a tool id is never another tool's model-facing name", ENGINE,
+           "        if registration.id in names:", "        if False:",
            ("tests/unit/test_registration.py", "-k", "model_facing")),
     Mutant("name-is-an-id", "a model-facing name is never another tool's id or name",
            "poimen/_core/spec.py", "        if name not in taken:\n            return name\n",
@@ -170,7 +170,7 @@ MUTANTS: list[Mutant] = [
            ("tests/integration/test_in_process_races.py", "-k", "run_it_once and sqlite")),
     # Identity and background duties.
     Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
-           "        e.owner = current_owner(", "        e.owner = e.owner or current_owner(",
+           "        owner = current_owner(f", "        owner = self.owner or current_owner(f",
            T_LIFE),
     Mutant("duplicate-worker", "one identity per live kernel", "poimen/_engine/workers.py",
            "if other is not None and other is not k and not other._closed:", "if False:",
@@ -234,7 +234,7 @@ MUTANTS: list[Mutant] = [
            "approval.approvers)\n    )\n    if not created:\n        return answer(intent)",
            ("tests/integration/test_approval.py", "-k", "names_that_call and sqlite")),
     Mutant("wait-ignores-window", "a waiting caller expires a call past its approval window",
-           KERNEL, "        if approval_due(intent, read_at):", "        if False:",
+           ENGINE, "        if approval_due(intent, read_at):", "        if False:",
            ("tests/integration/test_approval.py", "-k", "window and sqlite")),
     Mutant("repeat-ignores-window", "a repeated call expires a call past its approval window",
            PROTOCOL, "        if approval_due(intent, read_at):", "        if False:",
@@ -358,10 +358,9 @@ MUTANTS: list[Mutant] = [
            "poimen/store/__init__.py",
            "shown = redact_store_url(url) if isinstance(url, str) else type(url).__name__",
            "shown = url", ("tests/integration/test_bad_input_operator.py", "-k", "foreign")),
-    Mutant("half-registered", "a registration is all or nothing", KERNEL,
-           "        spec = spec_of(tool, name, description)\n"
-           "        self._engine.tools[registration.id] = tool\n",
-           "        self._engine.tools[registration.id] = tool\n"
+    Mutant("half-registered", "a registration is all or nothing", ENGINE,
+           "        spec = spec_of(tool, name, description)\n",
+           "        self.tools[registration.id] = tool\n"
            "        spec = spec_of(tool, name, description)\n",
            ("tests/integrations/test_mcp_bad_input.py", "-k", "local_tool")),
     Mutant("error-text-unredacted", "error texts are shown without the credentials of URLs",
@@ -455,7 +454,7 @@ MUTANTS: list[Mutant] = [
            "poimen/store/_approvals.py", "if approve and operator in given:", "if False:",
            ("tests/integration/test_approval_edit.py", "-k", "sqlite")),
     Mutant("edit-link-ignored", "the caller of an edited call resumes with the edited call",
-           "poimen/_approval.py",
+           ENGINE,
            'if intent.state == IntentState.FAILED and intent.reason == "edited":', "if False:",
            ("tests/integration/test_approval_edit.py", "-k", "sqlite")),
     Mutant("impure-nested", "a key derivation reading the clock in a nested function is refused",

@@ -20,34 +20,39 @@ from typing import TYPE_CHECKING, Any, Protocol
 from poimen import call_ids
 from poimen._capability import guard as _guard
 from poimen._capability.context import Issuer
-from poimen._core.approval import ApprovalRule
+from poimen._core.approval import ApprovalRule, approval_due, approval_rule
 from poimen._core.backoff import seconds
 from poimen._core.decide import Policy, claimability
-from poimen._core.effects import Idempotent, Queryable, effect_name
-from poimen._core.intents import Intent, Outcome, Owner
+from poimen._core.effects import Idempotent, Queryable, ReadOnly, Transactional, effect_name
+from poimen._core.intents import Intent, IntentState, Outcome, Owner
 from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
 from poimen._core.retry import Retry as RetryPolicy
-from poimen._core.tools import Tool
+from poimen._core.spec import ToolSpec, safe_name, spec_of
+from poimen._core.tools import Tool, ToolRegistration, build_tool
+from poimen._core.undo import UndoArgs, UndoRule, undo_rule
 from poimen._engine import hooks as _hooks
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
-from poimen._engine.protocol import Approval, call_steps
+from poimen._engine.protocol import Approval, answer, call_steps, given, orphan_steps
 from poimen._engine.runners import run_async, run_sync
 from poimen._engine.steps import CallState, Holds
+from poimen._engine.transactional import Database
 from poimen.call_ids import is_edit, is_undo
 from poimen.errors import (
+    IntentNotFoundError,
     NondeterministicKeyError,
     PoimenError,
+    RegistrationError,
     ReservedCallIdError,
     UnknownToolError,
     WrongRunnerError,
 )
+from poimen.events import LeasesRenewedEvent
 from poimen.store import Store
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
     from poimen._engine.hooks import ObserverHooks
-    from poimen._engine.transactional import Database
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +94,26 @@ class Settings:
                 )
 
 
+@dataclass(slots=True, kw_only=True)
+class ToolRecord:
+    """Everything registered for one tool, kept together (`Engine.add`)."""
+
+    tool: Tool
+    """Its registration, function and argument schema."""
+    spec: ToolSpec
+    """What models see of it, under `spec.name`."""
+    retry: RetryPolicy | None = None
+    """Its call path's retries; None: ``Retry(attempts=max_attempts)``."""
+    approval: ApprovalRule | None = None
+    """When its calls wait for an operator's approval."""
+    undo: UndoRule | None = None
+    """The tool that reverses its calls (set later by ``@handle.undo``)."""
+    coalesce: bool = True
+    """False: an identical call made while one is unsettled is a new call."""
+    database: Database | None = None
+    """A Transactional tool's database, where its writes and its outcome's marker commit."""
+
+
 class Sandboxed(Protocol):
     """What the call entry asks of a shadow or replay mode (`poimen.sandbox._modes`)."""
 
@@ -98,6 +123,10 @@ class Sandboxed(Protocol):
 
     def answer(self, t: Tool, d: NewDispatch) -> Outcome:
         """The mode's answer to a call it does not run."""
+        ...
+
+    def outcome(self, call_id: str) -> Outcome | None:
+        """What the mode's log says of a call id (None: never called, or refused)."""
         ...
 
 
@@ -119,12 +148,11 @@ class Engine:
         self.owner = owner
         self.issuer = issuer
         self.settings = settings
-        self.tools: dict[str, Tool] = {}
-        # The databases of Transactional tools, by tool id.
+        self.records: dict[str, ToolRecord] = {}
+        self.tools: dict[str, Tool] = {}  # each record's tool, by id: the call path's index
+        self.names: dict[str, str] = {}  # a spec's name -> its tool id
+        # Each Transactional record's database, by tool id: the call path's index.
         self.databases: dict[str, Database] = {}
-        self.retries: dict[str, RetryPolicy] = {}
-        self.approvals: dict[str, ApprovalRule] = {}
-        self.repeating: set[str] = set()  # tools registered with coalesce=False
         self.holds = Holds()
         self.lease_ttl = settings.lease_ttl
         self.deadline_margin = settings.deadline_margin
@@ -140,8 +168,97 @@ class Engine:
         self.continuations: set[threading.Thread] = set()
         self.observer: ObserverHooks | None = None  # set while the kernel has observers
 
+    def record(
+        self,
+        registration: ToolRegistration,
+        fn: Callable[..., Any],
+        *,
+        retry: RetryPolicy | None,
+        description: str | None,
+        requires_approval: object,
+        approval_ttl: float | None,
+        approvers: int,
+        undo: str | None,
+        undo_args: UndoArgs | None,
+        coalesce: bool,
+    ) -> ToolRecord:
+        """A registration checked whole and made into its record; nothing is kept yet
+        (`Kernel.register` documents the arguments)."""
+        if not isinstance(coalesce, bool):
+            raise RegistrationError(
+                f"tool {getattr(registration, 'id', '?')!r}: coalesce must be True or False",
+                tool_id=getattr(registration, "id", None),
+            )
+        if not isinstance(registration, ToolRegistration):
+            raise RegistrationError(
+                f"expected a ToolRegistration, got {type(registration).__name__}"
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise RegistrationError(
+                f"tool {registration.id!r}: retry must be a Retry, not {retry!r}",
+                tool_id=registration.id,
+            )
+        if registration.id in self.tools:
+            raise RegistrationError(
+                f"tool {registration.id!r} is already registered", tool_id=registration.id
+            )
+        names = self.names
+        if registration.id in names:  # an id and a name must never name two tools
+            other = names[registration.id]
+            raise RegistrationError(
+                f"tool id {registration.id!r} is the model-facing name of tool {other!r}; "
+                f"give {registration.id!r} another id",
+                tool_id=registration.id,
+                other=other,
+            )
+        tool = build_tool(registration, fn)
+        effects = registration.effects
+        if isinstance(effects, Idempotent | ReadOnly | Transactional):
+            _guard.install()
+        db = Database(effects, self.store.url) if isinstance(effects, Transactional) else None
+        rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
+        undoes = undo_rule(registration.id, undo, undo_args)
+        if description is not None and not isinstance(description, str):
+            raise RegistrationError(
+                f"tool {registration.id!r}: description must be text", tool_id=registration.id
+            )
+        name = safe_name(registration.id, set(names))
+        spec = spec_of(tool, name, description)
+        return ToolRecord(
+            tool=tool,
+            spec=spec,
+            retry=retry,
+            approval=rule,
+            undo=undoes,
+            coalesce=coalesce,
+            database=db,
+        )
+
+    def add(self, record: ToolRecord) -> None:
+        """Keep a registered tool (checked whole before: nothing here refuses)."""
+        self.records[record.tool.id] = record
+        self.tools[record.tool.id] = record.tool
+        self.names[record.spec.name] = record.tool.id
+        if record.database is not None:
+            self.databases[record.tool.id] = record.database
+
+    def tool_id(self, name: str) -> str:
+        """The tool id a spec's name stands for (an id works too, and is looked up first)."""
+        if isinstance(name, str):
+            if name in self.tools:
+                return name
+            if name in self.names:
+                return self.names[name]
+        raise UnknownToolError(f"no tool is registered as {name!r}", tool_id=name)
+
+    def spec(self, tool: str) -> ToolSpec:
+        """A tool as a model sees it, by id or by its spec's name."""
+        r = self.records.get(tool) if isinstance(tool, str) else None
+        return (r or self.records[self.tool_id(tool)]).spec
+
     def retry(self, t: Tool) -> RetryPolicy:
-        return self.retries.get(t.id, self.default_retry)
+        r = self.records.get(t.id)
+        return r.retry if r is not None and r.retry is not None else self.default_retry
 
     def policy(self, t: Tool) -> Policy:
         s = self.settings
@@ -171,6 +288,22 @@ class Engine:
             return
         for p in pools.values():
             p.shutdown(wait=False)
+
+    def renew(self) -> None:
+        """Renew the leases of the calls this kernel runs."""
+        ids = self.holds.ids()
+        if ids:
+            now = self.store.now()
+            n = self.store.renew_leases(self.owner.worker_id, ids, now + self.lease_ttl, now)
+            _hooks.point(self, lambda base: LeasesRenewedEvent(**base, held=len(ids), renewed=n))
+
+    def after_fork(self, owner: Owner) -> None:
+        """In a forked child: its own identity, none of the parent's calls, threads, pools
+        (its observers' are `poimen._observe.after_fork`'s)."""
+        self.owner = owner
+        self.holds.reset()
+        self.continuations = set()
+        self.shutdown_pools(forked=True)
 
     def claimable(self, intent: Intent, now: float) -> str:
         return claimability(
@@ -235,6 +368,63 @@ class Engine:
             return await _hooks.observed_acall(obs, d, run)
         return await run
 
+    # Outcomes of calls made earlier, for a caller that resumes.
+
+    def outcome(self, call_id: str) -> Outcome | None:
+        """What the log says of this call id now, or None if it was never called; a settled
+        outcome read here is given to the call's caller (`protocol.given`)."""
+        if self.sandbox is not None:
+            return self.sandbox.outcome(call_id)
+        intent = self.store.get_by_call_id(call_id)
+        if intent is None:
+            return None
+        return given(self.store, answer(followed(self.store, intent)))
+
+    def outcome_now(self, call_id: str) -> Outcome:
+        """The outcome now; an intent nobody drives (approved and never run, or its owner
+        gone) is driven here first, so a waiting caller resumes without a recovery pass."""
+        if self.sandbox is not None:  # a sandbox drives nothing here
+            out = self.sandbox.outcome(call_id)
+            if out is None:
+                raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
+            return out
+        read_at = self.store.now()  # before the read: a lease is judged as of then
+        intent = self.store.get_by_call_id(call_id)
+        if intent is None:
+            raise IntentNotFoundError(f"no call has the call id {call_id!r}", call_id=call_id)
+        intent = followed(self.store, intent)
+        if approval_due(intent, read_at):  # no decision came within its window
+            _hooks.expired(self, self.store.expire_approvals(read_at, 1, intent.id), intent)
+            intent = self.store.get_intent(intent.id) or intent
+        t = self.tools.get(intent.tool_id)
+        if t is not None and self.claimable(intent, read_at) == "claimable":
+            out = run_sync(self, orphan_steps(self, t, intent, CallState()))
+            if out is not None:
+                return given(self.store, out)
+        return given(self.store, answer(intent))
+
+    async def wait(self, call_id: str, timeout: float | None) -> Outcome:
+        """`Kernel.wait`: `outcome_now` until it is final or `timeout` has passed."""
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            out = await asyncio.to_thread(self.outcome_now, call_id)
+            if out.terminal or (end is not None and time.monotonic() >= end):
+                return out
+            await asyncio.sleep(_left(delay, end))
+            delay = min(delay * 2, 1.0)
+
+    def wait_sync(self, call_id: str, timeout: float | None) -> Outcome:
+        """`wait` for a caller without an event loop."""
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            out = self.outcome_now(call_id)
+            if out.terminal or (end is not None and time.monotonic() >= end):
+                return out
+            time.sleep(_left(delay, end))
+            delay = min(delay * 2, 1.0)
+
     def prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str, scope: str | None = None
     ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
@@ -276,13 +466,14 @@ class Engine:
             timeout_s=timeout,
             deadline_at=now + timeout + self.deadline_margin,
             now=now,
-            scope=call_ids.scope_for(call_id, t.id, args, scope, t.id not in self.repeating),
+            scope=call_ids.scope_for(call_id, t.id, args, scope, self.records[t.id].coalesce),
         )
         return t, d, kwargs
 
     def approval(self, t: Tool, d: NewDispatch) -> Approval | None:
         """The approval this call waits for, if its tool's rule asks for one."""
-        rule = self.approvals.get(t.id)
+        r = self.records.get(t.id)
+        rule = None if r is None else r.approval
         if rule is None or not rule.needed(t.id, _recorded(d)):
             return None
         return Approval(None if rule.ttl is None else d.now + rule.ttl, rule.approvers)
@@ -303,6 +494,20 @@ def check_not_reserved(call_id: str) -> None:
             field="call_id",
             call_id=call_id,
         )
+
+
+def _left(delay: float, end: float | None) -> float:
+    """The next poll's wait: `delay`, cut short by the end of a caller's timeout."""
+    return delay if end is None else min(delay, max(0.0, end - time.monotonic()))
+
+
+def followed(store: Store, intent: Intent) -> Intent:
+    """An intent approved with edited arguments answers with its edited call."""
+    if intent.state == IntentState.FAILED and intent.reason == "edited":
+        edited = store.get_by_call_id(call_ids.edit_of(intent.call_id))
+        if edited is not None:
+            return edited
+    return intent
 
 
 def _recorded(d: NewDispatch) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -39,6 +38,7 @@ from poimen.errors import (
     TransactionalDatabaseError,
     TransactionControlError,
 )
+from poimen.store._dialect import POSTGRES, SQLITE, same_log
 
 if TYPE_CHECKING:
     from poimen.store import Store
@@ -181,7 +181,7 @@ class Database:
         self.dialect: Dialect | None
         if isinstance(spec, str):
             self.shown = redact_store_url(spec)
-            self.dialect = "sqlite" if spec.startswith("sqlite:///") else "postgres"
+            self.dialect = "sqlite" if SQLITE.opens(spec) else "postgres"
             self.own = same_database(spec, log_url)
         else:
             self.shown = f"{getattr(spec, '__qualname__', type(spec).__name__)}()"
@@ -639,11 +639,9 @@ def _line(exc: BaseException) -> str:
 def same_database(url: str, log_url: str) -> bool:
     """Does `url` name the intent log's own database? Only then does the outcome commit with
     the tool's writes; two spellings of one database are taken as two (one more commit)."""
-    if url.startswith("sqlite:///") and log_url.startswith("sqlite:///"):
-        a, b = url[len("sqlite:///") :], log_url[len("sqlite:///") :]
-        return os.path.realpath(a) == os.path.realpath(b)
-    pg = ("postgresql://", "postgres://")
-    if url.startswith(pg) and log_url.startswith(pg):
+    if SQLITE.opens(url) and SQLITE.opens(log_url):
+        return same_log(url, log_url)
+    if POSTGRES.opens(url) and POSTGRES.opens(log_url):
         try:
             from psycopg import conninfo
 

@@ -53,6 +53,7 @@ from poimen.operator import _health as health
 from poimen.operator import _ops as op
 from poimen.operator._prune import prune
 from poimen.store import Store, open_store
+from poimen.store._dialect import POSTGRES, dialect_of, same_log, sqlite_path
 
 OK, NOT_FOUND, USAGE, STORE, UNEXPECTED, INDETERMINATE, VERIFY_FAILED = 0, 1, 2, 3, 4, 5, 6
 
@@ -78,10 +79,9 @@ def _db_url(ns: argparse.Namespace) -> str:
 def _open(url: str, *, readonly: bool = False) -> Store:
     """Open an existing log without migrating it: reading never changes the schema, and a
     reading command opens it read-only, so it never writes to the log at all."""
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///") :]
-        if not Path(path).is_file():
-            raise CliError(f"no intent log at {path!r} (poimen migrate creates one)", code=STORE)
+    path = sqlite_path(url)
+    if path is not None and not Path(path).is_file():
+        raise CliError(f"no intent log at {path!r} (poimen migrate creates one)", code=STORE)
     store = open_store(url, migrate=False, readonly=readonly)
     if store.schema_version() == 0:
         store.close()
@@ -89,12 +89,6 @@ def _open(url: str, *, readonly: bool = False) -> Store:
             f"{op.redact_store_url(url)} holds no poimen schema: run `poimen migrate`", code=STORE
         )
     return store
-
-
-def _same_store(a: str, b: str) -> bool:
-    if a.startswith("sqlite:///") and b.startswith("sqlite:///"):
-        return os.path.realpath(a[10:]) == os.path.realpath(b[10:])
-    return a == b
 
 
 def load_app(spec: str) -> Kernel:
@@ -153,7 +147,7 @@ def cmd_verify(ns: argparse.Namespace) -> int:
         store = _open(_db_url(ns), readonly=True)
     except SchemaTooNewError as exc:
         v = health.Verification(
-            backend="sqlite" if _db_url(ns).startswith("sqlite:") else "postgres",
+            backend=(dialect_of(_db_url(ns)) or POSTGRES).name,
             schema_version=int(exc.data["found"]),
             known_version=int(exc.data["known"]),
             checks=("schema version",),
@@ -352,7 +346,7 @@ def _app_on_db(ns: argparse.Namespace) -> Kernel:
     """The --app kernel; refused (and closed) if --db/POIMEN_DB names another store."""
     kernel = load_app(ns.app)
     given = ns.db or os.environ.get("POIMEN_DB")
-    if given and not _same_store(given, kernel.store.url):
+    if given and not same_log(given, kernel.store.url):
         kernel.close()
         raise CliError(
             f"--db/POIMEN_DB {op.redact_store_url(given)} is not the app's store "
@@ -517,7 +511,7 @@ def cmd_console(ns: argparse.Namespace) -> int:
         kernel = load_app(ns.app)
         try:
             checks = dict(kernel.checks)
-            if url and not _same_store(url, kernel.store.url):
+            if url and not same_log(url, kernel.store.url):
                 raise CliError(
                     f"--db/POIMEN_DB {op.redact_store_url(url)} is not the app's store "
                     f"{op.redact_store_url(kernel.store.url)}",

@@ -26,6 +26,7 @@ from poimen.operator._ops import (
 )
 from poimen.store._base import Store, latest_version, migrations
 from poimen.store._chain import CHAIN_VERSION
+from poimen.store._dialect import SQLITE, dialect_of
 from poimen.store._fs import filesystem_of, is_network
 
 # What the newest PostgreSQL schema holds that the guarantees rest on: keys, the checks on
@@ -109,7 +110,7 @@ def _read(store: Store, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
 
 def verify(store: Store) -> Verification:
     """Integrity, schema and the unfinished intents no live process owns."""
-    dialect = "sqlite" if store.url.startswith("sqlite:") else "postgres"
+    dialect = "sqlite" if dialect_of(store.url) is SQLITE else "postgres"
     found, known = store.schema_version(), latest_version(dialect)
     problems: list[Problem] = []
     notes: list[str] = []
@@ -350,7 +351,7 @@ def environment() -> dict[str, Any]:
 def store_facts(store: Store) -> dict[str, Any]:
     """The store's own settings: schema, and what its durability depends on."""
     facts: dict[str, Any] = {"schema_version": store.schema_version()}
-    if store.url.startswith("sqlite:"):
+    if dialect_of(store.url) is SQLITE:
         path = str(getattr(store, "path", ""))
         facts["known_version"] = latest_version("sqlite")
         facts["file_bytes"] = os.path.getsize(path) if os.path.exists(path) else None

@@ -23,7 +23,7 @@ from typing import IO, Any
 from poimen._core.audit import COLUMNS
 from poimen._core.intents import Owner
 from poimen.operator._ops import OperatorInputError
-from poimen.store import Store
+from poimen.store._base import RetentionStore
 from poimen.store._retention import History
 
 #: Seven days: a call id re-used within them answers with the recorded outcome. After a
@@ -44,7 +44,7 @@ class PruneReport:
 
 
 def prune(
-    store: Store,
+    store: RetentionStore,
     *,
     older_than: float,
     archive: str | os.PathLike[str] | None = None,

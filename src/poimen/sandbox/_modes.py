@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -48,6 +47,7 @@ from poimen.sandbox import change_text, json_changes, open_log, redact_change, r
 from poimen.store import Store
 from poimen.store import _sandbox as records
 from poimen.store._base import NewDispatch
+from poimen.store._dialect import same_log
 
 if TYPE_CHECKING:
     from poimen._engine.engine import Engine
@@ -97,12 +97,6 @@ def check_options(
         raise PoimenError("on_divergence is for mode='replay'", field="on_divergence")
 
 
-def _same_log(a: str, b: str) -> bool:
-    if a.startswith("sqlite:///") and b.startswith("sqlite:///"):
-        return os.path.realpath(a[10:]) == os.path.realpath(b[10:])
-    return a == b
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Divergence:
     kind: Literal["not_in_recording", "arguments_changed", "tool_changed"]
@@ -145,7 +139,7 @@ class Sandbox:
         self.on_divergence = on_divergence
         records.sql_store(store)  # sandbox records need a SQL store
         given = source if isinstance(source, str) else getattr(source, "url", None)
-        if isinstance(given, str) and _same_log(given, store.url):
+        if isinstance(given, str) and same_log(given, store.url):
             what = "recording" if mode == "replay" else "live"
             raise PoimenError(
                 f"the {mode} kernel's own log is its {what} log: give it a log of its own "

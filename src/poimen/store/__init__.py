@@ -7,6 +7,7 @@ from typing import Any
 from poimen._core.present import redact_store_url
 from poimen.errors import StoreError
 from poimen.store._base import NewDispatch, NewNotification, Store
+from poimen.store._dialect import POSTGRES, sqlite_path
 from poimen.store.sqlite import SqliteStore
 
 __all__ = ["NewDispatch", "NewNotification", "SqliteStore", "Store", "open_store"]
@@ -15,9 +16,10 @@ __all__ = ["NewDispatch", "NewNotification", "SqliteStore", "Store", "open_store
 def open_store(url: str, **options: Any) -> Store:
     """Open (and migrate) the store a URL names; ``readonly=True`` opens it for reading
     only, without migrating it."""
-    if url.startswith("sqlite:///"):
-        return SqliteStore(url[len("sqlite:///") :], **options)
-    if url.startswith(("postgresql://", "postgres://")):
+    path = sqlite_path(url) if isinstance(url, str) else None
+    if path is not None:
+        return SqliteStore(path, **options)
+    if isinstance(url, str) and POSTGRES.opens(url):
         try:
             from poimen.store.postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:

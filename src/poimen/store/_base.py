@@ -89,8 +89,13 @@ def indeterminate_notification(
     )
 
 
-class Store(Protocol):
-    """Every method is one transaction; every state change is a compare-and-set on the fence."""
+# The store in roles: each part of poimen names the role it uses; `Store` is all of them, what
+# a backend implements. Every method is one transaction; every state change is a
+# compare-and-set on the fence.
+
+
+class StoreBase(Protocol):
+    """What every role has: the log's URL, its schema, its clock."""
 
     url: str
 
@@ -99,7 +104,10 @@ class Store(Protocol):
     def now(self) -> float: ...
     def close(self) -> None: ...
 
-    # The call path.
+
+class CallPathStore(StoreBase, Protocol):
+    """The call path's commits: a dispatch, an outcome, an unknown outcome, a deadline."""
+
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]: ...
     def record_outcome(
         self,
@@ -134,7 +142,10 @@ class Store(Protocol):
         self, intent_id: str, fence: int, deadline_at: float, now: float
     ) -> bool: ...
 
-    # Recovery.
+
+class RecoveryStore(StoreBase, Protocol):
+    """Recovery: the scan of unfinished intents, claims, decisions, takeovers, leases."""
+
     def list_unfinished(self, *, after_id: str, limit: int) -> list[Intent]: ...
     def claim(
         self,
@@ -181,7 +192,10 @@ class Store(Protocol):
         self, worker_id: str, intent_ids: Sequence[str], lease_expires_at: float, now: float
     ) -> int: ...
 
-    # The operator path.
+
+class OperatorStore(StoreBase, Protocol):
+    """The operator's decisions: resolve, abandon, approvals."""
+
     def resolve(
         self,
         intent_id: str,
@@ -225,7 +239,10 @@ class Store(Protocol):
         self, now: float, limit: int = 500, intent_id: str | None = None
     ) -> list[str]: ...
 
-    # Retention (`poimen prune`).
+
+class RetentionStore(StoreBase, Protocol):
+    """Retention (`poimen prune`): what may go, its history for an archive, the delete."""
+
     def prune_candidates(self, *, after_id: str, before: float, limit: int) -> list[Intent]: ...
     def histories(self, intents: Sequence[Intent]) -> list[History]: ...
     def prune(self, histories: Sequence[History], *, before: float) -> list[str]: ...
@@ -233,6 +250,11 @@ class Store(Protocol):
     def record_event(
         self, intent_id: str, kind: str, *, actor: str, detail: dict[str, Any], now: float
     ) -> bool: ...
+
+
+class ReadStore(StoreBase, Protocol):
+    """Reads: intents, their attempts and events, counts."""
+
     def get_intent(self, intent_id: str) -> Intent | None: ...
     def get_by_call_id(self, call_id: str) -> Intent | None: ...
     def unsettled_call(self, scope: str, tool_id: str, args_hash: str) -> Intent | None: ...
@@ -249,7 +271,10 @@ class Store(Protocol):
     def events(self, intent_id: str) -> list[Event]: ...
     def counts(self) -> dict[tuple[str, str], int]: ...
 
-    # Outbox and audit.
+
+class OutboxStore(StoreBase, Protocol):
+    """The outbox and the audit of denied writes."""
+
     def add_notification(self, intent_id: str, note: NewNotification, now: float) -> bool: ...
     def due_notifications(self, now: float, limit: int) -> list[Notification]: ...
     def due_deliveries(
@@ -279,6 +304,18 @@ class Store(Protocol):
     # The audit chain (docs/audit.md; the links are the database's triggers').
     def audit_head(self) -> Head | None: ...
     def audit_chain(self) -> AbstractContextManager[ChainView]: ...
+
+
+class Store(
+    CallPathStore,
+    RecoveryStore,
+    OperatorStore,
+    RetentionStore,
+    ReadStore,
+    OutboxStore,
+    Protocol,
+):
+    """The intent log: every role; what a backend implements."""
 
 
 # Row decoding shared by the backends. Rows come in the column order below.

@@ -29,6 +29,7 @@ from poimen.store._base import (
     notification_from_row,
 )
 from poimen.store._chain import CHAIN_VERSION
+from poimen.store._dialect import DIALECTS
 from poimen.store._inline import inline_attempt, inline_events
 from poimen.store._statements import Reader
 
@@ -253,7 +254,7 @@ class Retention:
         self, ex: Any, ids: list[str], given: dict[str, History], before: float
     ) -> list[str]:
         p = self._sql.p
-        lock = " FOR UPDATE" if self.dialect == "postgres" else ""  # SQLite: one writer
+        lock = DIALECTS[self.dialect].lock
         found = ex.execute(
             f"SELECT id, call_id FROM intents WHERE {self._in('id', len(ids))} "
             f"AND state IN {_STATES} AND updated_at < {p} ORDER BY id{lock}",

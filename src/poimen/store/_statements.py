@@ -23,6 +23,7 @@ from poimen.store._base import (
     NOTIFICATION_COLUMNS,
     NewDispatch,
 )
+from poimen.store._dialect import Dialect
 from poimen.store._inline import (
     detail_json,
 )
@@ -59,17 +60,16 @@ class Reader(Protocol):
 
 
 class Sql:
-    """The statements both dialects share, with `placeholder` for each ``?``."""
+    """The statements both dialects share, with the dialect's placeholder for each ``?``."""
 
-    def __init__(self, placeholder: str, greatest: str, lock: str = "") -> None:
+    def __init__(self, dialect: Dialect) -> None:
         def q(sql: str) -> str:
-            return sql.replace("?", placeholder)
+            return sql.replace("?", dialect.placeholder)
 
-        self.p = placeholder
-        g = greatest  # the larger of two values: MAX(a, b) in SQLite, GREATEST in PostgreSQL
-        # `lock` takes a row for the rest of a write transaction (FOR UPDATE in PostgreSQL;
-        # SQLite's one writer needs nothing): two spills of one intent at once would write
-        # its attempt 1 twice.
+        self.p = dialect.placeholder
+        g = dialect.greatest
+        # The row lock: two spills of one intent at once would write its attempt 1 twice.
+        lock = dialect.lock
         # Reads.
         self.intent_by_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE id = ?")
         self.intent_by_call_id = q(f"SELECT {INTENT_COLUMNS} FROM intents WHERE call_id = ?")
@@ -152,7 +152,7 @@ class Sql:
         )
         # A takeover's first write: only on the lease it judged run out, so a renewal that
         # applied since wins; the lease left has run out for good, so none applies after.
-        same = "IS" if placeholder == "?" else "IS NOT DISTINCT FROM"
+        same = dialect.same
         judged = (
             f"WHERE id = ? AND fence = ? AND state = 'DISPATCHED' AND lease_expires_at {same} ?"
         )

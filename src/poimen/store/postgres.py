@@ -43,6 +43,7 @@ from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import PoimenError, ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._chain import Stream
+from poimen.store._dialect import POSTGRES
 from poimen.store._sql import SqlStore
 from poimen.store._statements import (
     Executor,
@@ -56,7 +57,7 @@ from poimen.store._statements import (
 
 T = TypeVar("T")
 S = IntentState
-SQL = Sql("%s", "GREATEST", " FOR UPDATE")
+SQL = Sql(POSTGRES)
 Cursor = psycopg.Cursor[Any]
 log = logging.getLogger("poimen.store.postgres")
 

@@ -23,6 +23,7 @@ from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import ReadOnlyStoreError, StoreError, StoreUnavailableError
 from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
 from poimen.store._chain import Stream
+from poimen.store._dialect import SQLITE
 from poimen.store._fs import refuse_network_fs, sqlite_writes
 from poimen.store._group_commit import GroupCommit, Op
 from poimen.store._inline import attempt_row, event_row, inline_attempt, inline_events
@@ -41,7 +42,7 @@ from poimen.store._statements import (
 
 T = TypeVar("T")
 S = IntentState
-SQL = Sql("?", "MAX")
+SQL = Sql(SQLITE)
 log = logging.getLogger("poimen")
 SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Connections a forked child inherited: never used, never closed (see `after_fork`).
