@@ -442,6 +442,7 @@ def test_the_audit_chain_holds_after_an_owed_answer_is_taken_from_a_settled_row(
     assert ledger.count() == 1
 
 
+@pytest.mark.postgres
 def test_an_owed_answer_taken_by_its_call_id_meanwhile_is_not_recorded_taken_twice(
     postgres_url: str, provider: ProviderProcess, ledger: ProviderClient
 ) -> None:
