@@ -418,6 +418,9 @@ def _mark_undone(store: Store, it: Intent, undo_intent: Intent, who: _Who) -> No
         "operator": who.operator,
         **(who.how or {}),
     }
+    # An operator's decision owes no answer (as `resolve`): a call the model makes after it
+    # is new. Before the event, so a run after a crash between the two clears it still.
+    store.take_answer(it.id)
     store.record_event(it.id, "undone", actor=who.actor, detail=detail, now=store.now())
 
 

@@ -71,7 +71,7 @@ def test_a_child_killed_during_its_commit_on_postgres_writes_exactly_once(
         gate.execute("SELECT pg_advisory_lock(7007)")
         child = spawn(log, app, "d1")
         try:
-            _wait_for(lambda: _committing(app), "the child's COMMIT to start")
+            _wait_for(lambda: _committing(app, on_the_lock=True), "the child's COMMIT to wait")
         finally:
             child.send_signal(signal.SIGKILL)
             child.communicate(timeout=30)
@@ -88,11 +88,15 @@ def test_a_child_killed_during_its_commit_on_postgres_writes_exactly_once(
         assert rows(app, "d1") == 1
 
 
-def _committing(app: str) -> bool:
-    """Is a poimen session running COMMIT on `app` (a fresh database: the child's only)?"""
+def _committing(app: str, on_the_lock: bool = False) -> bool:
+    """Is a poimen session running COMMIT on `app` (a fresh database: the child's only)? With
+    `on_the_lock`, one waiting for this test's advisory lock: the write's own COMMIT, not an
+    earlier one of the same session (the marker table's), which a poll may catch in passing."""
+    waiting = " AND wait_event_type = 'Lock' AND wait_event = 'advisory'" if on_the_lock else ""
     return bool(app_sql(
         app, "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-             "AND application_name = 'poimen-tx' AND state = 'active' AND query = 'COMMIT'",
+             "AND application_name = 'poimen-tx' AND state = 'active' AND query = 'COMMIT'"
+             + waiting,
     ))
 
 

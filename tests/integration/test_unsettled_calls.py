@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -351,3 +352,192 @@ def test_a_call_made_after_an_operator_decided_a_recovered_call_is_a_new_call(
     later = k.call(EMAIL, mail, call_id="conv/call_c", scope="conv")
     assert isinstance(later, Completed) and later.intent_id != first
     assert ledger.count(kind="plain") == 1
+
+
+# The lease-expiry edge: a live caller whose lease ran out (its renewal starved) is taken
+# over by a recovery pass, whose seize marks the answer owed; the caller's own outcome
+# commit still wins (same fence) and hands the model its answer. The answer is given: an
+# identical call the model makes after that is a new call, not swallowed by the mark.
+
+SLOW = "ship.slow"
+
+
+def slow_kernel(store_url: str, provider: str, started: threading.Event,
+                release: threading.Event) -> Kernel:
+    from poimen import Queryable
+    from poimen.testing import provider_lookup
+
+    k = Kernel(store_url, notifiers=[], lease_ttl=1.0, deadline_margin=0.0, wait_bound=0.2)
+    client = httpx.Client(base_url=provider, timeout=5)
+    k.on_close(client.close)
+
+    @k.tool(id=SLOW, effects=Queryable(lookup=provider_lookup(provider, client)), caps=Caps(),
+            timeout=5)
+    def slow(ctx: ToolContext, order_id: str) -> Any:
+        started.set()
+        assert release.wait(30)
+        assert ctx.request_id is not None
+        return client.post("/requests", json={"order_id": order_id},
+                           headers={"X-Request-Id": ctx.request_id}).json()
+
+    return k
+
+
+def test_a_caller_that_settled_its_call_after_a_recovery_seize_owes_no_answer(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    monkeypatch.setattr(Kernel, "_renew", lambda self: None)  # renewals starved: a pause
+    caller = slow_kernel(store_url, provider.url, started, release)
+    recoverer = slow_kernel(store_url, provider.url, threading.Event(), threading.Event())
+    got: list[Any] = []
+    order = {"order_id": "o-9"}
+    t = threading.Thread(target=lambda: got.append(
+        caller.call(SLOW, order, call_id="conv/call_a", scope="conv")))
+    try:
+        t.start()
+        assert started.wait(30)
+        it = recoverer.store.get_by_call_id("conv/call_a")
+        assert it is not None
+        end = time.monotonic() + 30
+        while (it.lease_expires_at or 0) > recoverer.store.now():
+            assert time.monotonic() < end
+            time.sleep(0.05)
+            it = recoverer.store.get_intent(it.id) or it
+        # The recovery pass takes it over: nothing has landed yet, so it defers.
+        recoverer.recover()
+        it = recoverer.store.get_intent(it.id) or it
+        assert it.state == "DISPATCHED" and it.next_check_at is not None
+        release.set()
+        t.join(30)
+        first = got[0]
+        assert isinstance(first, Completed) and ledger.count() == 1
+        # The model got its answer and asks for a second shipment, knowingly.
+        later = caller.call(SLOW, order, call_id="conv/call_b", scope="conv")
+        assert isinstance(later, Completed) and later.intent_id != first.intent_id
+        assert ledger.count() == 2
+    finally:
+        release.set()
+        t.join(30)
+        recoverer.close()
+        caller.close()
+
+
+def test_the_audit_chain_holds_after_an_owed_answer_is_taken_from_a_settled_row(
+    recovering: Kernel, ledger: ProviderClient
+) -> None:
+    # answer_owed is not hashed: clearing it on a settled, chained row breaks no link, and
+    # the chain records the take (the alias's `coalesced` event).
+    from poimen.operator._audit import verify
+    from poimen.testing import SHIP
+
+    k = recovering
+    first = shipped_by_recovery(k, "conv/call_a")
+    before = verify(k.store)
+    assert before.ok, before.line()
+    assert k.call(SHIP, SHIPMENT, call_id="conv/call_b", scope="conv").intent_id == first
+    after = verify(k.store)
+    assert after.ok, after.line()
+    assert ledger.count() == 1
+
+
+@pytest.mark.postgres
+def test_an_owed_answer_taken_by_its_call_id_meanwhile_is_not_recorded_taken_twice(
+    postgres_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    # PostgreSQL: an identical call reads the answer owed, and its take waits on the row
+    # while the call id's own take (`Store.take_answer`, outside the triple's lock) commits.
+    # The identical call is still answered (it asked before the answer was given), but the
+    # chained `coalesced` event must not say it took the answer: its take changed nothing.
+    import psycopg
+
+    from poimen.testing import SHIP, register_test_tools
+
+    k = Kernel(postgres_url, notifiers=[], deadline_margin=0.0, wait_bound=0.2)
+    register_test_tools(k, provider.url, timeout=1.0)
+    got: list[Any] = []
+    try:
+        first = shipped_by_recovery(k, "conv/call_a")
+        with psycopg.connect(postgres_url) as taker, psycopg.connect(
+            postgres_url, autocommit=True
+        ) as watch:
+            # The call id's take, in flight: the row is locked until it commits.
+            taker.execute("UPDATE intents SET answer_owed = 0 WHERE id = %s", (first,))
+            t = threading.Thread(target=lambda: got.append(
+                k.call(SHIP, SHIPMENT, call_id="conv/call_b", scope="conv")))
+            t.start()
+            end = time.monotonic() + 30
+            while not watch.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE intents SET answer_owed%%'"
+            ).fetchone():
+                assert time.monotonic() < end and t.is_alive()
+                time.sleep(0.02)
+            taker.commit()
+            t.join(30)
+        assert isinstance(got[0], Completed) and got[0].intent_id == first
+        assert ledger.count() == 1
+        coalesced = [json.loads(e.detail or "{}") for e in k.store.events(first)
+                     if e.kind == "coalesced"]
+        assert coalesced == [{"call_id": "conv/call_b"}]
+    finally:
+        k.close()
+
+
+def test_a_call_made_after_a_recovered_call_was_undone_is_a_new_call(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    # An undo is an operator's decision, as `resolve` is: it owes no answer. The shipment
+    # recovery made is cancelled; the model asking for it again must ship, not be told the
+    # cancelled shipment stands.
+    from poimen import Idempotent, KeyDerivation, Queryable
+    from poimen._core.keys import args_digest, canonical
+    from poimen._engine.liveness import default_host
+    from poimen.store._base import NewDispatch
+    from poimen.testing import provider_lookup
+
+    k = Kernel(store_url, notifiers=[], deadline_margin=0.0, wait_bound=0.2)
+    client = httpx.Client(base_url=provider.url, timeout=5)
+    k.on_close(client.close)
+    cancelled: list[str] = []
+
+    @k.tool(id="ship.u", effects=Queryable(lookup=provider_lookup(provider.url, client)),
+            caps=Caps(), timeout=1, undo="ship.cancel",
+            undo_args=lambda a, r: {"order_id": a["order_id"]})
+    def ship(ctx: ToolContext, order_id: str) -> Any:
+        assert ctx.request_id is not None
+        return client.post("/requests", json={"order_id": order_id},
+                           headers={"X-Request-Id": ctx.request_id}).json()
+
+    @k.tool(id="ship.cancel", effects=Idempotent(key=KeyDerivation.all_args()), caps=Caps(),
+            timeout=1)
+    def cancel(ctx: ToolContext, order_id: str) -> None:
+        cancelled.append(order_id)
+
+    try:
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+        now = k.store.now()
+        text = canonical({"order_id": "o-1"})
+        d = NewDispatch(
+            intent_id="in_undo_a", call_id="conv/call_a", tool_id="ship.u", effect="queryable",
+            args=text, args_hash=args_digest(text), key=None, request_id="rq_undo_a",
+            owner=Owner("w-gone", default_host(), int(gone.stdout), "1"),
+            lease_expires_at=now + 300, timeout_s=1.0, deadline_at=now - 1, now=now,
+            scope="conv",
+        )
+        assert k.store.record_dispatch(d)[1]
+        end = time.monotonic() + 60
+        while (it := k.store.get_intent("in_undo_a")) is None or it.state != "COMPLETED":
+            assert time.monotonic() < end, it
+            k.recover()
+            time.sleep(0.05)
+        assert ledger.count() == 1
+        assert k.undo("conv/", operator="ann", reason="the user cancelled").complete
+        assert cancelled == ["o-1"]
+        later = k.call("ship.u", {"order_id": "o-1"}, call_id="conv/call_b", scope="conv")
+        assert isinstance(later, Completed) and later.intent_id != "in_undo_a"
+        assert ledger.count() == 2
+    finally:
+        k.close()

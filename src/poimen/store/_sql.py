@@ -554,12 +554,13 @@ class SqlStore(Retention, Approvals, Chain):
             if row is not None:
                 first = intent_from_row(row)
                 ex.execute(self._sql.insert_alias, (d.call_id, first.id, d.now))
-                if owed:
-                    ex.execute(self._sql.take_answer, (first.id,))
+                # PostgreSQL: a take by call id (outside this lock) may have committed since
+                # the read; this call is answered still, but the audit says it took nothing.
+                took = owed and ex.execute(self._sql.take_answer, (first.id,)).rowcount == 1
                 self._spill(ex, first.id)
                 self._event(
                     ex, first.id, d.now, "coalesced", None, None, d.owner.worker_id,
-                    {"call_id": d.call_id, **({"answer_taken": True} if owed else {})},
+                    {"call_id": d.call_id, **({"answer_taken": True} if took else {})},
                 )
                 return first, False
             ex.execute(self._sql.drop_alias, (d.call_id,))  # its intent was pruned
