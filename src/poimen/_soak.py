@@ -4,8 +4,11 @@ K worker processes make calls of every effect class against the witness provider
 faults on) and run recovery passes; the driver SIGKILLs one at a random moment, starts another
 in its place, and so on until N kills. A new worker calls again some of the calls the killed
 one had in flight (the same call ids: a takeover by call id), and every worker's recovery takes
-over the others' orphans. A last recovery, not killed, settles what is left. Then
-`poimen._soak_check` judges the run by the provider's ledger, never by the log.
+over the others' orphans. Beside the calls, workers act as operators (approving or rejecting
+calls that await approval, some of which expire), undo completed charges (a refund, an Unsafe
+call counted by the provider's ledger) and prune the log into an archive. A last recovery,
+not killed, settles what is left. Then `poimen._soak_check` judges the run by the provider's
+ledger, never by the log alone.
 
 Workers are forked from a server that has imported poimen already (multiprocessing's
 forkserver), so a kill costs milliseconds, not an interpreter start. Each worker writes its own
@@ -52,12 +55,14 @@ from poimen._core.effects import (
     Transactional,
     Unsafe,
 )
-from poimen._core.intents import Intent
+from poimen._core.intents import Completed, Intent, IntentState
 from poimen._core.tools import Caps
 from poimen._engine.steps import Holds
 from poimen._faults import Faults
 from poimen._kernel import Kernel
 from poimen._provider import ProviderProcess
+from poimen.errors import ApprovalExpiredError, NotAwaitingApprovalError
+from poimen.operator._prune import prune
 
 __all__ = ["SoakConfig", "run_soak"]
 
@@ -65,12 +70,16 @@ DEFAULT_FAULTS = ("before=0.04,after=0.04,lost=0.04,refuse=0.02,latency=0.3,max_
                   "lookup_error=0.05")
 POSTGRES_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
-# A call id says which tool it calls, so that a later worker can call it again.
+# A call id says which tool it calls, so that a later worker can call it again. It ends with
+# a dot, so that it is the prefix of no other: a charge's call id is its undo's scope.
 TOOLS = {"i": "soak.charge", "q": "soak.ship", "u": "soak.email", "r": "soak.read",
-         "t": "soak.note"}
+         "a": "soak.wire", "t": "soak.note"}
 CLASS = {"soak.charge": "idempotent", "soak.ship": "queryable", "soak.email": "unsafe",
-         "soak.read": "readonly", "soak.note": "transactional"}
-_WEIGHTS = (("i", 0.25), ("q", 0.25), ("u", 0.2), ("r", 0.15), ("t", 0.15))
+         "soak.read": "readonly", "soak.wire": "unsafe", "soak.refund": "unsafe",
+         "soak.note": "transactional"}
+APPROVED = "soak.wire"  # the tool whose calls await an operator's approval
+REFUND = "soak.refund"  # the charge's undo
+_WEIGHTS = (("i", 0.25), ("q", 0.2), ("u", 0.15), ("r", 0.1), ("a", 0.15), ("t", 0.15))
 
 
 def call_of(call_id: str) -> tuple[str, dict[str, Any]]:
@@ -81,6 +90,7 @@ def call_of(call_id: str) -> tuple[str, dict[str, Any]]:
         "soak.ship": {"order_id": call_id, "address": "1 Main St"},
         "soak.email": {"to": call_id, "subject": "soak"},
         "soak.read": {"order_id": call_id},
+        "soak.wire": {"to": call_id, "subject": "wire"},
         "soak.note": {"order_id": call_id},
     }
     return tool, every[tool]
@@ -100,6 +110,11 @@ class SoakConfig:
     min_delay: float = 0.02  # a worker lives this long at least before its SIGKILL
     max_delay: float = 0.8
     recover_share: float = 0.3  # how often a worker's first thread runs a recovery pass
+    prune_share: float = 0.15  # how often it runs a prune instead (into its archive file)
+    prune_age: float = 20.0  # what a prune removes: settled longer ago than this
+    approval_ttl: float = 1.0  # the approval window of the calls that await one
+    operator_share: float = 0.5  # how often a worker's second thread decides an approval
+    undo_share: float = 0.35  # how often its third thread undoes a completed charge
     final_within: float = 120.0  # the final recovery gives up after this long
     workdir: str | None = None  # keep the log, ledger and side files here
     progress: bool = True
@@ -121,6 +136,12 @@ class WorkerPlan:
     margin: float
     lease_ttl: float
     recover_share: float
+    prune_share: float
+    prune_age: float
+    approval_ttl: float
+    operator_share: float
+    undo_share: float
+    archive: str
     reuse: tuple[str, ...]
     recover_first: bool = False  # one recovery pass before any call
     break_rule: str | None = None
@@ -203,6 +224,11 @@ def instrument(kernel: Kernel, side: Side) -> None:
     for name in _FENCED:
         wrap(name, lambda res, intent_id, fence, *a, **kw: {
             "i": intent_id, "f": fence, "ok": bool(res)})
+    # Calls awaiting approval and undo's events: the check finds each one in the log or in a
+    # prune's archive.
+    wrap("record_awaiting", lambda res, d, *a, **kw: {"i": res[0].id, "ok": res[1]})
+    wrap("record_event", lambda res, intent_id, kind, **kw: {
+        "i": intent_id, "k": kind, "ok": bool(res), "d": kw["detail"]})
     wrap("renew_leases", lambda res, worker_id, ids, until, now: {
         "ids": list(ids), "until": until, "n": res})
 
@@ -210,8 +236,12 @@ def instrument(kernel: Kernel, side: Side) -> None:
 # --------------------------------------------------------------------------- the tools
 
 
-def register_soak_tools(kernel: Kernel, url: str, side: Side, timeout: float) -> None:
-    """One tool per effect class against the provider; each logs its runs to `side`."""
+def register_soak_tools(
+    kernel: Kernel, url: str, side: Side, timeout: float, approval_ttl: float = 1.0
+) -> None:
+    """One tool per effect class against the provider, an Unsafe one whose calls await
+    approval, the charge's undo (a refund) and a Transactional one writing the application's
+    table; each logs its runs to `side`."""
     # Imported here: a worker's process runs `poimen.testing` as its main module first, when
     # the soak was started with `python -m poimen.testing`.
     from poimen.testing import provider_lookup, provider_result
@@ -231,7 +261,13 @@ def register_soak_tools(kernel: Kernel, url: str, side: Side, timeout: float) ->
         finally:
             side.log(e="ran", i=ctx.intent_id, a=ctx.attempt, t=time.time())
 
-    @kernel.tool(id="soak.charge", caps=caps, timeout=timeout,
+    @kernel.tool(id=REFUND, effects=Unsafe(), caps=caps, timeout=timeout)
+    def refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
+        with run(ctx):
+            return body(client.post("/plain", json={"to": ctx.call_id, "refund_of": order_id,
+                                                    "amount_cents": amount_cents}))
+
+    @kernel.tool(id="soak.charge", caps=caps, timeout=timeout, undo=REFUND,
                  effects=Idempotent(key=KeyDerivation.fields("order_id", "amount_cents")))
     def charge(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
         with run(ctx):
@@ -256,6 +292,12 @@ def register_soak_tools(kernel: Kernel, url: str, side: Side, timeout: float) ->
     def read(ctx: ToolContext, order_id: str) -> int:
         with run(ctx):
             return ctx.http.get(f"{url}/requests/{order_id}").status_code
+
+    @kernel.tool(id=APPROVED, effects=Unsafe(), caps=caps, timeout=timeout,
+                 requires_approval=True, approval_ttl=approval_ttl)
+    def wire(ctx: ToolContext, to: str, subject: str) -> dict[str, Any]:
+        with run(ctx):
+            return body(client.post("/plain", json={"to": to, "subject": subject}))
 
     # Its witness is the application's own table (`app_db`): a row per landed write.
     @kernel.tool(id="soak.note", effects=Transactional(database=app_db(kernel.store.url)),
@@ -294,14 +336,14 @@ def make_app_table(log_url: str) -> None:
 
 
 def soak_kernel(db: str, provider: str, worker_id: str, side: Side, *, timeout: float,
-                margin: float, lease_ttl: float) -> Kernel:
+                margin: float, lease_ttl: float, approval_ttl: float = 1.0) -> Kernel:
     """A kernel as the soak runs it: short back-offs (a deferral waits no longer than the soak
     needs), no notifiers, every hold and write logged."""
     kernel = Kernel(db, worker_id=worker_id, lease_ttl=lease_ttl, deadline_margin=margin,
                     lookup_backoff=0.05, max_backoff=0.5, max_attempts=4, wait_bound=0.5,
                     notifiers=[], log_events=False)
     instrument(kernel, side)
-    register_soak_tools(kernel, provider, side, timeout)
+    register_soak_tools(kernel, provider, side, timeout, approval_ttl)
     return kernel
 
 
@@ -318,7 +360,8 @@ def worker_main(plan: WorkerPlan, up: Any) -> None:
     side = Side(plan.side)
     side.log(e="start", t=time.time())
     kernel = soak_kernel(plan.db, plan.provider, plan.worker_id, side, timeout=plan.timeout,
-                         margin=plan.margin, lease_ttl=plan.lease_ttl)
+                         margin=plan.margin, lease_ttl=plan.lease_ttl,
+                         approval_ttl=plan.approval_ttl)
     if plan.break_rule == "claimable":
         kernel._engine.claimable = lambda intent, now: "claimable"  # type: ignore[method-assign]
     reuse = deque(plan.reuse)
@@ -335,17 +378,33 @@ def worker_main(plan: WorkerPlan, up: Any) -> None:
         rng = random.Random(f"{plan.seed}/{n}")
         i = 0
         while True:
+            if n == 0 and rng.random() < plan.prune_share:
+                side.log(e="prune", t=time.time())
+                pruned = prune(kernel.store, older_than=plan.prune_age, allow_short=True,
+                               archive=plan.archive, batch=rng.choice((5, 50)))
+                side.log(e="prune_end", t=time.time(), n=pruned.pruned)
+                continue
             if n == 0 and rng.random() < plan.recover_share:
                 side.log(e="rec", t=time.time())
                 report = kernel.recover()
                 side.log(e="rec_end", t=time.time(), scanned=report.scanned)
                 time.sleep(rng.uniform(0.0, 0.1))  # passes spaced as a recovery duty spaces them
                 continue
+            turn = decide_one if n == 1 and rng.random() < plan.operator_share else (
+                undo_one if n == 2 and rng.random() < plan.undo_share else None)
+            if turn is not None:
+                try:
+                    turn(kernel, side, rng, plan.worker_id)
+                except Exception as exc:  # reported by the driver, as for a call
+                    side.log(e="err", c=turn.__name__, t=time.time(),
+                             m=f"{type(exc).__name__}: {exc}")
+                    time.sleep(0.05)
+                continue
             with lock:
                 again = reuse.popleft() if reuse and rng.random() < 0.5 else None
             if again is None:
                 prefix = rng.choices([p for p, _ in _WEIGHTS], [w for _, w in _WEIGHTS])[0]
-                call_id = f"{prefix}.{plan.worker_id}.{n}.{i}"
+                call_id = f"{prefix}.{plan.worker_id}.{n}.{i}."
                 i += 1
             else:
                 call_id = again
@@ -361,6 +420,53 @@ def worker_main(plan: WorkerPlan, up: Any) -> None:
     for n in range(plan.threads):
         threading.Thread(target=one, args=(n,), daemon=True).start()
     threading.Event().wait()  # the driver's SIGKILL ends this process
+
+
+def decide_one(kernel: Kernel, side: Side, rng: random.Random, worker_id: str) -> None:
+    """An operator's turn: one call awaiting approval approved, rejected or left to expire;
+    an approved call is then run by the same call id again (else recovery runs it)."""
+    waiting = kernel.store.list_intents(state=IntentState.AWAITING_APPROVAL, limit=20)
+    if not waiting:
+        time.sleep(0.02)
+        return
+    it = rng.choice(waiting)
+    what = rng.choices(("approve", "reject", "leave"), (0.55, 0.25, 0.2))[0]
+    if what == "leave":
+        return
+    side.log(e="decide", i=it.id, c=it.call_id, d=what, t=time.time())
+    try:
+        decide = kernel.approve if what == "approve" else kernel.reject
+        decide(it.id, operator=f"op-{worker_id}", reason="soak")
+        side.log(e="decided", i=it.id, t=time.time())
+    except (ApprovalExpiredError, NotAwaitingApprovalError) as exc:  # another came first
+        side.log(e="decided", i=it.id, t=time.time(), x=type(exc).__name__)
+        return
+    if what == "approve" and rng.random() < 0.5:
+        tool, args = call_of(it.call_id)
+        side.log(e="call", c=it.call_id, t=time.time(), again=True)
+        out = kernel.call(tool, args, call_id=it.call_id)
+        side.log(e="called", c=it.call_id, t=time.time(), o=type(out).__name__)
+
+
+def undo_one(kernel: Kernel, side: Side, rng: random.Random, worker_id: str) -> None:
+    """Undo a completed charge, chosen among a few so that undos of one charge meet: at
+    once, after a kill, after a prune. With none in the log, charge one first."""
+    done = kernel.store.list_intents(state=IntentState.COMPLETED, tool_id="soak.charge",
+                                     limit=8)
+    if done:
+        scope = rng.choice(done).call_id
+    else:
+        scope = f"i.{worker_id}.u.{rng.randrange(10**9)}."
+        tool, args = call_of(scope)
+        side.log(e="call", c=scope, t=time.time(), again=False)
+        out = kernel.call(tool, args, call_id=scope)
+        side.log(e="called", c=scope, t=time.time(), o=type(out).__name__)
+        if not isinstance(out, Completed):
+            side.log(e="undo_none", t=time.time())
+            return
+    side.log(e="undo", c=scope, t=time.time())
+    report = kernel.undo(scope, operator=f"op-{worker_id}", reason="soak")
+    side.log(e="undone", c=scope, t=time.time(), ok=report.complete)
 
 
 # --------------------------------------------------------------------------- the driver
@@ -433,7 +539,9 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["poimen._soak"])
     rng = random.Random(cfg.seed)
-    reuse: deque[str] = deque(maxlen=200)
+    # (call id, when its worker was killed): called again only while far younger than what
+    # a prune removes (a call id used again after a prune is a new call: docs/retention.md).
+    reuse: deque[tuple[str, float]] = deque(maxlen=200)
     live: list[_Live] = []
     spawned = killed = crashed = 0
     started = time.monotonic()
@@ -443,14 +551,20 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
         nonlocal spawned
         wid = f"w{spawned}"
         spawned += 1
-        again = tuple(reuse.popleft() for _ in range(min(len(reuse), 2 * cfg.threads)))
+        while reuse and reuse[0][1] < time.monotonic() - cfg.prune_age / 4:
+            reuse.popleft()
+        again = tuple(reuse.popleft()[0] for _ in range(min(len(reuse), 2 * cfg.threads)))
         # One worker in four recovers first and is killed soon: kills inside recovery.
         first = rng.random() < 0.25
         plan = WorkerPlan(db=db_url, provider=provider_url, worker_id=wid,
                           side=str(base / "sides" / f"{wid}.jsonl"),
                           errors=str(base / "sides" / f"{wid}.err"), seed=f"{cfg.seed}/{wid}",
                           threads=cfg.threads, timeout=cfg.timeout, margin=cfg.margin,
-                          lease_ttl=cfg.lease_ttl, recover_share=cfg.recover_share, reuse=again,
+                          lease_ttl=cfg.lease_ttl, recover_share=cfg.recover_share,
+                          prune_share=cfg.prune_share, prune_age=cfg.prune_age,
+                          approval_ttl=cfg.approval_ttl, operator_share=cfg.operator_share,
+                          undo_share=cfg.undo_share,
+                          archive=str(base / "sides" / f"{wid}.archive.jsonl"), reuse=again,
                           recover_first=first, break_rule=cfg.break_rule)
         rec = WorkerRecord(wid, started=time.time(), reused=len(again))
         up, tell = ctx.Pipe(duplex=False)
@@ -477,7 +591,8 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
         w.record.exitcode = w.process.exitcode
         w.process.close()
         live.remove(w)
-        reuse.extend(_in_flight(base / "sides" / f"{w.record.worker_id}.jsonl"))
+        killed_at = time.monotonic()
+        reuse.extend((c, killed_at) for c in _in_flight(base / "sides" / f"{w.record.worker_id}.jsonl"))
 
     if cfg.progress:
         print(f"soak: seed {cfg.seed}, {cfg.kills} kills, {cfg.workers} worker(s), log "
@@ -523,11 +638,15 @@ def final_recovery(run: Run, provider_url: str) -> list[Intent]:
     rec = WorkerRecord("final", pid=os.getpid(), started=time.time())
     run.workers.append(rec)
     kernel = soak_kernel(run.db_url, provider_url, "final", side, timeout=cfg.timeout,
-                         margin=cfg.margin, lease_ttl=cfg.lease_ttl)
+                         margin=cfg.margin, lease_ttl=cfg.lease_ttl,
+                         approval_ttl=cfg.approval_ttl)
     try:
         end = time.monotonic() + cfg.final_within
         while True:
+            # Unfinished, and awaiting an approval nobody gives: recovery expires it.
             left = kernel.store.list_unfinished(after_id="", limit=100_000)
+            left += kernel.store.list_intents(state=IntentState.AWAITING_APPROVAL,
+                                              limit=100_000)
             if not left or time.monotonic() > end:
                 break
             now = kernel.store.now()
@@ -554,6 +673,8 @@ def run_soak(cfg: SoakConfig) -> Any:
 
     if cfg.kills < 1 or cfg.workers < 1 or cfg.threads < 1:
         raise ValueError("kills, workers and threads must be at least 1")
+    if not (cfg.prune_age > 0 and cfg.approval_ttl > 0):
+        raise ValueError("prune_age and approval_ttl must be positive durations")
     if cfg.break_rule not in (None, "claimable"):
         raise ValueError(f"unknown rule to break {cfg.break_rule!r}")
     Faults.parse(cfg.faults)  # refused before anything starts

@@ -4,7 +4,9 @@ side files, never by the log alone (docs/verification.md).
 The log says which calls exist and how each ended; whether an effect happened, and how often,
 only the ledger says (its ``entries``, and its ``received`` writes: what was sent, landed or
 not). Who drove a call when is in each worker's side file, written by the worker itself, and in
-the driver's record of when it sent each SIGKILL.
+the driver's record of when it sent each SIGKILL. What a prune removed from the log is in the
+workers' archive files: the log and the archives together must hold every intent and event
+the side files say was committed.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poimen._core.intents import Attempt, Intent, IntentState
-from poimen._soak import CLASS, Run, SoakConfig, WorkerRecord, app_db
+from poimen._core.intents import Attempt, Event, Intent, IntentState, Owner
+from poimen._soak import APPROVED, CLASS, Run, SoakConfig, WorkerRecord, app_db
 from poimen.store import open_store
+from poimen.store._inline import detail_json
+from poimen.store._retention import PRUNABLE
 
 __all__ = ["Check", "SoakReport", "check_run", "save_run"]
 
@@ -28,6 +32,7 @@ __all__ = ["Check", "SoakReport", "check_run", "save_run"]
 # takeover is judged a violation only when it is one by more than this.
 CLOCK_TOLERANCE = 0.05
 _ENDING = frozenset({"record_outcome", "complete_landed", "mark_indeterminate", "defer"})
+_UNFENCED = frozenset({"record_awaiting", "record_event"})  # writes on no attempt's fence
 _KIND_CLASS = {"keyed": "idempotent", "request": "queryable", "plain": "unsafe"}
 _SHOWN = 5  # violations printed per invariant (all are in the JSON)
 
@@ -110,7 +115,8 @@ class Sides:
     memory at once."""
 
     def __init__(self, directory: Path) -> None:
-        self.paths = {p.stem: p for p in sorted(directory.glob("*.jsonl"))}
+        self.paths = {p.stem: p for p in sorted(directory.glob("*.jsonl"))
+                      if not p.name.endswith(".archive.jsonl")}
 
     def __iter__(self) -> Iterator[tuple[str, Iterator[dict[str, Any]]]]:
         for wid, path in self.paths.items():
@@ -138,21 +144,37 @@ def check_run(base: str | Path) -> SoakReport:
     cfg = SoakConfig(**data["config"])
     workers = [WorkerRecord(**w) for w in data["workers"]]
     sides = Sides(base / "sides")
-    store = open_store(data["db_url"])
-    try:
-        intents = store.list_intents(limit=2**62)
-        unfinished = store.list_unfinished(after_id="", limit=2**62)
-        runners = _runs_by_owner(sides, store.attempts)
-    finally:
-        store.close()
+    archive = Archive(base / "sides")
     ledger = sqlite3.connect(f"file:{base / 'ledger.db'}?mode=ro", uri=True)
     try:
         entries = ledger.execute("SELECT kind, key, request_id, body FROM entries").fetchall()
         received = ledger.execute("SELECT kind, body, fault FROM received").fetchall()
     finally:
         ledger.close()
+    store = open_store(data["db_url"])
+    try:
+        in_log = store.list_intents(limit=2**62)
+        present = {i.id for i in in_log}
+        # What a prune removed is judged by its archive, like what the log still holds.
+        intents = in_log + [archive.intent(i) for i in archive.ids() if i not in present]
+        unfinished = store.list_unfinished(after_id="", limit=2**62)
+
+        def events(intent_id: str) -> list[Event]:
+            return store.events(intent_id) if intent_id in present else archive.events(intent_id)
+
+        def attempts(intent_id: str) -> list[Attempt]:
+            if intent_id in present:
+                return store.attempts(intent_id)
+            return archive.attempts(intent_id)
+
+        runners = _runs_by_owner(sides, attempts)
+        kept = _nothing_lost(sides, present, archive, events)
+        approvals = _approvals(intents, events, received)
+    finally:
+        store.close()
     checks, effects = _ledger_checks(intents, entries, received)
-    checks.append(_rows_check(intents, _app_rows(data["db_url"])))
+    checks += [_rows_check(intents, _app_rows(data["db_url"])), _refunds(entries), approvals,
+               kept]
     waiting = [i for i in intents if i.state == IntentState.AWAITING_APPROVAL]
     left = Check("nothing unfinished after the final recovery", len(intents))
     left.violations += [f"{i.call_id} ({i.tool_id}) still {i.state.value}"
@@ -168,7 +190,9 @@ def check_run(base: str | Path) -> SoakReport:
         final_passes=data["final_passes"], checks=checks,
         stats={**_stats(intents, effects, received, workers, sides),
                "acts on a live owner's call after its known lease ran out (allowed)":
-               takeovers.allowed},
+               takeovers.allowed,
+               "intents pruned (in an archive, gone from the log)": len(intents) - len(present),
+               **_feature_stats(intents, sides)},
         workdir=str(base) if cfg.workdir else None,
     )
 
@@ -316,6 +340,8 @@ def _takeovers(workers: list[WorkerRecord], sides: Sides) -> Check:
         held: dict[str, list[_Ownership]] = defaultdict(list)
         for r in recs:
             e = r["e"]
+            if e == "w" and r["op"] in _UNFENCED:
+                continue
             if e == "w" and r["op"] == "renew_leases":
                 if r["n"] == len(r["ids"]):  # every id renewed: credit each (else none)
                     renewals[wid].append((r["t1"], r["until"], frozenset(r["ids"])))
@@ -377,6 +403,158 @@ def _end(owned: Any, at: float) -> None:
     for o in owned:
         if o.start <= at < o.end:
             o.end = at
+
+
+# --------------------------------------------------------------------------- approvals, undo, prune
+
+
+class Archive:
+    """What the soak's prunes archived (each worker's archive file), by intent id: the line
+    with the longest history (a batch archived again after a crash appears twice). A line a
+    SIGKILL cut was never synced, so nothing was deleted after it: it is skipped."""
+
+    def __init__(self, directory: Path) -> None:
+        self._lines: dict[str, dict[str, Any]] = {}
+        for path in sorted(directory.glob("*.archive.jsonl")):
+            for rec in _records(path):
+                iid = rec["intent"]["id"]
+                old = self._lines.get(iid)
+                if old is None or _length(rec) >= _length(old):
+                    self._lines[iid] = rec
+
+    def ids(self) -> list[str]:
+        return list(self._lines)
+
+    def __contains__(self, intent_id: object) -> bool:
+        return intent_id in self._lines
+
+    def intent(self, intent_id: str) -> Intent:
+        d = dict(self._lines[intent_id]["intent"])
+        d["state"] = IntentState(d["state"])
+        d["owner"] = None if d["owner"] is None else Owner(**d["owner"])
+        return Intent(**d)
+
+    def events(self, intent_id: str) -> list[Event]:
+        rec = self._lines.get(intent_id)
+        return [] if rec is None else [Event(**e) for e in rec["events"]]
+
+    def attempts(self, intent_id: str) -> list[Attempt]:
+        rec = self._lines.get(intent_id)
+        if rec is None:
+            return []
+        return [Attempt(**{**a, "owner": None if a["owner"] is None else Owner(**a["owner"])})
+                for a in rec["attempts"]]
+
+
+def _length(rec: dict[str, Any]) -> tuple[int, int, float]:
+    return len(rec["events"]), len(rec["attempts"]), rec["intent"]["updated_at"]
+
+
+def _nothing_lost(
+    sides: Sides, present: set[str], archive: Archive, events: Callable[[str], list[Event]]
+) -> Check:
+    """Every intent a worker recorded, and every event it wrote, is in the log or, once a
+    prune removed it, in the archive; and a prune removed only settled intents."""
+    check = Check("nothing committed lost by prune (log + archive)")
+    for wid, recs in sides:
+        for r in recs:
+            if r["e"] != "w" or not r.get("ok"):
+                continue
+            if r["op"] in ("record_dispatch", "record_awaiting"):
+                check.checked += 1
+                if r["i"] not in present and r["i"] not in archive:
+                    check.violations.append(f"intent {r['i']} ({wid}'s {r['op']}) is in neither "
+                                            "the log nor an archive")
+            elif r["op"] == "record_event":
+                check.checked += 1
+                text = detail_json(r["d"])
+                if not any(e.kind == r["k"] and e.detail == text for e in events(r["i"])):
+                    where = "the log" if r["i"] in present else "the archive"
+                    check.violations.append(f"intent {r['i']}: the {r['k']} event {wid} wrote "
+                                            f"is not in {where}")
+    for iid in archive.ids():
+        if iid not in present and archive.intent(iid).state.value not in PRUNABLE:
+            check.violations.append(f"intent {iid} pruned while "
+                                    f"{archive.intent(iid).state.value}")
+    return check
+
+
+def _refunds(entries: list[Any]) -> Check:
+    """Undo: every refund at the provider reverses a charge that landed, at most once."""
+    charged = set()
+    refunds: dict[str, int] = defaultdict(int)
+    for kind, _key, _request_id, body_text in entries:
+        body = json.loads(body_text)
+        if kind == "keyed":
+            charged.add(body.get("order_id"))
+        elif kind == "plain" and "refund_of" in body:
+            refunds[body["refund_of"]] += 1
+    check = Check("undo: no charge refunded twice, none refunded uncharged", len(refunds))
+    for call, n in sorted(refunds.items()):
+        if n > 1:
+            check.violations.append(f"charge {call}: refunded {n} times")
+        if call not in charged:
+            check.violations.append(f"charge {call}: refunded, and its charge never landed")
+    return check
+
+
+def _approvals(
+    intents: list[Intent], events: Callable[[str], list[Event]], received: list[Any]
+) -> Check:
+    """A call that awaited approval is dispatched, and its request received by the provider,
+    only under an approval given inside its window (the event's time before the window's
+    end, both on the log's clock)."""
+    sends: dict[str, int] = defaultdict(int)
+    for kind, body_text, _fault in received:
+        if kind == "plain":
+            sends[json.loads(body_text).get("to", "")] += 1
+    check = Check("nothing dispatched without an approval in its window")
+    never = (IntentState.AWAITING_APPROVAL, IntentState.FAILED)
+    for i in intents:
+        if i.tool_id != APPROVED:
+            continue
+        check.checked += 1
+        evs = events(i.id)
+        ends = [json.loads(e.detail or "{}").get("expires_at")
+                for e in evs if e.kind == "awaiting_approval"]
+        approved = [e.at for e in evs if e.kind == "approved"]
+        inside = any(end is None or at < end for at in approved for end in ends)
+        sent = sends.get(i.call_id, 0)
+        dispatched = approved or i.attempts or i.state not in never or (
+            i.state == IntentState.FAILED and i.reason not in ("rejected", "approval_expired"))
+        if sent and not inside:
+            check.violations.append(f"{i.call_id}: {sent} write(s) received by the provider, "
+                                    f"never approved inside its window ({i.state.value})")
+        elif dispatched and not inside:
+            check.violations.append(f"{i.call_id}: dispatched ({i.state.value}, approved at "
+                                    f"{approved}) without an approval before {ends}")
+    return check
+
+
+def _feature_stats(intents: list[Intent], sides: Sides) -> dict[str, Any]:
+    """How often the soak met approvals, undo and prune."""
+    wire: dict[str, int] = defaultdict(int)
+    for i in intents:
+        if i.tool_id == APPROVED:
+            # A call that failed after its approval (a refusal) keeps the reason "approved".
+            ended = i.state == IntentState.FAILED and i.reason in ("rejected", "approval_expired")
+            wire[str(i.reason) if ended else i.state.value] += 1
+    undos = none = prunes = pruned = decisions = 0
+    for _wid, recs in sides:
+        for r in recs:
+            undos += r["e"] == "undo"
+            none += r["e"] == "undo_none"
+            decisions += r["e"] == "decided" and "x" not in r
+            if r["e"] == "prune_end":
+                prunes += 1
+                pruned += r["n"]
+    return {
+        "calls awaiting approval, by how they ended": dict(sorted(wire.items())),
+        "operator decisions that took effect": decisions,
+        "undo runs (refunds: intents of soak.refund above)": undos,
+        "undo turns that found no completed charge": none,
+        "prune runs finished (intents they removed)": f"{prunes} ({pruned})",
+    }
 
 
 # --------------------------------------------------------------------------- what happened

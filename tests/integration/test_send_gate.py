@@ -344,6 +344,35 @@ def test_an_approved_call_sends_once_however_long_it_waited(
         assert runs == [1] and ledger.count(kind="keyed") == 1
 
 
+def test_an_approved_calls_key_age_counts_its_wait_for_approval(
+    store_url: str, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """The key's age counts from the call's creation, its wait for approval included: once a
+    write went out under the key, another one that could arrive after the window (counted
+    from the creation) does not leave, though its attempt has only just started."""
+    sent: list[int] = []
+    with Kernel(store_url, notifiers=[]) as k:
+
+        @k.tool(id="charge", effects=Idempotent(key=KeyDerivation.fields("n"), key_ttl=TTL),
+                caps=Caps(hosts=_hosts(provider.url)), timeout=0.3, requires_approval=True)
+        def charge(ctx: ToolContext, n: int) -> Any:
+            for part in (1, 2):
+                ctx.http.post(f"{provider.url}/keyed", json={"n": n, "part": part})
+                sent.append(part)
+            return "done"
+
+        k.call("charge", {"n": 1}, call_id="c1")
+        it = intent_of(k, "c1")
+        while k.store.now() - it.created_at <= TTL + 0.5:
+            time.sleep(0.1)  # approved after the key's window
+        k.approve(it.id, operator="ana", reason="ok")
+        k.recover()
+        assert k.outcome("c1") == Indeterminate(it.id, "key_expired")
+        assert sent == [1] and ledger.count(kind="keyed") == 1
+        denial = k.denials("charge")[-1]
+        assert denial.reason.startswith("key_expired") and denial.attempt == 1
+
+
 @pytest.mark.parametrize("handle", ["http", "transport", "ahttp", "sink"])
 def test_a_refused_send_with_nothing_sent_before_fails_the_call(
     store_url: str, provider: ProviderProcess, ledger: ProviderClient, handle: str

@@ -145,6 +145,21 @@ MUTANTS: list[Mutant] = [
            "    landed_before = attempt > 1 and not isinstance(effect, Queryable | ReadOnly | "
            "Transactional)\n",
            "    landed_before = False\n", (*T_DECIDE, *T_GATE, "-k", "gate or refusal or key")),
+    Mutant("refusal-final-after-write", "a refused attempt is FAILED only if none of its "
+           "writes went out", DECIDE, "    if writes == 0 and not landed_before:\n",
+           "    if not landed_before:\n", T_DECIDE),
+    # The gate reads the clock as the request leaves and counts the key's age from the call's
+    # creation (an approved call's wait included), not from its attempt's start.
+    Mutant("gate-clock-at-attempt", "the gate judges the key's age when the request leaves",
+           CAP, "        now = issuer.store.now()\n        with self._lock:",
+           "        now = it.updated_at\n        with self._lock:",
+           (*T_GATE, "-k", "sqlite and key_window")),
+    Mutant("key-age-from-attempt", "the key's age counts from the call's creation, its wait "
+           "for approval included", CAP, "                    key_from=it.created_at,",
+           "                    key_from=it.updated_at,", (*T_GATE, "-k", "sqlite and key_age")),
+    Mutant("writes-uncounted", "every write let out counts as a write of the attempt", CAP,
+           "                if write:\n                    self.writes += 1\n", "",
+           (*T_GATE, "-k", "sqlite and (own_client or sink or denial_the_tool)")),
     Mutant("refusal-swallowed", "a refused send decides its attempt, whatever the tool does "
            "with the refusal", RUNNERS,
            "    refused = None if record is None else record.outcome()\n"
@@ -210,23 +225,18 @@ MUTANTS: list[Mutant] = [
     Mutant("resolve-two-winners", "an operator's decision has exactly one winner", STORE,
            "        if row[0] != S.INDETERMINATE:\n            raise NotIndeterminateError(",
            "        if False:\n            raise NotIndeterminateError(", T_STORE),
-    # The fence alone, or the state alone, stops a second approval: the mutant drops both.
-    # SQLite reads under its one writer; PostgreSQL's reads take no lock, so the race there.
-    Mutant("approve-two-winners", "an approval has exactly one winner", SQL,
-           "\"reason = 'approved', updated_at = ? \"\n"
-           "            \"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"",
-           "\"reason = 'approved', updated_at = ? \"\n"
-           "            \"WHERE id = ? AND fence >= ? \"",
-           ("tests/integration/test_approval.py", "-k", "sqlite or held_row")),
-    # The window is in the compare-and-set itself, so no caller can approve past it.
-    Mutant("approve-after-window", "an approval counts only within its window", SQL,
-           "\"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"\n"
-           "            \"AND (next_check_at IS NULL OR next_check_at > ?)\"\n"
-           "        )\n        self.reject",
-           "\"WHERE id = ? AND fence = ? AND state = 'AWAITING_APPROVAL' \"\n"
-           "            \"AND (next_check_at IS NULL OR next_check_at > ? OR 1 = 1)\"\n"
-           "        )\n        self.reject",
-           ("tests/integration/test_approval.py", "-k", "window and sqlite")),
+    # A second approval is stopped twice: by the state read under the row lock (FOR UPDATE on
+    # PostgreSQL) and by the approve statement's fence and state. A mutant of either alone is
+    # equivalent (approve-two-winners, dropping the statement's, survived once the row lock
+    # came): no single change breaks the rule, which test_approval.py's `one_winner` tests
+    # check on both backends.
+    # A decision after the window ends the call (approval_expired) under the row lock. The
+    # approve statement's own window clause is a second guard under the same lock and clock:
+    # a mutant of it alone is equivalent (it survived: nothing reaches it past the window).
+    Mutant("late-decision-not-expired", "a decision after the approval window expires the call",
+           "poimen/store/_approvals.py",
+           "            if it.next_check_at is not None and it.next_check_at <= now:",
+           "            if False:", ("tests/integration/test_approval.py", "-k", "window and sqlite")),
     Mutant("approval-repeat-mismatch", "a call id awaiting approval names that call only",
            PROTOCOL,
            "approval.approvers)\n    )\n    if not created:\n"
@@ -322,6 +332,30 @@ MUTANTS: list[Mutant] = [
            "poimen/store/_retention.py", "        if changed:\n            raise _Changed(",
            "        if False:\n            raise _Changed(",
            ("tests/contract/test_prune_store.py", "-k", "written_to and sqlite")),
+    # The undo's call id shortened to a hash: its original is found by its undo events.
+    Mutant("prune-hashed-undo", "an undo intent is never pruned while its original remains, "
+           "its call id shortened or not", "poimen/store/_retention.py",
+           "            params = [f'%\"undo_call_id\": \"{call_id}\"%']",
+           "            params = [f'%\"undo_call_id\": \"{call_id}!\"%']",
+           ("tests/contract/test_prune_store.py", "-k", "undo_intent_stays and sqlite")),
+    Mutant("prune-key-window-ignored", "a prune keeps an intent inside its tool's key window",
+           "poimen/operator/_prune.py", "now - max(older_than, ttls.get(i.tool_id, 0))]",
+           "now - older_than]", ("tests/integration/test_retention.py", "-k", "sqlite")),
+    Mutant("prune-undelivered", "a prune keeps an intent whose notification is undelivered",
+           "poimen/store/_retention.py",
+           '"WHERE o.intent_id = i.id AND o.delivered_at IS NULL) "',
+           '"WHERE o.intent_id = i.id AND o.delivered_at IS NULL AND 1 = 0) "',
+           ("tests/integration/test_retention.py", "-k", "sqlite")),
+    Mutant("prune-indeterminate", "a prune never removes an unresolved Indeterminate intent",
+           "poimen/store/_retention.py",
+           'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED")',
+           'PRUNABLE = ("COMPLETED", "FAILED", "RESOLVED_LANDED", "RESOLVED_NOT_LANDED", '
+           '"INDETERMINATE")', ("tests/integration/test_retention.py", "-k", "sqlite")),
+    Mutant("undo-blind", "an Indeterminate call is undone only by an Idempotent undo "
+           "(else an operator resolves it first)", UNDO,
+           "    if not resume and it.state == S.INDETERMINATE and not isinstance(",
+           "    if False and it.state == S.INDETERMINATE and not isinstance(",
+           ("tests/integration/test_undo.py", "-k", "not_undone_blindly and sqlite")),
     # The operator path.
     Mutant("redaction-skipped", "secrets are redacted wherever they are shown",
            "poimen/_core/present.py",

@@ -14,22 +14,37 @@ its reply is lost, a request lands, is refused or is lost, a reply or a lookup a
 a thread is slow between any two of its steps. A breadth-first search (`_explore`) visits
 every state reachable in a configuration; a violated property prints as the shortest trace.
 
+The rules added since (issue 20) are checked by focused models, each a smaller world of its
+own searched the same way (`_focus`): approval vs expiry vs recovery (`_approvals`), the key
+window with back-off (`_keywindow`), undo vs prune (`_undoprune`), and a spill vs a settle and
+the readers of a history (`_spill`).
+
     python -m poimen._model --workers 2 --intents queryable,unsafe
+    python -m poimen._model --model undo
 """
 
-from poimen._model._cli import configs, main
+from poimen._model._approvals import ApprovalConfig
+from poimen._model._cli import configs, focused, main
 from poimen._model._explore import Result, explore, replay
+from poimen._model._keywindow import KeyWindowConfig
+from poimen._model._spill import SpillConfig
 from poimen._model._system import Model
+from poimen._model._undoprune import UndoPruneConfig
 from poimen._model._world import OLD_RULES, Config, Rules
 
 __all__ = [
     "OLD_RULES",
+    "ApprovalConfig",
     "Config",
+    "KeyWindowConfig",
     "Model",
     "Result",
     "Rules",
+    "SpillConfig",
+    "UndoPruneConfig",
     "configs",
     "explore",
+    "focused",
     "main",
     "replay",
 ]

@@ -5,17 +5,55 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
+from poimen._model._approvals import ApprovalConfig
 from poimen._model._explore import explore
+from poimen._model._keywindow import KeyWindowConfig
+from poimen._model._spill import SpillConfig
+from poimen._model._undoprune import UndoPruneConfig
 from poimen._model._world import KINDS, OLD_RULES, Config, Kind, Rules
+
+#: The focused models of issue 20's rules, by the name `--model` gives them.
+MODELS = {
+    "approvals": ApprovalConfig,
+    "keywindow": KeyWindowConfig,
+    "undo": UndoPruneConfig,
+    "spill": SpillConfig,
+}
+
+
+def focused(size: str) -> list[Any]:
+    """The focused models' configurations of a named set (docs/verification.md)."""
+    if size == "ci":
+        return [
+            ApprovalConfig(),
+            ApprovalConfig(operators=2, waiters=2),
+            ApprovalConfig(operators=0, upkeep=False),
+            KeyWindowConfig(),
+            KeyWindowConfig(approval_wait=2),
+            UndoPruneConfig(),
+            UndoPruneConfig(original_prunable=True),
+            SpillConfig(readers=2, spills=2),
+        ]
+    return [
+        ApprovalConfig(window=3, operators=2, waiters=2, commit_delay=2),
+        ApprovalConfig(operators=0, upkeep=False, waiters=2),
+        KeyWindowConfig(key_ttl=4, timeout=2, max_backoff=3, max_attempts=4),
+        KeyWindowConfig(key_ttl=5, max_attempts=4, approval_wait=3),
+        UndoPruneConfig(undo_runs=3),
+        UndoPruneConfig(prunes=2, max_undos=3),
+        UndoPruneConfig(prunes=2, original_prunable=True),
+        SpillConfig(readers=3, spills=2),
+    ]
 
 
 def configs(size: str) -> list[Config]:
-    """Named sets: `ci`, what the test suite explores as holding every property; `full`, every
-    class with more workers, on one host and on many, and runs slow between reading a row and
-    judging it. Queryable with two workers is larger than either (millions of states): run it
-    on its own, with `--max-states` raised."""
+    """Named sets of the call protocol's model: `ci`, what the test suite explores as holding
+    every property; `full`, every class with more workers, on one host and on many, and runs
+    slow between reading a row and judging it. Queryable with two workers is larger than
+    either (millions of states): run it on its own, with `--max-states` raised. `focused`
+    gives the focused models' configurations of the same sets."""
     if size == "ci":
         return [
             *(Config(workers=2, intents=("unsafe",), same_host=h) for h in (True, False)),
@@ -47,7 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m poimen._model",
         description="Exhaustive model check of poimen's call and recovery protocol.",
     )
-    p.add_argument("--set", choices=("ci", "full"), help="run a named set of configurations")
+    p.add_argument("--set", choices=("ci", "full"), help="run a named set of configurations "
+                   "(with --model, that model's configurations of the set)")
+    p.add_argument("--model", choices=sorted(MODELS), help="a focused model of issue 20's "
+                   "rules instead of the call protocol: its configurations of --set (full by "
+                   "default)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--intents", default="queryable", help="classes, comma separated")
     p.add_argument("--timeout", type=int, default=3)
@@ -76,8 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-liveness", action="store_true")
     p.add_argument("--max-states", type=int, default=3_000_000)
     ns = p.parse_args(argv)
-    if ns.set:
+    todo: list[Any]
+    if ns.model:
+        kind = MODELS[ns.model]
+        todo = [c for c in focused(ns.set or "full") if isinstance(c, kind)]
+    elif ns.set:
         todo = [dataclasses.replace(c, max_states=ns.max_states) for c in configs(ns.set)]
+        todo += focused(ns.set)
     else:
         kinds = tuple(k.strip() for k in ns.intents.split(",") if k.strip())
         for k in kinds:

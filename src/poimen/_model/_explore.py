@@ -8,15 +8,22 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from poimen._core.decide import Defer
 from poimen._model._system import Model
 from poimen._model._world import BASE, Config, Label, Rules, State, owner_text
 
 
+def system(cfg: Any, rules: Rules | None = None) -> Any:
+    """The transition system of a configuration: the call protocol's (`Config`), or the one
+    a focused model's configuration builds (`poimen._model._focus`)."""
+    return Model(cfg, rules) if isinstance(cfg, Config) else cfg.system(rules or Rules())
+
+
 @dataclass(slots=True)
 class Result:
-    config: Config
+    config: Any  # a Config, or a focused model's configuration
     states: int = 0
     transitions: int = 0
     seconds: float = 0.0
@@ -63,19 +70,19 @@ class Result:
         return "\n".join(lines)
 
 
-def explore(cfg: Config, rules: Rules | None = None, *, liveness: bool = True) -> Result:
+def explore(cfg: Any, rules: Rules | None = None, *, liveness: bool = True) -> Result:
     """Visit every reachable state breadth-first; stop at the first violated property."""
-    m = Model(cfg, rules)
+    m = system(cfg, rules)
     res = Result(cfg)
     started, cpu = time.monotonic(), time.process_time()
     s0 = m.initial()
-    ids: dict[State, int] = {s0: 0}
-    states: list[State] = [s0]
+    ids: dict[Any, int] = {s0: 0}
+    states: list[Any] = [s0]
     parent = array("l", [-1])
     src, dst = array("l"), array("l")  # crash-free edges, for liveness
     queue = deque([0])
 
-    def stop(v: int, violation: str, last: State | None = None) -> Result:
+    def stop(v: int, violation: str, last: Any = None) -> Result:
         res.trace, named = _trace(m, states, parent, v, last)
         res.violation = named or violation
         res.states = len(states)
@@ -95,7 +102,7 @@ def explore(cfg: Config, rules: Rules | None = None, *, liveness: bool = True) -
                 bad = e.violation or m.check(t)
                 if bad is not None:
                     return stop(v, bad)
-                if any(g.excused and g.eff > 1 for g in t.ghost):
+                if m.excused(t):
                     res.excused += 1
                 queue.append(v)
                 if len(states) >= cfg.max_states:
@@ -119,13 +126,13 @@ def explore(cfg: Config, rules: Rules | None = None, *, liveness: bool = True) -
     return res
 
 
-def replay(cfg: Config, steps: Sequence[str], rules: Rules | None = None) -> Result:
+def replay(cfg: Any, steps: Sequence[str], rules: Rules | None = None) -> Result:
     """Follow one run step by step: each step names a transition (``tick``, ``invoke``,
     ``commit:claim``, ``lookup_answer:notlanded``...: its kind and, after a colon, a word of
     its label). Returns the trace and the first property it breaks, as `explore` would;
     raises ValueError, naming the step and what was possible instead, if the run cannot go
     on."""
-    m = Model(cfg, rules)
+    m = system(cfg, rules)
     res = Result(cfg)
     s = m.initial()
     res.trace = ["trace (t = ticks since the start):"]
@@ -139,7 +146,7 @@ def replay(cfg: Config, steps: Sequence[str], rules: Rules | None = None) -> Res
                 continue
             break
         else:
-            could = sorted({say(m, e.label) for e in m.successors(s) if e.label[0] != "crash"})
+            could = sorted({m.say(e.label) for e in m.successors(s) if e.label[0] != "crash"})
             raise ValueError(
                 f"no transition {step!r} at t={t}: the run is not possible; after\n"
                 + "\n".join(res.trace[1:])
@@ -151,13 +158,13 @@ def replay(cfg: Config, steps: Sequence[str], rules: Rules | None = None) -> Res
         if kind == "tick":
             t += 1
         else:
-            res.trace.append(f"  t={t:<3} {say(m, e.label)}")
+            res.trace.append(f"  t={t:<3} {m.say(e.label)}")
         bad = e.violation or m.check(s)
         if bad is not None:
             res.violation = bad
             break
     res.trace.append("final state:")
-    res.trace.extend("  " + x for x in show(m, s))
+    res.trace.extend("  " + x for x in m.show(s))
     return res
 
 
@@ -169,7 +176,7 @@ def _depth(parent: array[int], v: int) -> int:
     return n
 
 
-def _stuck(m: Model, states: list[State], src: array[int], dst: array[int]) -> list[int]:
+def _stuck(m: Any, states: list[Any], src: array[int], dst: array[int]) -> list[int]:
     """States from which no crash-free path reaches a state with every intent settled."""
     n = len(states)
     count = array("l", [0]) * (n + 1)
@@ -197,7 +204,7 @@ def _stuck(m: Model, states: list[State], src: array[int], dst: array[int]) -> l
 
 
 def _trace(
-    m: Model, states: list[State], parent: array[int], v: int, last: State | None = None
+    m: Any, states: list[Any], parent: array[int], v: int, last: Any = None
 ) -> tuple[list[str], str | None]:
     """The shortest path to state `v` (then, if given, over a violating step to `last`) in
     words, and the violation as this path names it: its workers named as one run names them
@@ -226,9 +233,9 @@ def _trace(
         if e.label[0] == "tick":
             t += 1
         else:
-            lines.append(f"  t={t:<3} {say(m, e.label)}")
+            lines.append(f"  t={t:<3} {m.say(e.label)}")
     lines.append("final state:")
-    lines.extend("  " + x for x in show(m, s))
+    lines.extend("  " + x for x in m.show(s))
     return lines, violation or m.check(s)
 
 

@@ -15,6 +15,7 @@ from poimen._model._world import (
     Config,
     Edge,
     Ghost,
+    Label,
     Look,
     Req,
     Row,
@@ -44,6 +45,20 @@ class Model(Protocol):
             thr=((None,) * self.N,) * self.W,
             ghost=(Ghost(0, 0, False, False),) * self.N,
         )
+
+    def excused(self, s: State) -> bool:
+        """Does this state hold two effects the contract's stated limit allows?"""
+        return any(g.excused and g.eff > 1 for g in s.ghost)
+
+    def say(self, label: Label) -> str:
+        from poimen._model._explore import say
+
+        return say(self, label)
+
+    def show(self, s: State) -> list[str]:
+        from poimen._model._explore import show
+
+        return show(self, s)
 
     def settled(self, s: State) -> bool:
         return all(r is not None and r.st in TERMINAL for r in s.log)

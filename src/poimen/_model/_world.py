@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeVar
 
 from poimen._core import decide as _decide
+from poimen._core.approval import approval_due
 from poimen._core.decide import Answer, Policy
 from poimen._core.effects import (
     EffectClass,
@@ -116,6 +117,31 @@ class Rules:
     # A Transactional marker lookup fences out the attempts it answers for (no attempt up to
     # the intent's latest lands after a "not landed"), as `poimen._engine.transactional` does.
     marker_fences: bool = True
+    # The rules of issue 20, each checked by a model of its own (docs/verification.md).
+    send_gate: Callable[[_decide.Send], _decide.Refused | None] = _decide.send_gate
+    approval_due: Callable[[Intent, float], bool] = approval_due
+    # An operator's decision counts only within the approval window (`decide_approval`).
+    approval_window_checked: bool = True
+    # A waiting caller and a repeated call expire a call past its window (`wait`, the call
+    # path), so that a window ends without background upkeep.
+    waiter_expires: bool = True
+    # The send gate judges the key's age with the clock read as the request leaves, not the
+    # one its retry was decided on before the back-off.
+    gate_clock_at_send: bool = True
+    # The store keeps an undo intent while its original remains (`prune`).
+    prune_keeps_undo_of_original: bool = True
+    # An original with an `undone` event is undone: undo takes no new undo of it, and the
+    # store refuses its `undo_requested` (`undo`, `record_event`).
+    undo_reads_undone: bool = True
+    # A prune deletes an intent only if its whole history is the one it archived, not only
+    # its `updated_at` (which an event written since does not change).
+    prune_compares_history: bool = True
+    # PostgreSQL's one-statement settle matches only where its snapshot put the history
+    # (`_SETTLE`: a concurrent spill makes it fall back to a write with fresh snapshots).
+    settle_checks_snapshot: bool = True
+    # A reader of a history (`events`, `attempts`, prune's `histories`) reads the tables and
+    # the intent row in one snapshot.
+    history_one_snapshot: bool = True
 
 
 # What each finding's fix was, put back: the command line's --old-rule.
@@ -129,6 +155,18 @@ OLD_RULES: dict[str, dict[str, Any]] = {
     "takeover-fence-only": {"takeover_seizes": False},
     # Not a finding's: the rule Transactional recovery rests on, taken out to see it matter.
     "marker-lookup-reads-only": {"marker_fences": False},
+    # Issue 20's defects, each rule put back as it was before its fix.
+    "approval-after-window": {"approval_window_checked": False},  # defect 4
+    "waiter-ignores-window": {"waiter_expires": False},  # defect 4
+    "gate-before-backoff": {"gate_clock_at_send": False},  # defect 3
+    "undo-twice-after-prune": {  # defect 5: both of its rules
+        "prune_keeps_undo_of_original": False,
+        "undo_reads_undone": False,
+    },
+    "prune-drops-undo": {"prune_keeps_undo_of_original": False},  # defect 5, one rule
+    "prune-updated-at-only": {"prune_compares_history": False},  # defect 6
+    "settle-stale-snapshot": {"settle_checks_snapshot": False},  # defect 11
+    "history-read-twice": {"history_one_snapshot": False},  # defect 12
 }
 
 
