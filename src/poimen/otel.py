@@ -236,6 +236,7 @@ class OpenTelemetry(ev.Observer):
     # A call and its attempts, from what the call has.
 
     def call_started(self, d: NewDispatch) -> object:
+        """A call begins: its span (``execute_tool``), made current for the caller's code."""
         if not self._tracing:
             return None
         t = self._tool(d.tool_id, d.effect)
@@ -263,6 +264,7 @@ class OpenTelemetry(ev.Observer):
         exc: BaseException | None,
         duration: float,
     ) -> None:
+        """A call ends: its span's outcome, and its calls and duration points."""
         outcome, reason = raised(exc) if exc is not None else outcome_kind(out)
         if token is not None:
             span = cast("tuple[Any, ...]", token)[0]
@@ -284,6 +286,7 @@ class OpenTelemetry(ev.Observer):
         self._call_duration.record(duration, points)
 
     def attempt_started(self, it: Intent) -> object:
+        """An attempt begins: its span, under the call's (or the recovery pass's)."""
         if _PASS.get() is not None:
             self._materialize()
         if not self._tracing:
@@ -300,6 +303,7 @@ class OpenTelemetry(ev.Observer):
     def attempt_finished(
         self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
     ) -> None:
+        """An attempt ends: its span's outcome, and its attempts point."""
         outcome, error = (
             (run.kind, run.error)
             if run is not None
@@ -321,10 +325,12 @@ class OpenTelemetry(ev.Observer):
         self._attempts.add(1, self._tool(it.tool_id, it.effect).points(outcome))
 
     def dispatched(self, d: NewDispatch, intent: Intent) -> None:
+        """The intent is recorded: an event on the call's span."""
         if self._tracing:
             self._transition("poimen.dispatched", intent, intent.fence, None)
 
     def settled(self, it: Intent, completed: bool, error: str | None) -> None:
+        """The intent is settled by its call: an event on the call's span."""
         if _PASS.get() is not None:
             self._materialize()
         if not self._tracing:
