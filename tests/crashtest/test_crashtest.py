@@ -249,9 +249,12 @@ def test_interrupted_it_stops_the_runs_it_started(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     env = dict(os.environ, TINY_SHARED=str(shared))
+    # SIGINT as a terminal delivers it: a suite run in the background (a non-interactive
+    # shell's `&`) hands its children SIGINT ignored, and a program keeps that.
     proc = subprocess.Popen([PY, "-m", "poimen.cli", "crashtest", "--timeout", "3000",
                              "--", *tiny("hang")], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         end = time.monotonic() + 120
         while not list(shared.iterdir()):  # a case's run is up, in a session of its own
