@@ -88,12 +88,35 @@ def _value(t: str, v: Any) -> bytes:
     return b"\x03" + _FLOAT.pack(v)
 
 
+_TAG_TEXT = struct.Struct(">BI")  # 01, then the length
+_TAG_INT = struct.Struct(">Bq")  # 02, then the integer
+_TAG_FLOAT = struct.Struct(">Bd")  # 03, then the double
+_KIND = {kind: _text(kind) for kind in COLUMNS}
+_INT_MIN, _INT_MAX = -(2**63), 2**63
+
+
 def row_bytes(kind: str, values: Sequence[Any]) -> bytes:
     """The canonical bytes of a chained row: its kind, then its columns (`COLUMNS`)."""
     types = _TYPES[kind]
     if len(values) != len(types):
         raise ValueError(f"a {kind} row has {len(types)} columns, not {len(values)}")
-    return _text(kind) + b"".join(_value(t, v) for t, v in zip(types, values, strict=True))
+    # The values SQLite hands the triggers, in their own column's type, inline (every settle
+    # hashes a row); anything else takes `_value`, the definition.
+    out = [_KIND[kind]]
+    for t, v in zip(types, values, strict=True):
+        tp = type(v)
+        if tp is str:
+            b = v.encode("utf-8", "surrogatepass")
+            out.append(_TAG_TEXT.pack(1, len(b)) + b)
+        elif v is None:
+            out.append(_NULL)
+        elif tp is int and t == "i" and _INT_MIN <= v < _INT_MAX:
+            out.append(_TAG_INT.pack(2, v))
+        elif tp is float and t == "f":
+            out.append(_TAG_FLOAT.pack(3, v))
+        else:
+            out.append(_value(t, v))
+    return b"".join(out)
 
 
 def link(prev: str, kind: str, values: Sequence[Any]) -> str:

@@ -1,0 +1,61 @@
+"""`row_bytes` takes a fast path for the values SQLite hands the chain's triggers: its bytes
+must be those of the definition (`_value` over every column) for every value, or every link
+written since would fail `poimen audit verify`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from poimen._core.audit import _TYPES, COLUMNS, _text, _value, link, row_bytes
+
+
+def reference(kind: str, values: list[Any]) -> bytes:
+    """The definition, one column at a time."""
+    return _text(kind) + b"".join(_value(t, v) for t, v in zip(_TYPES[kind], values, strict=True))
+
+
+_values = st.one_of(
+    st.none(),
+    st.text(),
+    st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)),  # lone surrogates
+    st.integers(),
+    st.integers(min_value=-(2**63) - 2, max_value=-(2**63) + 2),
+    st.integers(min_value=2**63 - 2, max_value=2**63 + 2),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 3.0, 2.0**63, -(2.0**63), 1e300, math.nan, math.inf]),
+    st.booleans(),
+    st.binary(),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(COLUMNS)), st.data())
+def test_row_bytes_are_the_definitions_for_every_value(kind: str, data: Any) -> None:
+    values = data.draw(st.lists(_values, min_size=len(COLUMNS[kind]), max_size=len(COLUMNS[kind])))
+    try:
+        want = reference(kind, values)
+    except OverflowError:  # an integer too large for a float column: the definition raises
+        with pytest.raises(OverflowError):
+            row_bytes(kind, values)
+        return
+    assert row_bytes(kind, values) == want
+
+
+def test_a_settled_intents_link_is_unchanged() -> None:
+    # A row as SQLite gives it to the trigger, and its link as the definition made it.
+    row = ["in_1", "c1", "t", "idempotent", '{"a":1}', "h" * 64, "k", None, "COMPLETED", 1,
+           "w", "host", 42, "123", None, 10.0, 1796196354.25, None, 0, 1, "null", None, None,
+           1796196354.0, 1796196354.5, None]  # fmt: skip
+    prev = "0" * 64
+    assert row_bytes("intent", row) == reference("intent", row)
+    assert link(prev, "intent", row) == link(prev, "intent", tuple(row))
+
+
+def test_a_row_of_another_length_is_refused() -> None:
+    with pytest.raises(ValueError, match="columns"):
+        row_bytes("pruned", [1, 2.0, "[]"])
