@@ -8,6 +8,7 @@ import itertools
 import math
 import re
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from poimen._core.audit import _TYPES, COLUMNS, _text, _value, link, row_bytes
 from poimen.store._base import migrations
+from poimen.store.sqlite import SqliteStore
 
 
 def reference(kind: str, values: list[Any]) -> bytes:
@@ -91,3 +93,27 @@ def test_the_settle_trigger_links_the_transitions_version_10_linked() -> None:
         ).fetchone()
         assert got[0] == got[1], (o, n)
     db.close()
+
+
+EFFECTS = ("idempotent", "queryable", "unsafe", "readonly", "transactional")
+
+
+def test_the_intents_checks_accept_what_their_in_lists_accepted(tmp_path: Path) -> None:
+    # Version 12 edits the CHECKs of effect and state into comparisons (an IN list is a
+    # temporary b-tree per row written); a connection opened afterwards reads the new text,
+    # and each accepts exactly the values its list named.
+    SqliteStore(tmp_path / "log.db").close()
+    db = sqlite3.connect(tmp_path / "log.db")
+    try:
+        sql = db.execute("SELECT sql FROM sqlite_master WHERE name = 'intents'").fetchone()[0]
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        for column, names in (("effect", EFFECTS), ("state", STATES)):
+            found = re.search(rf"CHECK \(({column} = .*?)\),\n", sql, re.S)
+            assert found is not None, sql
+            check = found.group(1)
+            assert " IN " not in check
+            for value in (*names, "OTHER", names[0].lower(), names[0].upper(), "", None, 1):
+                (got,) = db.execute(f"SELECT {check} FROM (SELECT ? AS {column})", (value,))
+                assert got[0] == (None if value is None else int(value in names)), (column, value)
+    finally:
+        db.close()

@@ -532,6 +532,9 @@ class SqliteStore(SqlStore):
                     try:
                         for stmt in _statements(sql):
                             conn.execute(stmt)
+                        if "writable_schema" in sql:  # it edited the schema's text: say so
+                            cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+                            conn.execute(f"PRAGMA schema_version = {int(cookie) + 1}")
                     except sqlite3.Error as exc:  # the transaction is undone: the log unchanged
                         raise StoreError(
                             f"migrating the intent log at {self.path!r} to schema version "
