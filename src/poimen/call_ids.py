@@ -86,7 +86,11 @@ def scope_for(
         )
     if not coalesce or is_undo(call_id) or is_edit(call_id):
         return None
-    return given if isinstance(given, str) else scope_of(call_id, tool, args)
+    if isinstance(given, str):
+        return given
+    # Only a call id naming this tool can be a rule-2 id of the call: any other is spared
+    # scope_of's second encoding and hash of the arguments (40k instructions a call).
+    return scope_of(call_id, tool, args) if f"/{tool}/" in call_id else None
 
 
 def scope_of(call_id: str, tool: str, args: Mapping[str, Any]) -> str | None:
