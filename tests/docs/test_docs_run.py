@@ -84,8 +84,9 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
     "langchain_approval.py": ("refund {'amount_cents': 25000, 'order_id': 'o-1'}: asked",
                               'approve by ann: the agent: The tool said: {"cents": 25000',
                               "An approver edited this call before it ran",
-                              "reject by ann: the agent: The tool said: The action failed and "
-                              "had no effect: rejected by ann: duplicate",
+                              "reject by ann: the agent: The tool said: An operator rejected this "
+                              "action, so it was not carried out: rejected by ann: duplicate. Do "
+                              "not call it again unless the user asks you to.",
                               "2 distinct operators must approve, approved so far by ann",
                               'approved by ann and bob: the agent: The tool said: {"cents": 250000',
                               *REFUNDS_1_2_2_3),
@@ -99,8 +100,8 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
                              'the agent: The tool said: {"entry_id": 1',
                              ("bookings the courier took: 1", 1)),
     "mcp_approval.py": ("refund o-1: completed", 'refund o-2: completed: {"cents": 12500',
-                        "refund o-3: failed: The action failed and had no effect: rejected by "
-                        "ann: duplicate", "2 distinct operators must approve it; approved so "
+                        "refund o-3: failed: An operator rejected this action, so it was not "
+                        "carried out: rejected by ann: duplicate", "2 distinct operators must approve it; approved so "
                         "far by ann.", "refund_large o-4: completed", *REFUNDS_1_2_2_3),
     "mcp_import.py": ("crm.send_campaign: Completed", "the same call id again: Completed",
                       "crm.tag_contact    idempotent", "crm.send_campaign  unsafe",
@@ -114,7 +115,8 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
         "refund of o-1: the run stopped, ['refund'] awaiting approval",
         'approve by ann: the agent: The tool said: {"cents": 25000',
         'edit by ann: the agent: The tool said: {"cents": 12500',
-        "reject by ann: the agent: The tool said: The action failed and had no effect: rejected",
+        "reject by ann: the agent: The tool said: An operator rejected this action, so it was not "
+        "carried out: rejected by ann",
         "refund_large: awaiting approval; bob approves",
         'approved by ann and bob: the agent: The tool said: {"cents": 250000',
         *REFUNDS_1_2_2_3,
@@ -133,7 +135,8 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
         "refund of o-1: the run ended, ['refund'] awaiting approval",
         'approve by ann: the agent: The tool said: {"cents":25000',
         'edit by ann: the agent: The tool said: {"cents":12500',
-        "reject by ann: the agent: The tool said: The action failed and had no effect: rejected",
+        "reject by ann: the agent: The tool said: An operator rejected this action, so it was not "
+        "carried out: rejected by ann",
         "refund_large: approvals {'needed': 2, 'given': ['ann']}",
         'approved by ann and bob: the agent: The tool said: {"cents":250000',
         *REFUNDS_1_2_2_3,
