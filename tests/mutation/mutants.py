@@ -441,8 +441,8 @@ MUTANTS: list[Mutant] = [
     # An identical call in a scope is not dispatched while the first is unsettled.
     Mutant("coalesce-skipped", "an unsettled identical call is never dispatched again",
            "poimen/call_ids.py",
-           "return given if isinstance(given, str) else scope_of(call_id, tool, args)",
-           "return None", T_UNSETTLED),
+           "    if isinstance(given, str):\n        return given\n", "    return None\n",
+           T_UNSETTLED),
     Mutant("unsettled-lookup-skipped", "an unsettled identical call answers the new one",
            STORE,
            "row = ex.execute(self._sql.unsettled_same, same).fetchone()",
