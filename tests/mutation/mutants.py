@@ -577,11 +577,11 @@ MUTANTS: list[Mutant] = [
            "        if False:\n            self._record_pruned(",
            (*T_AUDIT, "-k", "prune and sqlite")),
     Mutant("audit-settled-unlinked-sqlite", "each settled intent carries a link",
-           "poimen/store/sql/sqlite/0010_audit_chain.sql",
+           "poimen/store/sql/sqlite/0012_settle_link_without_lists.sql",
            "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
-           "WHEN OLD.state NOT IN",
+           "WHEN NOT (OLD.state",
            "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
-           "WHEN 0 AND OLD.state NOT IN",
+           "WHEN 0 AND NOT (OLD.state",
            (*T_AUDIT, "-k", "every_usual_way and sqlite")),
     Mutant("audit-settled-unlinked-postgres", "each settled intent carries a link",
            "poimen/store/sql/postgres/0010_audit_chain.sql",
