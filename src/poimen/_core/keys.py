@@ -9,7 +9,7 @@ import json
 import math
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from poimen.errors import ArgumentEncodingError, ArgumentError, ArgumentTooLargeError
@@ -280,6 +280,20 @@ def _framed(h: Any, part: bytes) -> None:
 # The hash state after the domain tag, tool id and version, per (tool id, version): each key
 # then hashes only its selected values. Only ever copied, never updated, once stored.
 _PREFIXES: dict[tuple[str, int], Any] = {}
+
+
+def key_hasher(tool_id: str, version: int) -> Callable[[JSONValue], str]:
+    """`hash_key` for one tool id and version, its prefix hashed once (a tool's call plan)."""
+    prefix = hashlib.sha256(KEY_DOMAIN)
+    _framed(prefix, tool_id.encode())
+    _framed(prefix, str(version).encode())
+
+    def key(selected: JSONValue) -> str:
+        h = prefix.copy()
+        _framed(h, canonical(selected, "<key>").encode())
+        return KEY_PREFIX + h.hexdigest()[:48]
+
+    return key
 
 
 def hash_key(tool_id: str, version: int, selected: JSONValue, path: str = "<key>") -> str:
