@@ -168,8 +168,8 @@ MUTANTS: list[Mutant] = [
            '    return Run("completed", value=value)',
            (*T_GATE, "-k", "sqlite and swallow")),
     Mutant("key-from-raw-args", "the key is derived from the recorded arguments", ENGINE,
-           "            key = effects.key.derive(t.id, recorded)\n",
-           "            key = effects.key.derive(t.id, dict(args))\n",
+           "            key = p.key(recorded)\n",
+           "            key = p.key(dict(args))\n",
            ("tests/integration/test_public_api.py", "-k", "recorded_arguments and sqlite")),
     # Tool ids and model-facing names never name two different tools.
     Mutant("id-is-a-name", "a tool id is never another tool's model-facing name", ENGINE,
@@ -436,7 +436,7 @@ MUTANTS: list[Mutant] = [
            "cap: float = self.initial * 2 ** min(max(n - 1, 0), 62)",
            ("tests/integration/test_call_bounds.py", "-k", "(sqlite or not postgres) and retr")),
     Mutant("custom-key-once", "a custom key derivation gives one key for one set of arguments",
-           ENGINE, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',
+           ENGINE, "if p.key_twice and p.key(recorded) != key:",
            "if False:", ("tests/integration/test_call_bounds.py", "-k", "sqlite and custom")),
     # An identical call in a scope is not dispatched while the first is unsettled.
     Mutant("coalesce-skipped", "an unsettled identical call is never dispatched again",
