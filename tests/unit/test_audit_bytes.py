@@ -91,3 +91,55 @@ def test_the_settle_trigger_links_the_transitions_version_10_linked() -> None:
         ).fetchone()
         assert got[0] == got[1], (o, n)
     db.close()
+
+
+EFFECTS = ("idempotent", "queryable", "unsafe", "readonly", "transactional")
+
+
+def _log_at(version: int) -> sqlite3.Connection:
+    """An in-memory log migrated to `version`, as the migrator runs the files."""
+    from poimen._core.audit import sqlite_link
+    from poimen.store.sqlite import _statements
+
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.create_function("poimen_link", -1, sqlite_link)
+    db.execute("PRAGMA foreign_keys=ON")
+    db.execute("BEGIN")
+    for v, sql in migrations("sqlite"):
+        if v <= version:
+            for stmt in _statements(sql):
+                db.execute(stmt)
+    db.execute("COMMIT")
+    return db
+
+
+def _accepts(db: sqlite3.Connection, effect: object, state: object) -> bool:
+    db.execute("SAVEPOINT probe")
+    try:
+        db.execute(
+            "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, state, fence, "
+            "timeout_s, created_at, updated_at) VALUES ('i', 'c', 't', ?, '{}', 'h', ?, 1, 1, 0, 0)",
+            (effect, state),
+        )
+        return True
+    except sqlite3.IntegrityError:
+        return False
+    finally:
+        db.execute("ROLLBACK TO probe")
+        db.execute("RELEASE probe")
+
+
+def test_version_12s_intents_accept_what_version_11s_accepted() -> None:
+    # Version 12 copies intents into a table whose CHECKs of effect and state are comparisons,
+    # not IN lists (a temporary b-tree per row written): the same columns, indexes and foreign
+    # key, and exactly the same values accepted (case, unknown names, NULL, other types).
+    old, new = _log_at(11), _log_at(12)
+    for table in ("intents", "attempts"):
+        for pragma in ("table_xinfo", "foreign_key_list", "index_list"):
+            q = f"PRAGMA {pragma}('{table}')"
+            assert old.execute(q).fetchall() == new.execute(q).fetchall(), (table, pragma)
+    odd = ("IDEMPOTENT", "Completed", "other", "", None, 1, b"unsafe")
+    for effect, state in itertools.product((*EFFECTS, *odd), (*STATES, *odd)):
+        assert _accepts(old, effect, state) == _accepts(new, effect, state), (effect, state)
+    assert _accepts(new, "unsafe", "DISPATCHED") and not _accepts(new, "unsafe", "other")
+    assert new.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
