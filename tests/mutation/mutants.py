@@ -34,6 +34,7 @@ AUDIT = "poimen/_core/audit.py"
 AUDIT_OP = "poimen/operator/_audit.py"
 RETENTION = "poimen/store/_retention.py"
 TX = "poimen/_engine/transactional.py"
+TX_TOOL = "poimen/_capability/tx.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_AUDIT = ("tests/integration/test_audit_chain.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
@@ -637,7 +638,7 @@ MUTANTS: list[Mutant] = [
     Mutant("tx-shadow-commits", "a shadow kernel's transaction always rolls back", TX,
            'if run.kind != "completed" or not self._live:', 'if run.kind != "completed":',
            (*T_TX, "-k", "shadow")),
-    Mutant("tx-stays-open", "ctx.tx is closed once the call is over", TX,
+    Mutant("tx-stays-open", "ctx.tx is closed once the call is over", TX_TOOL,
            "        why = self._closed\n        if why is not None:",
            "        why = self._closed\n        if False:", (*T_TX, "-k", "closed_once")),
     Mutant("tx-tool-commit-ignored", "a transaction the tool ended is an operator's", TX,

@@ -34,7 +34,7 @@ from poimen._core.tools import Tool
 from poimen._engine.hooks import observed_ainvoke, observed_invoke, observed_lookup
 from poimen._engine.protocol import printable
 from poimen._engine.steps import Block, CallState, Invoke, Lookup, Run, Sleep, Steps
-from poimen._engine.transactional import Tx
+from poimen._engine.transactional import AttemptTx
 from poimen.errors import (
     CapabilityDeniedError,
     DefiniteFailure,
@@ -53,7 +53,7 @@ T = TypeVar("T")
 # Invoking a tool.
 
 
-def context(e: Engine, t: Tool, intent: Intent, tx: Tx | None = None) -> ToolContext:
+def context(e: Engine, t: Tool, intent: Intent, tx: AttemptTx | None = None) -> ToolContext:
     reg = t.registration
     key = intent.key
     # Idempotent, ReadOnly and Transactional calls are guarded: their handles carry a token
@@ -86,7 +86,7 @@ def context(e: Engine, t: Tool, intent: Intent, tx: Tx | None = None) -> ToolCon
     )
 
 
-def _begin(e: Engine, step: Invoke) -> Tx | Run | None:
+def _begin(e: Engine, step: Invoke) -> AttemptTx | Run | None:
     """A Transactional attempt's transaction (None for the other classes), or how the
     attempt ends if it cannot begin: nothing of it happened."""
     db = e.databases.get(step.tool.id)
@@ -100,7 +100,7 @@ def _begin(e: Engine, step: Invoke) -> Tx | Run | None:
         return Run("failed", error=printable(str(exc)))
 
 
-def _end(e: Engine, tx: Tx | None, run: Run) -> Run:
+def _end(e: Engine, tx: AttemptTx | None, run: Run) -> Run:
     return run if tx is None else tx._finish(run, e.store)
 
 
