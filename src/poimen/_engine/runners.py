@@ -20,7 +20,6 @@ from poimen._capability import guard as _guard
 from poimen._capability.context import AttemptRecord, ToolContext
 from poimen._core.decide import Fail, MarkIndeterminate
 from poimen._core.effects import (
-    Idempotent,
     Landed,
     LookupAnswer,
     NotLanded,
@@ -56,15 +55,15 @@ T = TypeVar("T")
 def context(e: Engine, t: Tool, intent: Intent, tx: AttemptTx | None = None) -> ToolContext:
     reg = t.registration
     key = intent.key
-    # Idempotent, ReadOnly and Transactional calls are guarded: their handles carry a token
-    # for this attempt.
+    # A guarded call's handles carry a token for this attempt (and a keyed one's, its key).
     scope = None
-    if key is not None and isinstance(reg.effects, Idempotent):
-        scope = e.issuer.scope(t.id, intent.id, intent.attempts, key, reg.caps)
-    elif isinstance(reg.effects, ReadOnly):
-        scope = e.issuer.scope(t.id, intent.id, intent.attempts, "", reg.caps, read_only=True)
-    elif isinstance(reg.effects, Transactional):
-        scope = e.issuer.scope(t.id, intent.id, intent.attempts, "", reg.caps, transactional=True)
+    effects = reg.effects
+    if effects.guarded and (key is not None or not effects.keyed):
+        scope = e.issuer.scope(
+            t.id, intent.id, intent.attempts, key if effects.keyed and key else "", reg.caps,
+            read_only=isinstance(effects, ReadOnly),
+            transactional=isinstance(effects, Transactional),
+        )
     record = AttemptRecord(e.issuer, t.id, intent, reg.effects, reg.timeout)
     if tx is not None:
         # A denied write ends the attempt: its transaction is rolled back before the denial

@@ -47,8 +47,8 @@ from poimen.store._dialect import POSTGRES
 from poimen.store._sql import SqlStore
 from poimen.store._statements import (
     Executor,
-    Outcome,
     Reader,
+    Settlement,
     Sql,
     claim_params,
     dispatch_params,
@@ -499,7 +499,7 @@ class PostgresStore(SqlStore):
         error: str | None,
         now: float,
     ) -> bool:
-        o = Outcome(intent_id, fence, state, result, error, now)
+        o = Settlement(intent_id, fence, state, result, error, now)
         shared = self._outcome_op(o)
         params = (*o.settle_params(), *o.end_attempt_params(), *o.event_params())
 
