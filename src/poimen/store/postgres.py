@@ -116,6 +116,10 @@ class PostgresStore(SqlStore):
     dialect = "postgres"
     _sql = SQL
 
+    def _mark_pruning(self, ex: Any, on: bool) -> None:
+        if on:  # transaction-local: gone at COMMIT or ROLLBACK
+            ex.execute("SELECT set_config('poimen.pruning', 'on', true)", ())
+
     def __init__(
         self,
         url: str,
