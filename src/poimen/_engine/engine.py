@@ -24,7 +24,7 @@ from poimen._capability.context import Issuer
 from poimen._core.approval import ApprovalRule, approval_due, approval_rule
 from poimen._core.backoff import seconds
 from poimen._core.decide import Policy, claimability
-from poimen._core.effects import Idempotent, Queryable, ReadOnly, Transactional, effect_name
+from poimen._core.effects import Idempotent, Transactional, effect_name
 from poimen._core.intents import Intent, IntentState, Outcome, Owner
 from poimen._core.keys import args_digest, canonical, check_call_id, encode_args, key_hasher
 from poimen._core.retry import Retry as RetryPolicy
@@ -127,8 +127,8 @@ class CallPlan:
     """Idempotent: the key of the recorded arguments; None for the other classes."""
     key_twice: bool
     """A custom derivation, run twice: two keys for one set of arguments refuse the call."""
-    queryable: bool
-    """Each call gets a new request id."""
+    asks_provider: bool
+    """Each call gets a new request id (the effect's trait)."""
     coalesce: bool
 
 
@@ -147,7 +147,7 @@ def call_plan(record: ToolRecord) -> CallPlan:
         effect=effect_name(effects),
         key=key,
         key_twice=isinstance(effects, Idempotent) and effects.key.mode == "custom",
-        queryable=isinstance(effects, Queryable),
+        asks_provider=effects.asks_provider,
         coalesce=record.coalesce,
     )
 
@@ -270,7 +270,7 @@ class Engine:
             )
         tool = build_tool(registration, fn)
         effects = registration.effects
-        if isinstance(effects, Idempotent | ReadOnly | Transactional):
+        if effects.guarded:
             _guard.install()
         db = Database(effects, self.store.url) if isinstance(effects, Transactional) else None
         rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
@@ -508,7 +508,7 @@ class Engine:
                     f"tool {t.id!r}: its key derivation gave two keys for one set of arguments",
                     tool_id=t.id,
                 )
-        elif p.queryable:
+        elif p.asks_provider:
             request_id = _new_request_id()
         now = self.store.now()
         timeout = t.registration.timeout
