@@ -16,7 +16,7 @@ append-only side file: what it held, the leases it was given and renewed, each w
 log with its outcome, each tool run, each call and recovery pass, with its own clock.
 
 The seed decides the plan: the kill delays, which tools are called, which call ids are called
-again, and the provider's faults (per request, see `poimen._faults`). A machine's timing is
+again, and the provider's faults (per request, see `poimen.testing._faults`). A machine's timing is
 not reproducible: the same seed gives the same plan, not the same interleaving.
 """
 
@@ -58,11 +58,11 @@ from poimen._core.effects import (
 from poimen._core.intents import Completed, Intent, IntentState
 from poimen._core.tools import Caps
 from poimen._engine.steps import Holds
-from poimen._faults import Faults
 from poimen._kernel import Kernel
-from poimen._provider import ProviderProcess
 from poimen.errors import ApprovalExpiredError, NotAwaitingApprovalError
 from poimen.operator._prune import prune
+from poimen.testing._faults import Faults
+from poimen.testing._provider import ProviderProcess
 
 __all__ = ["SoakConfig", "run_soak"]
 
@@ -708,26 +708,25 @@ def run_soak(cfg: SoakConfig) -> Any:
 # --------------------------------------------------------------------------- the command
 
 
-def add_parser(sub: Any) -> None:
-    """`python -m poimen.testing soak` (`scripts/soak`)."""
-    s = sub.add_parser("soak", help="the kill soak: workers SIGKILLed at random, checked by "
-                       "the provider's ledger (docs/verification.md)")
+def main(argv: list[str] | None = None) -> int:
+    """`python -m poimen._soak` (`scripts/soak`)."""
+    s = argparse.ArgumentParser(prog="python -m poimen._soak", description="the kill soak: "
+                                "workers SIGKILLed at random, checked by the provider's ledger "
+                                "(docs/verification.md)")
     s.add_argument("--kills", type=int, default=100)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--workers", type=int, default=2, help="worker processes on one log")
     s.add_argument("--db", default="sqlite",
                    help="sqlite, postgres (a fresh database on the local server) or a URL")
     s.add_argument("--faults", default=DEFAULT_FAULTS,
-                   help="the provider's faults (poimen._faults); '' for none")
+                   help="the provider's faults (poimen.testing._faults); '' for none")
     s.add_argument("--threads", type=int, default=3, help="calls in flight per worker")
     s.add_argument("--max-delay", type=float, default=0.8,
                    help="a worker is SIGKILLed a random time up to this after its start")
     s.add_argument("--keep", metavar="DIR", help="keep the log, ledger and side files in DIR")
     s.add_argument("--check", metavar="DIR", help="only judge the soak kept in DIR again")
     s.add_argument("--json", action="store_true")
-
-
-def main(ns: argparse.Namespace) -> int:
+    ns = s.parse_args(argv)
     from poimen._soak_check import check_run
 
     try:
@@ -743,3 +742,10 @@ def main(ns: argparse.Namespace) -> int:
         return 2
     print(json.dumps(report.as_json(), indent=1) if ns.json else report.table())
     return 0 if report.ok() else 1
+
+
+if __name__ == "__main__":
+    # Through the imported module: the forkserver's workers unpickle its functions, not __main__'s.
+    from poimen._soak import main as _main
+
+    raise SystemExit(_main())
