@@ -7,7 +7,7 @@ one had in flight (the same call ids: a takeover by call id), and every worker's
 over the others' orphans. Beside the calls, workers act as operators (approving or rejecting
 calls that await approval, some of which expire), undo completed charges (a refund, an Unsafe
 call counted by the provider's ledger) and prune the log into an archive. A last recovery,
-not killed, settles what is left. Then `poimen._soak_check` judges the run by the provider's
+not killed, settles what is left. Then `verification.soak_check` judges the run by the provider's
 ledger, never by the log alone.
 
 Workers are forked from a server that has imported poimen already (multiprocessing's
@@ -543,7 +543,7 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
     run = Run(cfg, db_url, base)
     (base / "sides").mkdir(exist_ok=True)
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["poimen._soak"])
+    ctx.set_forkserver_preload(["verification.soak"])
     rng = random.Random(cfg.seed)
     # (call id, when its worker was killed): called again only while far younger than what
     # a prune removes (a call id used again after a prune is a new call: docs/retention.md).
@@ -674,8 +674,8 @@ def final_recovery(run: Run, provider_url: str) -> list[Intent]:
 
 
 def run_soak(cfg: SoakConfig) -> Any:
-    """The whole soak: drive, recover, check. Returns a `poimen._soak_check.SoakReport`."""
-    from poimen._soak_check import check_run, save_run
+    """The whole soak: drive, recover, check. Returns a `verification.soak_check.SoakReport`."""
+    from verification.soak_check import check_run, save_run
 
     if cfg.kills < 1 or cfg.workers < 1 or cfg.threads < 1:
         raise ValueError("kills, workers and threads must be at least 1")
@@ -709,8 +709,8 @@ def run_soak(cfg: SoakConfig) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m poimen._soak` (`scripts/soak`)."""
-    s = argparse.ArgumentParser(prog="python -m poimen._soak", description="the kill soak: "
+    """`python -m verification.soak` (`scripts/soak`)."""
+    s = argparse.ArgumentParser(prog="python -m verification.soak", description="the kill soak: "
                                 "workers SIGKILLed at random, checked by the provider's ledger "
                                 "(docs/verification.md)")
     s.add_argument("--kills", type=int, default=100)
@@ -727,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--check", metavar="DIR", help="only judge the soak kept in DIR again")
     s.add_argument("--json", action="store_true")
     ns = s.parse_args(argv)
-    from poimen._soak_check import check_run
+    from verification.soak_check import check_run
 
     try:
         if ns.check:
@@ -746,6 +746,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Through the imported module: the forkserver's workers unpickle its functions, not __main__'s.
-    from poimen._soak import main as _main
+    from verification.soak import main as _main
 
     raise SystemExit(_main())
