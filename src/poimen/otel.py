@@ -287,15 +287,15 @@ class OpenTelemetry(ev.Observer):
         self._call_duration.record(duration, t.points(outcome))
 
     def attempt_started(self, it: Intent) -> object:
-        """An attempt begins: its span, under the call's (or the recovery's); a call's first
-        attempt has none yet (the call's span is current while it runs): one is made when it
-        ends, if it did not complete."""
+        """An attempt begins: its span, under the call's (or the recovery's); the intent's
+        first attempt, run by its call, has none yet (the call's span is current while it
+        runs): one is made when it ends, if it did not complete."""
         if _PASS.get() is not None:
             self._materialize()
         if not self._tracing:
             return None
         scope = self._open.get()
-        if type(scope) is _Call and scope.attempt_ns == 0:
+        if type(scope) is _Call and scope.attempt_ns == 0 and it.attempts == 1:
             scope.attempt_ns = time.time_ns()
             return scope
         span = self._tracer.start_span(

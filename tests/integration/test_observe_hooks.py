@@ -275,6 +275,28 @@ def test_two_opentelemetry_observers_each_get_the_call(store_url: str) -> None:
         next(m, None)  # shut the providers down
 
 
+def test_kernels_sharing_a_meter_provider_count_into_the_same_counters(tmp_path: Path) -> None:
+    """The calls and attempts counters are registered once per meter: a second registration
+    of the name would be given the first instrument and lose its own callback."""
+    made = sdk_telemetry()
+    telemetry = next(made)
+    kernels = [
+        Kernel(f"sqlite:///{tmp_path / f'{n}.db'}", notifiers=[], observers=[telemetry.observer()])
+        for n in range(2)
+    ]
+    for n, k in enumerate(kernels):
+        add_tools(k)
+        assert isinstance(k.call("t.ok", {"n": n}, call_id=f"shared-{n}"), Completed)
+        assert isinstance(k.call("t.refused", {"n": n}, call_id=f"refused-{n}"), Failed)
+    completed = frozenset({("poimen.tool_id", "t.ok"), ("poimen.outcome", "completed")})
+    failed = frozenset({("poimen.tool_id", "t.refused"), ("poimen.outcome", "failed")})
+    assert telemetry.points("poimen.calls") == {completed: 2, failed: 2}
+    assert telemetry.points("poimen.attempts") == {completed: 2, failed: 2}
+    for k in kernels:
+        k.close()
+    next(made, None)  # shut the providers down
+
+
 def test_a_sandbox_denial_of_an_unsafe_tool_is_reported(tmp_path: Path) -> None:
     """Shadow and replay record a denial for every Unsafe call they refuse: observers get it, as
     they get the capability layer's denials."""
