@@ -40,6 +40,8 @@ from poimen.store.sqlite import SqliteStore
 GROUP = "7 observability"
 #: Calls per turn of a case: small enough that the cases see the same load.
 CHUNK = 50
+#: Turns of each async case per repetition.
+ROUNDS = 3
 TOOL = "bench.observed"
 
 
@@ -93,7 +95,8 @@ class _Calls:
 def _tasks(
     k: Kernel, callers: int, total: int, warmup: int, by_hand: ByHand | None = None
 ) -> float:
-    """`callers` asyncio tasks on one loop, each awaiting acall in a loop; calls/s."""
+    """`callers` asyncio tasks on one loop, each awaiting acall in a loop; seconds for
+    `total` calls (rounded down to a multiple of `callers`)."""
     per = max(1, total // callers)
     tool = TOOL + ".async"
 
@@ -109,7 +112,7 @@ def _tasks(
             await k.acall(tool, {"n": i}, call_id=f"w{i}")
         t0 = time.perf_counter()
         await asyncio.gather(*(caller(c) for c in range(callers)))
-        return per * callers / (time.perf_counter() - t0)
+        return time.perf_counter() - t0
 
     try:
         return asyncio.run(main())
@@ -217,7 +220,8 @@ def rows(*, reps: int, quick: bool, workdir: Path) -> list[Row]:
     from poimen.otel import OpenTelemetry
 
     calls, warmup = (20, 5) if quick else (2000, 300)
-    callers, total = (4, 64) if quick else (64, 4000)
+    callers, total = (4, 64) if quick else (64, 4032)
+    per_round = total // ROUNDS // callers * callers
     tp, mp = _sdk()
     floor_tp, floor_mp = _sdk()
     quiet = logging.getLogger("poimen")
@@ -258,7 +262,7 @@ def rows(*, reps: int, quick: bool, workdir: Path) -> list[Row]:
         return lambda: _tasks(
             _kernel(workdir / f"{name}.db", "FULL", observers(), False),
             callers,
-            total,
+            per_round,
             warmup,
             by_hand if hand else None,
         )
@@ -292,10 +296,16 @@ def rows(*, reps: int, quick: bool, workdir: Path) -> list[Row]:
                     spent[name] += chunked[name](chunk)
             for name, seconds in spent.items():
                 samples[name].append(per_call_us(seconds, calls // chunk * chunk))
-            order = list(whole) if rep % 2 == 0 else list(reversed(whole))
-            for name in order:
-                gc.collect()
-                samples[name].append(whole[name]())
+            # The async cases take turns in rounds, each first in turn: a round is a kernel's
+            # life, too long to interleave in chunks, and the load changes between rounds.
+            took = dict.fromkeys(whole, 0.0)
+            names = list(whole)
+            for r in range(ROUNDS):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    gc.collect()
+                    took[name] += whole[name]()
+            for name, seconds in took.items():
+                samples[name].append(per_round * ROUNDS / seconds)
     finally:
         for k in kernels:
             k.close()
