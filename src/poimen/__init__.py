@@ -2,6 +2,7 @@
 
 from poimen._capability.context import Sink, ToolContext
 from poimen._capability.handles import AsyncHttpHandle, HttpHandle, SinkHandle
+from poimen._capability.tx import Tx, TxCursor
 from poimen._core.effects import (
     EffectClass,
     Idempotent,
@@ -37,7 +38,6 @@ from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, ToolRegistration
 from poimen._engine.evidence import Evidence, Fact, RecordedCall, Suggestion
 from poimen._engine.notify import CallbackNotifier, LogNotifier, Notifier, WebhookNotifier
-from poimen._engine.transactional import Tx, TxCursor
 from poimen._kernel import Kernel
 from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport, UndoStep

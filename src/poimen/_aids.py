@@ -4,32 +4,45 @@ delivery of notifications. None of it runs on a caller's thread or in recovery."
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from poimen._capability import guard as _guard
 from poimen._engine import evidence as _evidence
-from poimen._engine.notify import Notifier, deliver, notifier_names
+from poimen._engine.notify import Notifier, Renotifier, deliver, notifier_names
 from poimen.operator import _ageing
 from poimen.operator._ops import Identity, find
 
 if TYPE_CHECKING:
     from poimen._capability.context import Issuer
     from poimen._core.tools import Tool
-    from poimen._engine.upkeep import Duty
+    from poimen._engine.upkeep import Duty, Upkeep
     from poimen.store._base import Store
 
 
 class Aids:
-    """One kernel's evidence gatherer, ageing scan and escalation notifiers."""
+    """One kernel's evidence gatherer, ageing scan, escalation notifiers and reminders."""
 
     def __init__(
-        self, store: Store, issuer: Issuer, tools: Mapping[str, Tool], escalate_to: Sequence[Notifier]
+        self,
+        store: Store,
+        issuer: Issuer,
+        tools: Mapping[str, Tool],
+        escalate_to: Sequence[Notifier],
+        renotify_after: float | None,
     ) -> None:
         self.store = store
         self.escalate_to = list(escalate_to)
         self.gatherer = _evidence.Gatherer(store, issuer, tools)
         self.ageing = _ageing.Ageing()
+        # Reminders for INDETERMINATE intents still open after this many seconds.
+        self.renotifier = Renotifier(renotify_after) if renotify_after is not None else None
+        self.lock = threading.Lock()  # one delivery at a time
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self.gatherer.after_fork()
 
     def register(
         self, tool_id: str, evidence: object, escalate_after: object
@@ -47,6 +60,13 @@ class Aids:
                 self.ageing.thresholds[tool_id] = after
 
         return commit
+
+    def deliver_due(self, notifiers: Sequence[Notifier], upkeep: Upkeep) -> int:
+        """`Kernel.deliver_notifications`: remind, escalate, deliver, one at a time."""
+        with self.lock:
+            if self.renotifier is not None:
+                self.renotifier.maybe_run(self.store, notifiers)
+            return self.deliver(notifiers, upkeep.delivery, upkeep.notify_soon)
 
     def deliver(self, notifiers: Sequence[Notifier], duty: Duty, wake: Callable[[], None]) -> int:
         """Escalate what is overdue, then deliver; notifications of calls whose evidence is

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
@@ -22,7 +21,7 @@ from poimen._capability.context import Issuer, Sink, ToolContext
 from poimen._core.approval import ApprovalRule
 from poimen._core.audit import Head
 from poimen._core.effects import EffectClass
-from poimen._core.intents import Denial, Intent, IntentState, Outcome, RecoveryReport
+from poimen._core.intents import Denial, Intent, Outcome, RecoveryReport
 from poimen._core.retry import Retry
 from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, Tool, ToolRegistration
@@ -33,7 +32,7 @@ from poimen._engine.audit_head import HeadPublisher, check_every
 from poimen._engine.engine import Engine, Settings
 from poimen._engine.evidence import Evidence, Found, Gather
 from poimen._engine.liveness import current_owner
-from poimen._engine.notify import LogNotifier, Notifier, Renotifier, notifier_names
+from poimen._engine.notify import LogNotifier, Notifier, notifier_names
 from poimen._engine.recovery import recover_pass
 from poimen._engine.upkeep import Upkeep
 from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
@@ -41,20 +40,14 @@ from poimen._observe import logging_wanted
 from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport
 from poimen.errors import (
-    ApprovalExpiredError,
     PoimenError,
 )
 from poimen.events import (
-    AbandonedEvent,
-    ApprovalDecidedEvent,
     KernelEvent,
     Observer,
-    ResolvedEvent,
 )
+from poimen.operator import _decisions
 from poimen.operator._ops import Identity
-from poimen.operator._ops import abandon as operator_abandon
-from poimen.operator._ops import decide_approval as operator_decide_approval
-from poimen.operator._ops import resolve as operator_resolve
 from poimen.sandbox import _modes as _sandbox
 from poimen.store import Store, open_store
 from poimen.store._base import NewDispatch
@@ -159,8 +152,6 @@ class Kernel:
             raise PoimenError(
                 f"store must be a URL string or a Store, not {store!r}", field="store"
             )
-        if mode not in ("live", "shadow", "replay"):
-            raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}", field="mode")
         _sandbox.check_options(
             mode, recording=recording, live=live, scope=scope, on_divergence=on_divergence
         )
@@ -194,9 +185,6 @@ class Kernel:
         self.notifiers: list[Notifier] = (
             list(notifiers) if notifiers is not None else [LogNotifier()]
         )
-        # Reminders for INDETERMINATE intents still open after this many seconds.
-        self._renotifier = Renotifier(renotify_after) if renotify_after is not None else None
-        self._deliver_lock = threading.Lock()
         self._on_close: list[Callable[[], object]] = []
         # Layer 2: write tokens, registered sinks, the shared HTTP pool of ctx.http.
         self._issuer = Issuer(self.store, live=mode == "live")
@@ -211,7 +199,7 @@ class Kernel:
             on_call=self._before_call,
         )
         # Evidence, ageing, escalation: gathered and sent by the delivery duty (poimen._aids).
-        self._aids = Aids(self.store, self._issuer, self._engine.tools, escalate_to)
+        self._aids = Aids(self.store, self._issuer, self._engine.tools, escalate_to, renotify_after)
         self._heads = HeadPublisher(
             self.store, lambda: self.notifiers, self._emit, lambda: self.worker_id
         )
@@ -230,22 +218,14 @@ class Kernel:
         self._log_watch = _observe.watching(self, log_events)
         LIVE.add(self)
         # Shadow and replay answer calls without effects: poimen.sandbox._modes, docs/sandbox.md.
-        self._sandbox: _sandbox.Sandbox | None = None
-        if mode != "live":
-            try:
-                self._sandbox = _sandbox.Sandbox(
-                    self._engine,
-                    self.store,
-                    mode,
-                    source=recording if mode == "replay" else live,
-                    scope=scope,
-                    on_divergence=on_divergence,
-                )
-            except BaseException:
-                self.close()
-                raise
-            self._on_close.append(self._sandbox.close)
-            self._engine.sandbox = self._sandbox
+        try:
+            self._sandbox = _sandbox.attach(
+                self._engine, self.store, mode, recording=recording, live=live, scope=scope,
+                on_divergence=on_divergence, on_close=self._on_close,
+            )
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def owner(self) -> Any:
@@ -400,21 +380,14 @@ class Kernel:
         base class takes its subclasses), on a thread of the kernel's own, never the
         caller's: in order, one at a time. Usable as a decorator. In memory only: for a
         durable signal of an Indeterminate call use a notifier."""
-        if not (isinstance(kind, type) and issubclass(kind, KernelEvent)):
-            raise PoimenError(
-                f"on() takes an event class of poimen.events, not {kind!r}", field="kind"
-            )
         if fn is None:
+            _observe.check_kind(kind)
             return lambda f: self.on(kind, f)
-        if not callable(fn):
-            raise PoimenError(f"on() needs a function to call, not {fn!r}", field="fn")
-        _observe.install(self._engine, self._issuer).subscribe(kind, fn)
-        return fn
+        return _observe.subscribe(self, kind, fn)
 
     def off(self, kind: type[E], fn: Callable[[E], object]) -> None:
         """Stop calling `fn` for `kind` (as registered with `on`)."""
-        if self._engine.observer is not None:
-            _observe.install(self._engine, self._issuer).unsubscribe(kind, fn)
+        _observe.unsubscribe(self, kind, fn)
 
     def denials(
         self, tool_id: str | None = None, since: float | None = None, *, limit: int = 1000
@@ -509,9 +482,8 @@ class Kernel:
         forget_worker_id(old)
         claim_worker_id(owner.worker_id, self)
         _observe.after_fork(self._engine)
-        self._deliver_lock = threading.Lock()
         self._issuer.after_fork()
-        self._aids.gatherer.after_fork()
+        self._aids.after_fork()
         after_fork = getattr(self.store, "after_fork", None)
         if after_fork is not None:
             after_fork()
@@ -571,35 +543,15 @@ class Kernel:
         self, intent_id: str, *, landed: bool, result: Any = None, operator: str, reason: str
     ) -> Intent:
         """An operator's decision on an INDETERMINATE intent; terminal and audited."""
-        e = self._engine
-        it = operator_resolve(
-            e.store, intent_id, landed=landed, result=result, operator=operator, reason=reason
+        return _decisions.resolve(
+            self._engine, intent_id, landed=landed, result=result, operator=operator, reason=reason
         )
-        _hooks.report(e, ResolvedEvent, it, landed=landed, operator=operator, reason=reason)
-        return it
 
     def abandon(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator gives up on a DISPATCHED intent whose worker will not come back: it
         becomes INDETERMINATE (`abandoned_by_operator`), notified to this kernel's notifiers,
         for an operator to resolve."""
-        e = self._engine
-        done = operator_abandon(
-            e.store,
-            intent_id,
-            operator=operator,
-            reason=reason,
-            notifiers=notifier_names(self.notifiers),
-        )
-        _hooks.report(
-            e,
-            AbandonedEvent,
-            done,
-            fence=done.fence,
-            reason=done.reason or "abandoned",
-            operator=operator,
-        )
-        self._notify_soon()
-        return done
+        return _decisions.abandon(self._engine, intent_id, operator=operator, reason=reason)
 
     def approve(
         self, intent_id: str, *, operator: str, reason: str, args: Mapping[str, Any] | None = None
@@ -612,26 +564,15 @@ class Kernel:
             return _approval.approve_edited(
                 self, intent_id, operator=operator, reason=reason, args=args
             )
-        return self._decide(intent_id, True, operator, reason)
+        return _decisions.decide_approval(
+            self._engine, intent_id, approve=True, operator=operator, reason=reason
+        )
 
     def reject(self, intent_id: str, *, operator: str, reason: str) -> Intent:
         """An operator rejects a call awaiting approval: FAILED, nothing is sent."""
-        return self._decide(intent_id, False, operator, reason)
-
-    def _decide(self, intent_id: str, approve: bool, operator: str, reason: str) -> Intent:
-        e = self._engine
-        try:
-            it = operator_decide_approval(
-                e.store, intent_id, approve=approve, operator=operator, reason=reason
-            )
-        except ApprovalExpiredError as exc:
-            if getattr(exc, "expired_here", False):  # this decision came late and expired it
-                _hooks.expired(e, [intent_id])
-            raise
-        if it.state != IntentState.AWAITING_APPROVAL:  # not one approval of several
-            decided = {"approved": approve, "operator": operator, "reason": reason}
-            _hooks.report(e, ApprovalDecidedEvent, it, **decided)
-        return it
+        return _decisions.decide_approval(
+            self._engine, intent_id, approve=False, operator=operator, reason=reason
+        )
 
     def undo(
         self,
@@ -686,10 +627,7 @@ class Kernel:
         `gather`, this call does first (for a process that exits next)."""
         if gather:
             self._aids.round(self.deliver_notifications, lambda: self._closed, finish=True)
-        with self._deliver_lock:
-            if self._renotifier is not None:
-                self._renotifier.maybe_run(self.store, self.notifiers)
-            return self._aids.deliver(self.notifiers, self._upkeep.delivery, self._upkeep.notify_soon)
+        return self._aids.deliver_due(self.notifiers, self._upkeep)
 
     def _delivery_round(self) -> None:
         self._aids.round(self.deliver_notifications, lambda: self._closed, finish=False)

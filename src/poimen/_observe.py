@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from poimen import events as ev
 from poimen._core.present import redact_urls
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from poimen.store._base import NewDispatch
 
 log = logging.getLogger("poimen.observe")
+E = TypeVar("E", bound=ev.KernelEvent)
 
 
 class Kernel(Protocol):
@@ -664,3 +665,23 @@ def relog(kernel: Kernel) -> None:
     at a call, a recovery pass or launch): from now on each record decides by its level."""
     if watching(kernel, None):
         add(kernel, LogObserver())
+
+
+def check_kind(kind: object) -> None:
+    if not (isinstance(kind, type) and issubclass(kind, ev.KernelEvent)):
+        raise PoimenError(f"on() takes an event class of poimen.events, not {kind!r}", field="kind")
+
+
+def subscribe(kernel: Kernel, kind: type[E], fn: Callable[[E], object]) -> Callable[[E], object]:
+    """`kernel.on(kind, fn)`."""
+    check_kind(kind)
+    if not callable(fn):
+        raise PoimenError(f"on() needs a function to call, not {fn!r}", field="fn")
+    install(kernel._engine, kernel._issuer).subscribe(kind, fn)
+    return fn
+
+
+def unsubscribe(kernel: Kernel, kind: type[E], fn: Callable[[E], object]) -> None:
+    """`kernel.off(kind, fn)`."""
+    if kernel._engine.observer is not None:
+        install(kernel._engine, kernel._issuer).unsubscribe(kind, fn)

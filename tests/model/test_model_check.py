@@ -18,7 +18,7 @@ import pytest
 
 from poimen._core import decide as _decide
 from poimen._core.approval import approval_due
-from poimen._core.decide import Defer, Retry
+from poimen._core.decide import Defer, RetryDecision
 from poimen._core.effects import EffectClass, Unsafe
 from poimen._core.intents import Intent, IntentState
 from poimen._model import (
@@ -125,7 +125,7 @@ def _retrying_unsafe(
     current: EffectClass, intent: Intent, answer: Any, now: float, policy: _decide.Policy
 ) -> _decide.Decision:
     if isinstance(current, Unsafe) and intent.attempts < policy.max_attempts:
-        return Retry()
+        return RetryDecision()
     return _decide.decide(current, intent, answer, now, policy)
 
 

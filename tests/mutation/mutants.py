@@ -34,6 +34,7 @@ AUDIT = "poimen/_core/audit.py"
 AUDIT_OP = "poimen/operator/_audit.py"
 RETENTION = "poimen/store/_retention.py"
 TX = "poimen/_engine/transactional.py"
+TX_TOOL = "poimen/_capability/tx.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_AUDIT = ("tests/integration/test_audit_chain.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
@@ -55,11 +56,11 @@ T_RECOVERY = ("tests/integration/test_effect_recovery.py", "tests/crash/test_cra
 MUTANTS: list[Mutant] = [
     # The decision rules.
     Mutant("unsafe-retried", "Unsafe is never retried", DECIDE,
-           'return MarkIndeterminate("unsafe_unknown_outcome")', "return Retry()",
+           'return MarkIndeterminate("unsafe_unknown_outcome")', "return RetryDecision()",
            T_DECIDE + T_RECOVERY[:-2]),
     Mutant("queryable-no-lookup", "a Queryable retry only after asking the provider", DECIDE,
            '                case Unasked():\n                    return Ask("lookup")',
-           "                case Unasked():\n                    return Retry()", T_DECIDE),
+           "                case Unasked():\n                    return RetryDecision()", T_DECIDE),
     Mutant("queryable-before-deadline", "not landed is trusted only after the deadline", DECIDE,
            "if intent.deadline_at is not None and now < intent.deadline_at:", "if False:",
            T_DECIDE),
@@ -73,8 +74,8 @@ MUTANTS: list[Mutant] = [
     Mutant("attempts-unbounded", "retries stop at the attempt bound", DECIDE,
            "                    if intent.attempts >= policy.max_attempts:\n"
            '                        return MarkIndeterminate("retries_exhausted")\n'
-           "                    return Retry()\n        case Queryable():",
-           "                    return Retry()\n        case Queryable():", T_DECIDE),
+           "                    return RetryDecision()\n        case Queryable():",
+           "                    return RetryDecision()\n        case Queryable():", T_DECIDE),
     Mutant("lookup-limit-ignored", "Unknown lookups stop at their limit", DECIDE,
            "if n >= policy.lookup_limit:", "if n >= policy.lookup_limit + 10**6:", T_DECIDE),
     Mutant("lease-ignored", "a live owner's call is never taken over", DECIDE,
@@ -86,10 +87,10 @@ MUTANTS: list[Mutant] = [
            "if o.host == me.host and not alive(o):", "if not alive(o):", T_DECIDE),
     # The protocol.
     Mutant("no-takeover-deadline", "a dead owner's request may land until a timeout later",
-           PROTOCOL, "if later is not None and isinstance(t.registration.effects, Queryable):",
+           PROTOCOL, "if later is not None and t.registration.effects.has_deadline:",
            "if False:", T_LIFE),
     Mutant("no-deadline-restamp", "a slow commit does not eat the deadline", PROTOCOL,
-           "    if not isinstance(t.registration.effects, Queryable):\n        return intent\n"
+           "    if not t.registration.effects.has_deadline:\n        return intent\n"
            "    for _ in range(3):",
            "    if True:\n        return intent\n    for _ in range(3):", T_LIFE),
     Mutant("no-unknown-deadline", "an unknown outcome moves the deadline past its end",
@@ -614,7 +615,7 @@ MUTANTS: list[Mutant] = [
            "            s.commit()\n            landed = s.execute(s.q(_LAND),", T_TX_CRASH),
     Mutant("tx-no-marker-read", "Transactional recovery reads the marker before a retry", DECIDE,
            '                case Unasked():\n                    return Ask("marker")',
-           "                case Unasked():\n                    return Retry()", T_DECIDE),
+           "                case Unasked():\n                    return RetryDecision()", T_DECIDE),
     Mutant("tx-lookup-no-fence", "a marker lookup fences out the attempts it answers for", TX,
            "            s.execute(s.q(_FENCE), (intent.id, intent.attempts, time.time()))\n", "",
            (*T_TX, "-k", "fences")),
@@ -637,7 +638,7 @@ MUTANTS: list[Mutant] = [
     Mutant("tx-shadow-commits", "a shadow kernel's transaction always rolls back", TX,
            'if run.kind != "completed" or not self._live:', 'if run.kind != "completed":',
            (*T_TX, "-k", "shadow")),
-    Mutant("tx-stays-open", "ctx.tx is closed once the call is over", TX,
+    Mutant("tx-stays-open", "ctx.tx is closed once the call is over", TX_TOOL,
            "        why = self._closed\n        if why is not None:",
            "        why = self._closed\n        if False:", (*T_TX, "-k", "closed_once")),
     Mutant("tx-tool-commit-ignored", "a transaction the tool ended is an operator's", TX,

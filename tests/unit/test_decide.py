@@ -31,7 +31,7 @@ from poimen._core.decide import (
     MarkIndeterminate,
     Policy,
     Refused,
-    Retry,
+    RetryDecision,
     Send,
     Unasked,
     after_refusal,
@@ -77,21 +77,21 @@ def intent(effect: str = "idempotent", **kw: Any) -> Intent:
     [
         # Idempotent: ask for the key, retry on the same key, anything else is an operator's.
         (IDEMPOTENT, intent(), Unasked(), 2000.0, Ask("key")),
-        (IDEMPOTENT, intent(), KeyDerived(KEY), 2000.0, Retry()),
+        (IDEMPOTENT, intent(), KeyDerived(KEY), 2000.0, RetryDecision()),
         (IDEMPOTENT, intent(), KeyDerived("pk1_other"), 2000.0, MarkIndeterminate("key_drift")),
         (IDEMPOTENT, intent(), KeyFailed("KeyError"), 2000.0,
          MarkIndeterminate("key_derivation_failed")),
         (IDEMPOTENT, intent(attempts=5), KeyDerived(KEY), 2000.0,
          MarkIndeterminate("retries_exhausted")),
         # The key's window, as of when the retry's request may arrive (now + timeout).
-        (EXPIRING, intent(), KeyDerived(KEY), 1050.0, Retry()),
+        (EXPIRING, intent(), KeyDerived(KEY), 1050.0, RetryDecision()),
         (EXPIRING, intent(), Unasked(), 1051.0, MarkIndeterminate("key_expired")),
         # Queryable: landed completes; not landed is trusted only after the deadline.
         (QUERYABLE, intent("queryable"), Unasked(), 1005.0, Ask("lookup")),
         (QUERYABLE, intent("queryable"), Landed({"id": 7}), 1005.0, Complete({"id": 7})),
         (QUERYABLE, intent("queryable"), NotLanded(), 1005.0,
          Defer(1011.0, 0, "awaiting_deadline")),
-        (QUERYABLE, intent("queryable"), NotLanded(), 1011.0, Retry()),
+        (QUERYABLE, intent("queryable"), NotLanded(), 1011.0, RetryDecision()),
         (QUERYABLE, intent("queryable", attempts=5), NotLanded(), 1011.0,
          MarkIndeterminate("retries_exhausted")),
         (QUERYABLE, intent("queryable", unknown_count=2), Unknown("503"), 1020.0,
@@ -102,7 +102,7 @@ def intent(effect: str = "idempotent", **kw: Any) -> Intent:
         # "not landed" is final at once (no deadline), and a spent policy is a plain FAILED.
         (TRANSACTIONAL, intent("transactional"), Unasked(), 1005.0, Ask("marker")),
         (TRANSACTIONAL, intent("transactional"), Landed({"n": 1}), 1005.0, Complete({"n": 1})),
-        (TRANSACTIONAL, intent("transactional"), NotLanded(), 1005.0, Retry()),
+        (TRANSACTIONAL, intent("transactional"), NotLanded(), 1005.0, RetryDecision()),
         (TRANSACTIONAL, intent("transactional", attempts=5), NotLanded(), 1005.0,
          Fail("retries_exhausted")),
         (TRANSACTIONAL, intent("transactional", unknown_count=2), Unknown("locked"), 1020.0,
@@ -191,7 +191,7 @@ def test_no_rule_ever_risks_a_second_effect(
     assert d == decide(current, it, answer, now, policy)  # pure: the same input, the same answer
     if effect_name(current) != it.effect:
         assert d == MarkIndeterminate("effect_changed")
-    if isinstance(d, Retry):
+    if isinstance(d, RetryDecision):
         # A retry only where the class makes it safe, and within every bound.
         assert effect_name(current) == it.effect
         assert it.attempts < policy.max_attempts

@@ -15,14 +15,6 @@ from pathlib import Path
 
 from tests.unit.test_module_map import DESIGN, PACKAGE, _section
 
-# Upward imports that exist today, each with why; the test fails when one is gone as well, so
-# that the list only shrinks. (importer, imported) as paths under src/poimen/.
-KNOWN: dict[tuple[str, str], str] = {
-    ("_capability/context.py", "_engine/transactional.py"): (
-        "`ctx.tx` is typed as `poimen.Tx`, which the engine's Transactional database makes"
-    ),
-}
-
 
 @dataclass(frozen=True, slots=True)
 class Import:
@@ -106,15 +98,12 @@ def upward(found: list[Import], rank: dict[str, int]) -> list[Import]:
 def test_no_module_imports_a_layer_above_its_own() -> None:
     titles, rank = layers()
     found = upward(imports(), rank)
-    new = [
+    up = [
         f"{i} (layer {titles[_rank(i.imported, rank)]!r} is above "
         f"{titles[_rank(i.importer, rank)]!r})"
         for i in found
-        if (i.importer, i.imported) not in KNOWN
     ]
-    assert not new, "upward imports:\n" + "\n".join(new)
-    gone = set(KNOWN) - {(i.importer, i.imported) for i in found}
-    assert not gone, f"no longer imported upward, drop from KNOWN: {sorted(gone)}"
+    assert not up, "upward imports:\n" + "\n".join(up)
 
 
 def _node(module: str) -> str:
@@ -125,7 +114,7 @@ def _node(module: str) -> str:
 def test_no_import_cycle_spans_two_folders() -> None:
     graph: dict[str, set[str]] = defaultdict(set)
     for i in imports():
-        if (i.importer, i.imported) not in KNOWN and _node(i.importer) != _node(i.imported):
+        if _node(i.importer) != _node(i.imported):
             graph[_node(i.importer)].add(_node(i.imported))
     # Tarjan's strongly connected components, over a graph of a few dozen nodes.
     index: dict[str, int] = {}

@@ -31,10 +31,10 @@ from poimen._core.decide import Fail, MarkIndeterminate, Refused, Send, after_re
 from poimen.errors import CapabilityDeniedError, PoimenError, RegistrationError
 
 if TYPE_CHECKING:
+    from poimen._capability.tx import Tx
     from poimen._core.effects import EffectClass
     from poimen._core.intents import Intent
     from poimen._core.tools import Caps
-    from poimen._engine.transactional import Tx
     from poimen.store import Store
 
 

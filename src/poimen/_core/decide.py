@@ -62,7 +62,7 @@ class Ask:
 
 
 @dataclass(frozen=True, slots=True)
-class Retry:
+class RetryDecision:
     """Claim a new attempt (fence + 1) and run the tool again."""
 
 
@@ -96,7 +96,7 @@ class MarkIndeterminate:
     reason: str
 
 
-Decision = Ask | Retry | Complete | Defer | Fail | MarkIndeterminate
+Decision = Ask | RetryDecision | Complete | Defer | Fail | MarkIndeterminate
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,7 @@ def decide(
         return MarkIndeterminate("effect_changed")
     if intent.attempts == 0:
         # Approved by an operator and never run yet: its first attempt, whatever its class.
-        return Retry()
+        return RetryDecision()
     match current:
         case Idempotent(key_ttl=ttl):
             # The provider forgets keys: a retry whose request could arrive past the window
@@ -144,7 +144,7 @@ def decide(
                         return MarkIndeterminate("key_drift")
                     if intent.attempts >= policy.max_attempts:
                         return MarkIndeterminate("retries_exhausted")
-                    return Retry()
+                    return RetryDecision()
         case Queryable():
             match answer:
                 case Unasked():
@@ -157,7 +157,7 @@ def decide(
                         return Defer(intent.deadline_at, intent.unknown_count, "awaiting_deadline")
                     if intent.attempts >= policy.max_attempts:
                         return MarkIndeterminate("retries_exhausted")
-                    return Retry()
+                    return RetryDecision()
                 case Unknown(reason=why):
                     return _ask_later(intent, why, now, policy)
         case Transactional():
@@ -171,7 +171,7 @@ def decide(
                     # Asking fenced every attempt so far out of the marker: none can land now.
                     if intent.attempts >= policy.max_attempts:
                         return Fail("retries_exhausted")
-                    return Retry()
+                    return RetryDecision()
                 case Unknown(reason=why):
                     return _ask_later(intent, why, now, policy)
         case Unsafe():
@@ -180,7 +180,7 @@ def decide(
             # Nothing happened whatever the outcome: run it again, or give up plainly.
             if intent.attempts >= policy.max_attempts:
                 return Fail("retries_exhausted")
-            return Retry()
+            return RetryDecision()
         case _:
             assert_never(current)
     raise TypeError(f"{type(answer).__name__} is no answer for a {intent.effect} intent")
@@ -280,7 +280,7 @@ def failure_is_final(current: EffectClass, intent: Intent) -> bool:
     """May a refusal, or a request that never left, end this attempt's call FAILED? Only if
     no earlier attempt's outcome is unknown: an Idempotent retry follows one whose effect may
     have landed, and its own refusal says nothing of that one."""
-    return not (isinstance(current, Idempotent) and intent.attempts > 1)
+    return not (current.keyed and intent.attempts > 1)
 
 
 Claimability = Literal["claimable", "settled", "not_due", "held", "live"]

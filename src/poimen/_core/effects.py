@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, assert_never
+from typing import Any, ClassVar, Literal, Protocol, get_args
 
 from poimen._core.keys import JSONValue, hash_key, to_json_value
 from poimen.errors import (
@@ -193,11 +193,36 @@ class RequestIdLookup(Protocol):
     def __call__(self, request_id: str, /) -> LookupAnswer | Awaitable[LookupAnswer]: ...
 
 
-# The effect classes. Each carries what its recovery path needs.
+# The effect classes. Each carries what its recovery path needs, and its traits as class
+# variables: the engine, the store and the sandbox read the traits, never a chain of
+# isinstance checks, so a new class states once what it is. The closed union below and
+# `decide`'s exhaustive match still name every class.
+
+EffectName = Literal["idempotent", "queryable", "unsafe", "readonly", "transactional"]
+#: The effect classes' names as the log records them: the store's check of a row and the
+#: schema's CHECK constraints (tests/contract/test_effect_names.py) follow this tuple.
+EFFECT_NAMES: tuple[EffectName, ...] = get_args(EffectName)
+
+
+class _Traits:
+    """What the engine needs to know of an effect class, whatever the class."""
+
+    __slots__ = ()
+    #: How the log records the class (one of `EFFECT_NAMES`).
+    name: ClassVar[EffectName]
+    #: The kernel derives a key from the arguments; the tool's writes carry it.
+    keyed: ClassVar[bool] = False
+    #: A request id is recorded, and recovery asks the provider whether it landed.
+    asks_provider: ClassVar[bool] = False
+    #: A running attempt's handles carry a write token, and the audit hook catches its
+    #: out-of-band writes.
+    guarded: ClassVar[bool] = False
+    #: An attempt's requests may land until its deadline: "not landed" is trusted only after.
+    has_deadline: ClassVar[bool] = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Idempotent:
+class Idempotent(_Traits):
     """A retry with the same key is safe: the provider deduplicates on it.
 
     `key_ttl`: how many seconds the provider remembers a key (Stripe: at least 24 h). Once
@@ -205,6 +230,10 @@ class Idempotent:
     reach the provider later than that after the call was recorded (the send gate): the
     intent becomes Indeterminate (`key_expired`). None: keys never expire.
     """
+
+    name: ClassVar[EffectName] = "idempotent"
+    keyed: ClassVar[bool] = True
+    guarded: ClassVar[bool] = True
 
     key: KeyDerivation
     key_ttl: float | None = None
@@ -222,21 +251,30 @@ class Idempotent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Queryable:
+class Queryable(_Traits):
     """The provider can be asked whether a request id landed."""
+
+    name: ClassVar[EffectName] = "queryable"
+    asks_provider: ClassVar[bool] = True
+    has_deadline: ClassVar[bool] = True
 
     lookup: RequestIdLookup
 
 
 @dataclass(frozen=True, slots=True)
-class Unsafe:
+class Unsafe(_Traits):
     """Nothing makes a retry safe: an unknown outcome becomes Indeterminate."""
+
+    name: ClassVar[EffectName] = "unsafe"
 
 
 @dataclass(frozen=True, slots=True)
-class ReadOnly:
+class ReadOnly(_Traits):
     """The tool has no effect: recovery runs it again freely, and every write it tries
     (through its handles or out of band) is denied and recorded."""
+
+    name: ClassVar[EffectName] = "readonly"
+    guarded: ClassVar[bool] = True
 
 
 #: A Transactional tool's database: a URL (``sqlite:///path``, ``postgresql://...``) or a
@@ -245,7 +283,7 @@ Database = str | Callable[[], Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Transactional:
+class Transactional(_Traits):
     """The tool's whole effect is a write to one SQL database, made through `ctx.tx` (a
     connection inside a transaction poimen opens): poimen commits that transaction with a
     marker of the call, so the write lands exactly once (docs/design.md §2). Every other
@@ -254,6 +292,9 @@ class Transactional:
     `database`: ``sqlite:///path``, ``postgresql://...``, or a function returning a new
     sqlite3 or psycopg 3 connection (called once per attempt; poimen closes what it returns).
     """
+
+    name: ClassVar[EffectName] = "transactional"
+    guarded: ClassVar[bool] = True
 
     database: Database
 
@@ -283,22 +324,8 @@ def _shown(url: str) -> str:
 
 
 EffectClass = Idempotent | Queryable | Unsafe | ReadOnly | Transactional
-
-
-EffectName = Literal["idempotent", "queryable", "unsafe", "readonly", "transactional"]
+EFFECT_CLASSES: tuple[type[EffectClass], ...] = get_args(EffectClass)
 
 
 def effect_name(effects: EffectClass) -> EffectName:
-    match effects:
-        case Idempotent():
-            return "idempotent"
-        case Queryable():
-            return "queryable"
-        case Unsafe():
-            return "unsafe"
-        case ReadOnly():
-            return "readonly"
-        case Transactional():
-            return "transactional"
-        case _:
-            assert_never(effects)
+    return effects.name

@@ -15,13 +15,11 @@ from typing import Any
 import pydantic
 
 from poimen._core.effects import (
+    EFFECT_CLASSES,
     EffectClass,
     Idempotent,
     KeyDerivation,
     Queryable,
-    ReadOnly,
-    Transactional,
-    Unsafe,
 )
 from poimen._core.keys import MAX_TOOL_ID_BYTES, JSONValue
 from poimen.errors import ArgumentError, RegistrationError
@@ -86,7 +84,7 @@ class ToolRegistration:
 
     def __post_init__(self) -> None:
         check_tool_id(self.id)
-        if not isinstance(self.effects, Idempotent | Queryable | Unsafe | ReadOnly | Transactional):
+        if not isinstance(self.effects, EFFECT_CLASSES):
             raise RegistrationError(
                 f"tool {self.id!r}: effects must be Idempotent(key=...), Queryable(lookup=...), "
                 f"Unsafe(), ReadOnly() or Transactional(database=...), not {self.effects!r}",

@@ -23,7 +23,7 @@ from poimen._capability.context import Issuer
 from poimen._core.approval import ApprovalRule, approval_due, approval_rule
 from poimen._core.backoff import seconds
 from poimen._core.decide import Policy, claimability
-from poimen._core.effects import Idempotent, Queryable, ReadOnly, Transactional, effect_name
+from poimen._core.effects import Idempotent, Transactional, effect_name
 from poimen._core.intents import Intent, IntentState, Outcome, Owner
 from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
 from poimen._core.retry import Retry as RetryPolicy
@@ -213,7 +213,7 @@ class Engine:
             )
         tool = build_tool(registration, fn)
         effects = registration.effects
-        if isinstance(effects, Idempotent | ReadOnly | Transactional):
+        if effects.guarded:
             _guard.install()
         db = Database(effects, self.store.url) if isinstance(effects, Transactional) else None
         rule = approval_rule(registration.id, requires_approval, approval_ttl, approvers)
@@ -448,7 +448,7 @@ class Engine:
                     f"tool {t.id!r}: its key derivation gave two keys for one set of arguments",
                     tool_id=t.id,
                 )
-        elif isinstance(effects, Queryable):
+        elif effects.asks_provider:
             request_id = _new_request_id()
         now = self.store.now()
         timeout = t.registration.timeout

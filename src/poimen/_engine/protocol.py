@@ -34,14 +34,14 @@ from poimen._core.decide import (
     KeyFailed,
     MarkIndeterminate,
     Policy,
-    Retry,
+    RetryDecision,
     Unasked,
     attempt_deadline,
     decide,
     failure_is_final,
     takeover_deadline,
 )
-from poimen._core.effects import Idempotent, Queryable
+from poimen._core.effects import Idempotent
 from poimen._core.intents import (
     Completed,
     Failed,
@@ -221,7 +221,7 @@ def orphan_steps(
             reason="approved" if intent.attempts == 0 else "owner_gone",
         )
         later = takeover_deadline(intent, e.store.now(), e.deadline_margin)
-        if later is not None and isinstance(t.registration.effects, Queryable):
+        if later is not None and t.registration.effects.has_deadline:
             # Its owner stopped mid-attempt: what it sent until now may still land.
             intent = dataclasses.replace(intent, deadline_at=later)
         nxt = yield from decide_steps(e, t, intent, c)
@@ -275,7 +275,7 @@ def run_steps(
             return (yield from _write_outcome(e, intent, run))
         now = e.store.now()
         deadline = None
-        if isinstance(t.registration.effects, Queryable):
+        if t.registration.effects.has_deadline:
             # A request sent until now may still land within its timeout.
             deadline = max(
                 intent.deadline_at or 0.0,
@@ -351,7 +351,7 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
                 return (yield from indeterminate_steps(e, intent, reason))
             case Fail(reason=reason):
                 return (yield from _write_outcome(e, intent, Run("failed", error=reason)))
-            case Retry():
+            case RetryDecision():
                 return (yield from _retry(e, t, intent, c, policy))
 
 
@@ -462,7 +462,7 @@ def _stamp_deadline(
     """A Queryable attempt's deadline counts from when it starts: if its commit took long,
     the deadline stamped before the commit would let "not landed" be trusted too early.
     Returns the intent to run, or an outcome if it was taken over meanwhile."""
-    if not isinstance(t.registration.effects, Queryable):
+    if not t.registration.effects.has_deadline:
         return intent
     for _ in range(3):
         now = e.store.now()

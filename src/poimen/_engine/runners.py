@@ -20,7 +20,6 @@ from poimen._capability import guard as _guard
 from poimen._capability.context import AttemptRecord, ToolContext
 from poimen._core.decide import Fail, MarkIndeterminate
 from poimen._core.effects import (
-    Idempotent,
     Landed,
     LookupAnswer,
     NotLanded,
@@ -34,7 +33,7 @@ from poimen._core.tools import Tool
 from poimen._engine.hooks import observed_ainvoke, observed_invoke, observed_lookup
 from poimen._engine.protocol import printable
 from poimen._engine.steps import Block, CallState, Invoke, Lookup, Run, Sleep, Steps
-from poimen._engine.transactional import Tx
+from poimen._engine.transactional import AttemptTx
 from poimen.errors import (
     CapabilityDeniedError,
     DefiniteFailure,
@@ -53,18 +52,18 @@ T = TypeVar("T")
 # Invoking a tool.
 
 
-def context(e: Engine, t: Tool, intent: Intent, tx: Tx | None = None) -> ToolContext:
+def context(e: Engine, t: Tool, intent: Intent, tx: AttemptTx | None = None) -> ToolContext:
     reg = t.registration
     key = intent.key
-    # Idempotent, ReadOnly and Transactional calls are guarded: their handles carry a token
-    # for this attempt.
+    # A guarded call's handles carry a token for this attempt (and a keyed one's, its key).
     scope = None
-    if key is not None and isinstance(reg.effects, Idempotent):
-        scope = e.issuer.scope(t.id, intent.id, intent.attempts, key, reg.caps)
-    elif isinstance(reg.effects, ReadOnly):
-        scope = e.issuer.scope(t.id, intent.id, intent.attempts, "", reg.caps, read_only=True)
-    elif isinstance(reg.effects, Transactional):
-        scope = e.issuer.scope(t.id, intent.id, intent.attempts, "", reg.caps, transactional=True)
+    effects = reg.effects
+    if effects.guarded and (key is not None or not effects.keyed):
+        scope = e.issuer.scope(
+            t.id, intent.id, intent.attempts, key if effects.keyed and key else "", reg.caps,
+            read_only=isinstance(effects, ReadOnly),
+            transactional=isinstance(effects, Transactional),
+        )
     record = AttemptRecord(e.issuer, t.id, intent, reg.effects, reg.timeout)
     if tx is not None:
         # A denied write ends the attempt: its transaction is rolled back before the denial
@@ -86,7 +85,7 @@ def context(e: Engine, t: Tool, intent: Intent, tx: Tx | None = None) -> ToolCon
     )
 
 
-def _begin(e: Engine, step: Invoke) -> Tx | Run | None:
+def _begin(e: Engine, step: Invoke) -> AttemptTx | Run | None:
     """A Transactional attempt's transaction (None for the other classes), or how the
     attempt ends if it cannot begin: nothing of it happened."""
     db = e.databases.get(step.tool.id)
@@ -100,7 +99,7 @@ def _begin(e: Engine, step: Invoke) -> Tx | Run | None:
         return Run("failed", error=printable(str(exc)))
 
 
-def _end(e: Engine, tx: Tx | None, run: Run) -> Run:
+def _end(e: Engine, tx: AttemptTx | None, run: Run) -> Run:
     return run if tx is None else tx._finish(run, e.store)
 
 

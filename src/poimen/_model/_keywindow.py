@@ -26,7 +26,7 @@ from poimen._core.decide import (
     KeyDerived,
     MarkIndeterminate,
     Policy,
-    Retry,
+    RetryDecision,
     Send,
     after_refusal,
 )
@@ -154,7 +154,7 @@ class KeyWindow(Focused):
             it = intent(effect="idempotent", key="k", attempts=s.att,
                         timeout_s=float(self.cfg.timeout))
             d = self.rules.decide(self.effect, it, KeyDerived("k"), BASE + s.age, self.policy)
-            if isinstance(d, Retry):
+            if isinstance(d, RetryDecision):
                 yield Step(("worker", f"decides at age {s.age}: Retry; backs off"),
                            s._replace(pc="backoff", decided=s.age, since=0))
             else:

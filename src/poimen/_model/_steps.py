@@ -22,7 +22,7 @@ from poimen._core.decide import (
     KeyDerived,
     MarkIndeterminate,
     Policy,
-    Retry,
+    RetryDecision,
     Unasked,
 )
 from poimen._core.effects import Landed, NotLanded, Unknown
@@ -372,7 +372,7 @@ class Protocol:
             nxt = th._replace(
                 pc="decision", snap=now_r, op=Commit("indet", 0, r.fence, text=d.reason)
             )
-        elif isinstance(d, Retry):
+        elif isinstance(d, RetryDecision):
             nxt = th._replace(pc="retry", snap=now_r)
         elif isinstance(d, Fail):
             nxt = th._replace(pc="outcome", snap=now_r,

@@ -21,7 +21,8 @@ import copy
 import dataclasses
 import json
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from poimen import events as ev
 from poimen._core.effects import ReadOnly, Transactional, Unsafe
@@ -71,6 +72,8 @@ def check_options(
     on_divergence: str,
 ) -> None:
     """Refuse a sandbox setting that does not fit the mode, before anything is opened."""
+    if mode not in ("live", "shadow", "replay"):
+        raise PoimenError(f"mode must be live, shadow or replay, not {mode!r}", field="mode")
     if mode == "live" and (recording, live, scope) != (None, None, None):
         raise PoimenError(
             "recording, live and scope are for mode='replay' or mode='shadow'", field="mode"
@@ -95,6 +98,35 @@ def check_options(
         )
     if on_divergence != "raise" and mode != "replay":
         raise PoimenError("on_divergence is for mode='replay'", field="on_divergence")
+
+
+def attach(
+    engine: Engine,
+    store: Store,
+    mode: str,
+    *,
+    recording: str | Store | None,
+    live: str | Store | None,
+    scope: str | None,
+    on_divergence: OnDivergence,
+    on_close: list[Callable[[], object]],
+) -> Sandbox | None:
+    """A shadow or replay kernel's sandbox, put in front of its engine (closed with it:
+    `on_close`); None for a live kernel. `store`: the kernel's log as opened, not the engine's
+    observed one."""
+    if mode == "live":
+        return None
+    sandbox = Sandbox(
+        engine,
+        store,
+        cast("Literal['shadow', 'replay']", mode),
+        source=recording if mode == "replay" else live,
+        scope=scope,
+        on_divergence=on_divergence,
+    )
+    on_close.append(sandbox.close)
+    engine.sandbox = sandbox
+    return sandbox
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,7 +222,7 @@ class Sandbox:
             assert found is not None
             if self.mode == "shadow":
                 found = self._settled(found)
-            answer: records.Answer = "recorded" if self.mode == "replay" else "live"
+            answer: records.SandboxAnswer = "recorded" if self.mode == "replay" else "live"
             out = self._keep(d, answer, source, _protocol.answer(found), None)
         elif self.mode == "shadow":
             out = self._keep(d, "would_have_called", source, None, div)
@@ -206,7 +238,7 @@ class Sandbox:
     def _keep(
         self,
         d: NewDispatch,
-        answer: records.Answer,
+        answer: records.SandboxAnswer,
         source: str | None,
         outcome: Outcome | None,
         div: _Divergence | None,

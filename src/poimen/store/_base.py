@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from poimen._core.effects import EFFECT_NAMES
 from poimen._core.intents import (
     Attempt,
     Delivery,
@@ -337,7 +338,7 @@ NOTIFICATION_COLUMNS = (
 DENIAL_COLUMNS = "id, at, tool_id, intent_id, attempt, action, target, reason"
 DELIVERY_COLUMNS = "notification_id, notifier, delivered_at, attempts, last_error, next_attempt_at"
 
-_EFFECTS = frozenset({"idempotent", "queryable", "unsafe", "readonly", "transactional"})
+_EFFECTS = frozenset(EFFECT_NAMES)
 
 
 def _owner(worker: Any, host: Any, pid: Any, start: Any) -> Owner | None:

@@ -357,10 +357,8 @@ class Retention:
         return self._tx("prune_denials", op)
 
     def _mark_pruning(self, ex: Any, on: bool) -> None:
-        if self.dialect == "postgres":
-            if on:  # transaction-local: gone at COMMIT or ROLLBACK
-                ex.execute("SELECT set_config('poimen.pruning', 'on', true)", ())
-            return
+        """Tell the history triggers a prune is deleting (a row of ``poimen_pruning``; a
+        store may mark it its own way)."""
         if on:
             ex.execute("INSERT INTO poimen_pruning (started_at) VALUES (0)", ())
         else:

@@ -20,7 +20,7 @@ from poimen.store._statements import Executor
 #: The schema version that has ``sandbox_calls``; an older log has no sandbox records.
 SANDBOX_VERSION = 5
 
-Answer = Literal["recorded", "live", "would_have_called", "not_in_recording", "refused"]
+SandboxAnswer = Literal["recorded", "live", "would_have_called", "not_in_recording", "refused"]
 ANSWERS: frozenset[str] = frozenset(
     {"recorded", "live", "would_have_called", "not_in_recording", "refused"}
 )
@@ -48,7 +48,7 @@ class SandboxCall:
     effect: str
     args: str
     args_hash: str
-    answer: Answer
+    answer: SandboxAnswer
     source: str | None
     outcome: str | None
     divergence: str | None

@@ -58,8 +58,8 @@ from poimen.store._statements import (
     ABANDONED,
     OUTCOMES,
     Executor,
-    Outcome,
     Reader,
+    Settlement,
     Sql,
     _where,
     claim_event_params,
@@ -214,10 +214,10 @@ class SqlStore(Retention, Approvals, Chain):
         error: str | None,
         now: float,
     ) -> bool:
-        o = Outcome(intent_id, fence, state, result, error, now)
+        o = Settlement(intent_id, fence, state, result, error, now)
         return self._tx("record_outcome", self._outcome_op(o))
 
-    def _outcome_op(self, o: Outcome) -> Callable[[Executor, bool], bool]:
+    def _outcome_op(self, o: Settlement) -> Callable[[Executor, bool], bool]:
         """One outcome write: settle on the fence, or keep a stale owner's as evidence."""
         check_transition(S.DISPATCHED, o.state)
         intent_id, fence, result, error, now = o.intent_id, o.fence, o.result, o.error, o.now
@@ -258,7 +258,7 @@ class SqlStore(Retention, Approvals, Chain):
         """Make `conn`, a connection of the application's to this log, able to write what the
         audit chain links (SQLite: its triggers call a function of the connection's)."""
 
-    def _settle(self, ex: Executor, o: Outcome) -> bool:
+    def _settle(self, ex: Executor, o: Settlement) -> bool:
         """Settle on the fence; False (nothing written) if the fence moved."""
         sql = self._sql
         params = o.settle_params()
@@ -286,7 +286,7 @@ class SqlStore(Retention, Approvals, Chain):
         writes, and commit the two at once. If the fence moved (the call was taken over),
         `conn` is rolled back and False returned: the tool's writes never land. An error of
         the commit itself leaves the outcome unknown and is raised."""
-        o = Outcome(intent_id, fence, S.COMPLETED, result, error, now)
+        o = Settlement(intent_id, fence, S.COMPLETED, result, error, now)
         self._linking(conn)
         if not self._settle(conn, o):
             conn.rollback()

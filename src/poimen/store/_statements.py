@@ -371,7 +371,7 @@ def event_params(
     )
 
 
-class Outcome(NamedTuple):
+class Settlement(NamedTuple):
     """A definite outcome to write on an attempt's fence, and the parameters of its three
     statements (settle, end_attempt, the event), in one place for every way of writing it."""
 

@@ -47,8 +47,8 @@ from poimen.store._dialect import POSTGRES
 from poimen.store._sql import SqlStore
 from poimen.store._statements import (
     Executor,
-    Outcome,
     Reader,
+    Settlement,
     Sql,
     claim_params,
     dispatch_params,
@@ -115,6 +115,10 @@ class PostgresStore(SqlStore):
 
     dialect = "postgres"
     _sql = SQL
+
+    def _mark_pruning(self, ex: Any, on: bool) -> None:
+        if on:  # transaction-local: gone at COMMIT or ROLLBACK
+            ex.execute("SELECT set_config('poimen.pruning', 'on', true)", ())
 
     def __init__(
         self,
@@ -499,7 +503,7 @@ class PostgresStore(SqlStore):
         error: str | None,
         now: float,
     ) -> bool:
-        o = Outcome(intent_id, fence, state, result, error, now)
+        o = Settlement(intent_id, fence, state, result, error, now)
         shared = self._outcome_op(o)
         params = (*o.settle_params(), *o.end_attempt_params(), *o.event_params())
 

@@ -30,8 +30,8 @@ from poimen.store._inline import attempt_row, event_row, inline_attempt, inline_
 from poimen.store._sql import SqlStore
 from poimen.store._statements import (
     Executor,
-    Outcome,
     Reader,
+    Settlement,
     Sql,
     claim_event_params,
     claim_params,
@@ -105,11 +105,11 @@ def _merge_outcomes(conn: sqlite3.Connection, ops: list[Op[Any]]) -> None:
     the tables already), each on its attempt's fence. An outcome whose fence is stale (or
     whose intent is missing or settled) is left to its op, which keeps it as evidence; so is
     one intent's second outcome in the batch."""
-    outs: list[Outcome] = [op.payload for op in ops]
+    outs: list[Settlement] = [op.payload for op in ops]
     odd = _many(conn, _UNSETTLEABLE, [(o.intent_id, o.fence) for o in outs]).fetchall()
     stale = {r[0] for r in odd if r[1]}
     spilled = {r[0] for r in odd if not r[1]}  # settled as before version 7
-    done: list[tuple[Op[Any], Outcome]] = []
+    done: list[tuple[Op[Any], Settlement]] = []
     for op, o in zip(ops, outs, strict=True):
         if o.intent_id not in stale:
             stale.add(o.intent_id)
@@ -219,7 +219,7 @@ _UNSETTLEABLE = (
     "OR intents.inline_history = 0"
 )
 # Merged statements take each row's values in the order of the single statement's parameters
-# (`Outcome.settle_params`, `claim_params`, `Outcome.end_attempt_params`).
+# (`Settlement.settle_params`, `claim_params`, `Settlement.end_attempt_params`).
 _SETTLE_MANY = (
     "UPDATE intents SET state = v.column1, result = v.column2, error = v.column3, "
     "lease_expires_at = NULL, next_check_at = NULL, updated_at = v.column4 "
@@ -580,7 +580,7 @@ class SqliteStore(SqlStore):
         error: str | None,
         now: float,
     ) -> bool:
-        out = Outcome(intent_id, fence, state, result, error, now)
+        out = Settlement(intent_id, fence, state, result, error, now)
         return self._writer_open().run(self._settle_op(out), _merge_outcomes, out)
 
     def arecord_outcome(
@@ -594,10 +594,10 @@ class SqliteStore(SqlStore):
         now: float,
     ) -> asyncio.Future[bool]:
         """`record_outcome` for a caller on an event loop, without a thread of its own."""
-        out = Outcome(intent_id, fence, state, result, error, now)
+        out = Settlement(intent_id, fence, state, result, error, now)
         return self._writer_open().submit(self._settle_op(out), _merge_outcomes, out)
 
-    def _settle_op(self, o: Outcome) -> Callable[[sqlite3.Connection], bool]:
+    def _settle_op(self, o: Settlement) -> Callable[[sqlite3.Connection], bool]:
         fn = self._outcome_op(o)
         return lambda conn: fn(conn, False)
 
