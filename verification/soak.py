@@ -510,7 +510,7 @@ class _Live:
 
 
 @dataclass(slots=True)
-class Run:
+class SoakRun:
     """What the driver hands to the check."""
 
     config: SoakConfig
@@ -538,9 +538,9 @@ def _in_flight(side: Path) -> list[str]:
     return list(open_calls)
 
 
-def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
+def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> SoakRun:
     """Start workers, SIGKILL them one by one at random delays, `cfg.kills` times."""
-    run = Run(cfg, db_url, base)
+    run = SoakRun(cfg, db_url, base)
     (base / "sides").mkdir(exist_ok=True)
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["verification.soak"])
@@ -635,7 +635,7 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
     return run
 
 
-def final_recovery(run: Run, provider_url: str) -> list[Intent]:
+def final_recovery(run: SoakRun, provider_url: str) -> list[Intent]:
     """Recovery passes, none killed, until nothing is due; returns what is still unfinished.
     Between passes it waits for the rows' own times (next check, lease), never a fixed sleep."""
     cfg = run.config
