@@ -11,10 +11,15 @@ from dataclasses import dataclass
 class Mutant:
     id: str
     rule: str
-    file: str  # under src/
+    file: str  # under src/, or verification/... (the soak and the model check)
     find: str
     replace: str
     tests: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        """The file under the repository root."""
+        return self.file if self.file.startswith("verification/") else f"src/{self.file}"
 
 
 DECIDE = "poimen/_core/decide.py"
@@ -35,6 +40,8 @@ AUDIT_OP = "poimen/operator/_audit.py"
 RETENTION = "poimen/store/_retention.py"
 TX = "poimen/_engine/transactional.py"
 TX_TOOL = "poimen/_capability/tx.py"
+MODEL = "verification/model/_system.py"
+SOAK_CHECK = "verification/soak_check.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_AUDIT = ("tests/integration/test_audit_chain.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
@@ -644,4 +651,11 @@ MUTANTS: list[Mutant] = [
     Mutant("tx-tool-commit-ignored", "a transaction the tool ended is an operator's", TX,
            "        if ended:\n            s.rollback()", "        if False:\n            s.rollback()",
            (*T_TX, "-k", "sql_that_ends and postgres")),
+    # The checkers themselves (verification/, outside the wheel): a check that cannot fail.
+    Mutant("model-unsafe-sends-unseen", "the model check sees an Unsafe call sent twice", MODEL,
+           'if kind == "unsafe" and g.sends > 1:', 'if kind == "unsafe" and g.sends > 2:',
+           ("tests/model/test_model_check.py", "-k", "unsafe-retried")),
+    Mutant("soak-live-takeover-unseen", "the soak sees a live call taken over", SOAK_CHECK,
+           "if lease <= at + CLOCK_TOLERANCE:", "if lease <= math.inf:",
+           ("tests/integration/test_soak.py", "-k", "broken_rule")),
 ]
