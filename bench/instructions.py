@@ -1,5 +1,5 @@
 """CPU cost per call in instructions, under valgrind's callgrind: the floor, the store's two
-commits alone, and Kernel.call, on SQLite WAL with synchronous=OFF (no fsync to wait for).
+commits alone, Kernel.call, and Kernel.acall of the async no-op tool, on SQLite WAL with synchronous=OFF (no fsync to wait for).
 
     python -m bench.instructions [--calls 500]
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench._util import ROOT
 
-WORKLOADS = ("floor", "store", "call")
+WORKLOADS = ("floor", "store", "call", "acall")
 BASE = 100
 
 
@@ -50,7 +50,16 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
     kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
     try:
         kernel.call(TOOL, args(-1), call_id="warm")
-        if what == "store":
+        if what == "acall":
+            import asyncio
+
+            async def calls() -> None:
+                await kernel.acall(TOOL + ".async", args(-2), call_id="awarm")
+                for i in range(n):
+                    await kernel.acall(TOOL + ".async", args(i), call_id=f"c{i}")
+
+            asyncio.run(calls())
+        elif what == "store":
             ds = [kernel._prepare(TOOL, args(i), f"c{i}")[1] for i in range(total)]
             for d in ds[:n]:
                 store_call(kernel.store, d)
@@ -91,12 +100,12 @@ def _instructions(what: str, n: int, total: int) -> int:
         return int(m.group(1))
 
 
-def measure(calls: int = 500) -> dict[str, float]:
+def measure(calls: int = 500, only: tuple[str, ...] = WORKLOADS) -> dict[str, float]:
     """Instructions per call of each workload."""
     total = BASE + calls
     return {
         what: (_instructions(what, total, total) - _instructions(what, BASE, total)) / calls
-        for what in WORKLOADS
+        for what in only
     }
 
 
@@ -107,11 +116,12 @@ def main() -> None:
         return
     p = argparse.ArgumentParser(prog="python -m bench.instructions")
     p.add_argument("--calls", type=int, default=500)
+    p.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     ns = p.parse_args()
     why = available()
     if why:
         raise SystemExit(why)
-    print(json.dumps(measure(ns.calls)))
+    print(json.dumps(measure(ns.calls, tuple(ns.only))))
 
 
 if __name__ == "__main__":

@@ -133,7 +133,10 @@ async def _tool_coroutine(t: Tool, ctx: ToolContext, kwargs: dict[str, Any]) -> 
     if scope is not None:
         coro = _guard.arun(scope, coro)
     try:
-        return await asyncio.wait_for(coro, t.registration.timeout)
+        # In the caller's task, as `wait_for` awaits a coroutine from Python 3.12 on: no task
+        # of its own (its creation and two more turns of the loop a call).
+        async with asyncio.timeout(t.registration.timeout):
+            return await coro
     finally:
         # A request of ctx.ahttp runs in a thread that a timeout or cancellation cannot stop:
         # the attempt is not over until it returns.
