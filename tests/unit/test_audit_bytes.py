@@ -60,6 +60,15 @@ def test_a_settled_intents_link_is_unchanged() -> None:
     assert link(prev, "intent", row) == link(prev, "intent", tuple(row))
 
 
+@pytest.mark.parametrize("n", [0, 1, 1023, 1024, 1025, 70_000])
+@pytest.mark.parametrize("char", ["a", "\u00e9", "\U0001f600", "\ud800"])
+def test_a_texts_bytes_are_the_definitions_at_every_length(n: int, char: str) -> None:
+    # The tag and length of a short text come from a table; a lone surrogate takes the
+    # definition's encoding after strict UTF-8 refuses it.
+    row = [char * n, "c", None, "x", *([None] * 22)]
+    assert row_bytes("intent", row) == reference("intent", row)
+
+
 def test_a_row_of_another_length_is_refused() -> None:
     with pytest.raises(ValueError, match="columns"):
         row_bytes("pruned", [1, 2.0, "[]"])

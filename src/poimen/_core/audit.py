@@ -93,6 +93,7 @@ _TAG_INT = struct.Struct(">Bq")  # 02, then the integer
 _TAG_FLOAT = struct.Struct(">Bd")  # 03, then the double
 _KIND = {kind: _text(kind) for kind in COLUMNS}
 _INT_MIN, _INT_MAX = -(2**63), 2**63
+_HEADS = tuple(_TAG_TEXT.pack(1, n) for n in range(1024))  # a text's tag and length, made once
 
 
 def row_bytes(kind: str, values: Sequence[Any]) -> bytes:
@@ -103,19 +104,25 @@ def row_bytes(kind: str, values: Sequence[Any]) -> bytes:
     # The values SQLite hands the triggers, in their own column's type, inline (every settle
     # hashes a row); anything else takes `_value`, the definition.
     out = [_KIND[kind]]
+    add = out.append
     for t, v in zip(types, values, strict=True):
         tp = type(v)
         if tp is str:
-            b = v.encode("utf-8", "surrogatepass")
-            out.append(_TAG_TEXT.pack(1, len(b)) + b)
+            try:  # strict UTF-8 (the codec's fast path) gives the same bytes where it succeeds
+                b = v.encode()
+            except UnicodeEncodeError:
+                b = v.encode("utf-8", "surrogatepass")
+            n = len(b)
+            add(_HEADS[n] if n < 1024 else _TAG_TEXT.pack(1, n))
+            add(b)
         elif v is None:
-            out.append(_NULL)
+            add(_NULL)
         elif tp is int and t == "i" and _INT_MIN <= v < _INT_MAX:
-            out.append(_TAG_INT.pack(2, v))
+            add(_TAG_INT.pack(2, v))
         elif tp is float and t == "f":
-            out.append(_TAG_FLOAT.pack(3, v))
+            add(_TAG_FLOAT.pack(3, v))
         else:
-            out.append(_value(t, v))
+            add(_value(t, v))
     return b"".join(out)
 
 
