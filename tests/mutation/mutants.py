@@ -407,7 +407,7 @@ MUTANTS: list[Mutant] = [
            "        if views:\n", "        if False:\n",
            ("tests/integration/test_bad_input_operator.py", "-k", "recursive_view")),
     Mutant("row-checks-skipped", "verify judges every row by the schema's constraints",
-           "poimen/operator/_health.py", "        out += _row_problems(store, reference)\n", "",
+           "poimen/store/_sqlite_checks.py", "        out += _row_problems(store, reference)\n", "",
            ("tests/integration/test_bad_input_operator.py", "-k", "verify_finds")),
     Mutant("csrf-skipped", "a console change needs the session's CSRF token",
            "poimen/console/_session.py", "        return _same(form_value, v.session.csrf)",
