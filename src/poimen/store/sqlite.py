@@ -1,8 +1,9 @@
 """The embedded default store: SQLite in WAL mode, synchronous=FULL, one writer with group commit.
 
-About 700 lines: the merged writes of a batch (dispatches, outcomes, claims) sit beside the
+About 800 lines: the merged writes of a batch (dispatches, outcomes, claims) sit beside the
 store methods whose statements they merge, so the two are changed together; the writer itself
-is `_group_commit`, the statements both dialects share `_sql`.
+is `_group_commit`, the statements both dialects share `_sql`, `poimen verify`'s checks of a
+SQLite log `_sqlite_checks`.
 """
 
 from __future__ import annotations
