@@ -6,13 +6,15 @@
 Spans: ``execute_tool <tool>`` for each `call`/`acall`, a child of the caller's active span,
 as the OpenTelemetry GenAI conventions name a tool's execution (``gen_ai.operation.name``,
 ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.type``, ``error.type``);
-``poimen.attempt <tool>`` for each run of the tool (its own spans, and the ``traceparent``
-that `ctx.http` sends, are children of it); ``poimen.lookup <tool>``; ``poimen.recovery``
-for a recovery pass with ``poimen.recover <tool>`` for each intent it drives (a background
-pass that drove nothing leaves no span). Transitions (dispatched, unknown outcome, retry,
-takeover, Indeterminate, ...) are events on the span current when they happen. poimen's own
-attributes are named ``poimen.*`` (tool id, effect class, call id, intent id, attempt,
-fence, outcome, reason).
+``poimen.attempt <tool>`` for a run of the tool off the happy path (a first attempt that did
+not complete, made when it ends; each later one while it runs: the tool's own spans, and the
+``traceparent`` that `ctx.http` sends, are children of the span it runs under);
+``poimen.lookup <tool>``; ``poimen.recovery`` for a recovery pass with ``poimen.recover
+<tool>`` for each intent it drives (a background pass that drove nothing leaves no span).
+Transitions (dispatched, unknown outcome, retry, takeover, Indeterminate, ...) are events on
+the span current when they happen, except on the happy path: a call dispatched, run once and
+completed is its span alone. poimen's own attributes are named ``poimen.*`` (tool id,
+effect, call id, intent id, attempt, fence, outcome, reason).
 
 Metrics (docs/observability.md lists them): calls by tool and outcome and their duration,
 attempts, Indeterminate transitions, takeovers, lease renewals, denials, recovery pass
@@ -33,7 +35,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from poimen import events as ev
 from poimen._core.intents import IntentState
@@ -148,11 +150,12 @@ class OpenTelemetry(ev.Observer):
     per log (or scrape the console's ``/metrics``), so that summing them does not count the
     log once per kernel. Each observation names its log in ``poimen.log``.
 
-    A call is one span and its attempts one each, opened from what the call has (the
-    attributes of a tool are built once); transitions are events on them; metric points use
-    the instruments directly. With neither an SDK's tracer nor its meter, the observer asks
-    for nothing and the kernel calls none of its hooks (it looks again at each call until
-    global providers are set)."""
+    A call is one span, opened from what the call has (the attributes of a tool are built
+    once); attempt spans and transitions' events are added off the happy path only. Metric
+    points: the duration histogram directly, the calls and attempts counted here (read when
+    the SDK collects). With neither an SDK's tracer nor its meter, the observer asks for
+    nothing and the kernel calls none of its hooks (it looks again at each call until global
+    providers are set)."""
 
     def __init__(
         self,
@@ -165,17 +168,12 @@ class OpenTelemetry(ev.Observer):
         version = _version()
         self._tracer = otel_trace.get_tracer("poimen", version, tracer_provider=tracer_provider)
         meter = otel_metrics.get_meter("poimen", version, meter_provider=meter_provider)
-        self._calls = meter.create_counter(
-            "poimen.calls", "{call}", "Calls returned, by tool and outcome"
-        )
+        self._counts = _counts_of(meter_provider, meter)
         self._call_duration = meter.create_histogram(
             "poimen.call.duration",
             "s",
             "Duration of calls, by tool and outcome",
             explicit_bucket_boundaries_advisory=BUCKETS,
-        )
-        self._attempts = meter.create_counter(
-            "poimen.attempts", "{attempt}", "Runs of a tool, by tool and how they ended"
         )
         self._indeterminate = meter.create_counter(
             "poimen.indeterminate", "{intent}", "Intents made INDETERMINATE, by tool and reason"
@@ -236,25 +234,27 @@ class OpenTelemetry(ev.Observer):
     # A call and its attempts, from what the call has.
 
     def call_started(self, d: NewDispatch) -> object:
-        """A call begins: its span (``execute_tool``), made current for the caller's code."""
+        """A call begins: its span (``execute_tool``), made current for the caller's code
+        and, while its first attempt runs, for the tool's."""
         if not self._tracing:
             return None
         t = self._tool(d.tool_id, d.effect)
         attrs = t.call.copy()
         attrs["poimen.call_id"] = attrs["gen_ai.tool.call.id"] = d.call_id
         span = self._tracer.start_span(t.call_name, kind=SpanKind.INTERNAL, attributes=attrs)
-        return self._opened(span)
+        return self._opened(_Call(span))
 
-    def _opened(self, span: Any) -> tuple[Any, Any, Any]:
-        """`span` made current, for the caller's code and for this observer's events."""
-        return span, otel_context.attach(otel_trace.set_span_in_context(span)), self._open.set(span)
+    def _opened(self, scope: _S) -> _S:
+        """`scope`'s span made current, for the caller's code and for this observer's events."""
+        scope.ctx_token = otel_context.attach(otel_trace.set_span_in_context(scope.span))
+        scope.open_token = self._open.set(scope)
+        return scope
 
-    def _closed(self, token: Any) -> None:
-        span, ctx_token, open_token = token
-        self._open.reset(open_token)
-        if ctx_token is not None:
-            otel_context.detach(ctx_token)
-        span.end()
+    def _closed(self, scope: _Scope) -> None:
+        self._open.reset(scope.open_token)
+        if scope.ctx_token is not None:
+            otel_context.detach(scope.ctx_token)
+        scope.span.end()
 
     def call_finished(
         self,
@@ -267,7 +267,8 @@ class OpenTelemetry(ev.Observer):
         """A call ends: its span's outcome, and its calls and duration points."""
         outcome, reason = raised(exc) if exc is not None else outcome_kind(out)
         if token is not None:
-            span = cast("tuple[Any, ...]", token)[0]
+            call = cast("_Call", token)
+            span = call.span
             try:
                 if span.is_recording():
                     attrs: dict[str, Any] = {"poimen.outcome": outcome}
@@ -280,25 +281,35 @@ class OpenTelemetry(ev.Observer):
                         span.set_status(Status(StatusCode.ERROR, _shown(reason)))
                     span.set_attributes(attrs)
             finally:
-                self._closed(token)
-        points = self._tool(d.tool_id, d.effect).points(outcome)
-        self._calls.add(1, points)
-        self._call_duration.record(duration, points)
+                self._closed(call)
+        t = self._tool(d.tool_id, d.effect)
+        self._counts.add(t.calls(self._counts, outcome))
+        self._call_duration.record(duration, t.points(outcome))
 
     def attempt_started(self, it: Intent) -> object:
-        """An attempt begins: its span, under the call's (or the recovery pass's)."""
+        """An attempt begins: its span, under the call's (or the recovery's); the intent's
+        first attempt, run by its call, has none yet (the call's span is current while it
+        runs): one is made when it ends, if it did not complete."""
         if _PASS.get() is not None:
             self._materialize()
         if not self._tracing:
             return None
-        t = self._tool(it.tool_id, it.effect)
-        attrs = t.ids.copy()
+        scope = self._open.get()
+        if type(scope) is _Call and scope.attempt_ns == 0 and it.attempts == 1:
+            scope.attempt_ns = time.time_ns()
+            return scope
+        span = self._tracer.start_span(
+            self._tool(it.tool_id, it.effect).attempt_name, attributes=self._attempt_attrs(it)
+        )
+        return self._opened(_Scope(span))
+
+    def _attempt_attrs(self, it: Intent) -> dict[str, Any]:
+        attrs = self._tool(it.tool_id, it.effect).ids.copy()
         attrs["poimen.call_id"] = it.call_id
         attrs["poimen.intent_id"] = it.id
         attrs["poimen.attempt"] = it.attempts
         attrs["poimen.fence"] = it.fence
-        span = self._tracer.start_span(t.attempt_name, attributes=attrs)
-        return self._opened(span)
+        return attrs
 
     def attempt_finished(
         self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
@@ -311,49 +322,95 @@ class OpenTelemetry(ev.Observer):
             if exc is not None
             else ("error", None)
         )
-        if token is not None:
-            span = cast("tuple[Any, ...]", token)[0]
+        done = outcome in _DONE
+        if type(token) is _Call:
+            if not done and token.span.is_recording():
+                # The call's first attempt did not complete: its span, from its start.
+                attrs = self._attempt_attrs(it)
+                attrs["poimen.outcome"] = attrs["error.type"] = outcome
+                span = self._tracer.start_span(
+                    self._tool(it.tool_id, it.effect).attempt_name,
+                    otel_trace.set_span_in_context(token.span),
+                    attributes=attrs,
+                    start_time=token.attempt_ns,
+                )
+                span.set_status(Status(StatusCode.ERROR, _shown(error)))
+                span.end()
+        elif token is not None:
+            scope = cast("_Scope", token)
+            span = scope.span
             try:
                 if span.is_recording():
-                    if outcome == "completed":
+                    if done:
                         span.set_attribute("poimen.outcome", outcome)
                     else:
                         span.set_attributes({"poimen.outcome": outcome, "error.type": outcome})
                         span.set_status(Status(StatusCode.ERROR, _shown(error)))
             finally:
-                self._closed(token)
-        self._attempts.add(1, self._tool(it.tool_id, it.effect).points(outcome))
+                self._closed(scope)
+        self._counts.add(self._tool(it.tool_id, it.effect).attempts(self._counts, outcome))
 
     def dispatched(self, d: NewDispatch, intent: Intent) -> None:
-        """The intent is recorded: an event on the call's span."""
-        if self._tracing:
+        """The intent is recorded: an event on the call's span, unless the call completes
+        with nothing else to tell (kept until then)."""
+        if not self._tracing:
+            return
+        scope = self._open.get()
+        if type(scope) is _Call and not scope.told:
+            scope.dispatched = (intent, time.time_ns())
+        else:
             self._transition("poimen.dispatched", intent, intent.fence, None)
 
     def settled(self, it: Intent, completed: bool, error: str | None) -> None:
-        """The intent is settled by its call: an event on the call's span."""
+        """The intent is settled by its call: an event on the call's span, unless it is the
+        happy path's end (dispatched, then completed, nothing between)."""
         if _PASS.get() is not None:
             self._materialize()
         if not self._tracing:
             return
         if completed:
+            scope = self._open.get()
+            if type(scope) is _Call and not scope.told:
+                scope.dispatched = None
+                return
             self._transition("poimen.completed", it, it.fence, ("poimen.via", "call"))
         else:
             shown = None if error is None else ("poimen.error", redact_urls(error))
             self._transition("poimen.failed", it, it.fence, shown)
 
+    def _target(self) -> Any:
+        """The span a transition's event goes on: this observer's innermost, whose call's
+        kept ``poimen.dispatched`` is added first (at the time it happened)."""
+        scope = self._open.get()
+        if scope is None:
+            return otel_trace.get_current_span()
+        if type(scope) is _Call and not scope.told:
+            scope.told = True
+            kept, scope.dispatched = scope.dispatched, None
+            if kept is not None and scope.span.is_recording():
+                it, at = kept
+                scope.span.add_event(
+                    "poimen.dispatched", self._transition_attrs(it, it.fence, None), at
+                )
+        return scope.span
+
     def _transition(
         self, name: str, it: Intent, fence: int, extra: tuple[str, Any] | None
     ) -> None:
-        span = self._open.get() or otel_trace.get_current_span()
-        if not span.is_recording():
-            return
+        span = self._target()
+        if span.is_recording():
+            span.add_event(name, self._transition_attrs(it, fence, extra))
+
+    def _transition_attrs(
+        self, it: Intent, fence: int, extra: tuple[str, Any] | None
+    ) -> dict[str, Any]:
         attrs = self._tool(it.tool_id, it.effect).ids.copy()
         attrs["poimen.call_id"] = it.call_id
         attrs["poimen.intent_id"] = it.id
         attrs["poimen.fence"] = fence
         if extra is not None:
             attrs[extra[0]] = extra[1]
-        span.add_event(name, attrs)
+        return attrs
 
     def bind(self, kernel: Kernel) -> None:
         with self._lock:
@@ -369,17 +426,11 @@ class OpenTelemetry(ev.Observer):
             lazy = _LazyPass(time.time_ns(), _attrs(event))
             return lazy, _PASS.set(lazy)
         self._materialize()
-        if isinstance(event, ev.CallStartedEvent):
-            span = self._tracer.start_span(
-                f"execute_tool {event.tool_id}",
-                kind=SpanKind.INTERNAL,
-                attributes={**_attrs(event), **_tool_attrs(event)},
-            )
-        else:
-            span = self._tracer.start_span(_span_name(event), attributes=_attrs(event))
-        if not span.get_span_context().is_valid:  # no SDK: nothing to make current
-            return span, None, self._open.set(span)
-        return self._opened(span)
+        scope = _Scope(self._tracer.start_span(_span_name(event), attributes=_attrs(event)))
+        if not scope.span.get_span_context().is_valid:  # no SDK: nothing to make current
+            scope.open_token = self._open.set(scope)
+            return scope
+        return self._opened(scope)
 
     def _materialize(self) -> None:
         """Open the span of the background pass this runs in, if it has none yet."""
@@ -393,17 +444,17 @@ class OpenTelemetry(ev.Observer):
             lazy.ctx_token = otel_context.attach(otel_trace.set_span_in_context(lazy.span))
 
     def finish(self, token: object, event: ev.FinishEvent) -> None:
-        first = cast("tuple[Any, ...]", token)[0]
-        if isinstance(first, _LazyPass):
-            self._finish_pass(first, cast("tuple[Any, Any]", token)[1], event)
+        if isinstance(token, tuple):
+            self._finish_pass(token[0], token[1], event)
             return
-        span = first
+        scope = cast("_Scope", token)
+        span = scope.span
         try:
             if span.is_recording():
                 span.set_attributes(_attrs(event, _FINISH_ATTRS))
                 self._ended(span, event)
         finally:
-            self._closed(token)
+            self._closed(scope)
         self._measure(event)
 
     def _finish_pass(self, lazy: _LazyPass, pass_token: Any, event: ev.FinishEvent) -> None:
@@ -427,12 +478,6 @@ class OpenTelemetry(ev.Observer):
 
     def _ended(self, span: Any, event: ev.FinishEvent) -> None:
         match event:
-            case ev.CallFinishedEvent(outcome=outcome, reason=reason) if outcome in _CALL_ERRORS:
-                span.set_attribute("error.type", _error_type(outcome, reason))
-                span.set_status(Status(StatusCode.ERROR, _shown(reason)))
-            case ev.AttemptFinishedEvent(outcome=outcome, error=error) if outcome != "completed":
-                span.set_attribute("error.type", outcome)
-                span.set_status(Status(StatusCode.ERROR, _shown(error)))
             case ev.LookupFinishedEvent(answer=answer, detail=detail):
                 span.set_attribute("poimen.answer", answer)
                 if detail:
@@ -475,7 +520,12 @@ class OpenTelemetry(ev.Observer):
             span.add_event("poimen.audit_head", attrs)
             span.end()
             return
-        span = self._open.get() or otel_trace.get_current_span()
+        if type(event) is ev.CompletedEvent:  # via a transaction or a lookup
+            scope = self._open.get()
+            if type(scope) is _Call and not scope.told:  # the happy path: no events
+                scope.dispatched = None
+                return
+        span = self._target()
         if span.is_recording():
             span.add_event(f"poimen.{event.kind}", _event_attrs(event))
         self._measure(event)
@@ -484,12 +534,6 @@ class OpenTelemetry(ev.Observer):
         if type(event) not in _MEASURED:
             return
         match event:
-            case ev.CallFinishedEvent(tool_id=tool, outcome=outcome, duration=duration):
-                a = {"poimen.tool_id": tool, "poimen.outcome": outcome}
-                self._calls.add(1, a)
-                self._call_duration.record(duration, a)
-            case ev.AttemptFinishedEvent(tool_id=tool, outcome=outcome):
-                self._attempts.add(1, {"poimen.tool_id": tool, "poimen.outcome": outcome})
             case ev.IndeterminateEvent(tool_id=tool, reason=reason):
                 self._indeterminate.add(1, {"poimen.tool_id": tool, "poimen.reason": reason})
             case ev.TakeoverEvent(tool_id=tool):
@@ -510,11 +554,116 @@ class OpenTelemetry(ev.Observer):
                 yield k.store
 
 
+class _Scope:
+    """A span this observer opened and made current: its transitions' events go on it (the
+    current span may be another observer's)."""
+
+    __slots__ = ("ctx_token", "open_token", "span")
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+        self.ctx_token: Any = None
+        self.open_token: Any = None
+
+
+_S = TypeVar("_S", bound=_Scope)
+
+
+class _Call(_Scope):
+    """A call's scope. Its first attempt runs under it (no span unless it does not complete,
+    made when it ends); its ``poimen.dispatched`` event is kept until something else is told
+    (a retry, a failure, ...): a call dispatched and completed with nothing between has no
+    events."""
+
+    __slots__ = ("attempt_ns", "dispatched", "told")
+
+    def __init__(self, span: Any) -> None:
+        super().__init__(span)
+        self.attempt_ns = 0  # when its first attempt started (0: not yet)
+        self.dispatched: tuple[Intent, int] | None = None  # the kept event: intent, time
+        self.told = False  # an event was added
+
+
+class _Cell:
+    __slots__ = ("attrs", "n")
+
+    def __init__(self, attrs: dict[str, str]) -> None:
+        self.attrs = attrs
+        self.n = 0
+
+
+class _Counts:
+    """The ``poimen.calls`` and ``poimen.attempts`` counters of one meter provider, counted
+    here and read by the SDK when it collects (observable counters): a count on the call
+    path is an increment under a lock, where a synchronous counter's ``add`` costs about as
+    much as a span event (a measurement made, its attributes hashed, an exemplar offered)."""
+
+    def __init__(self, meter: Any) -> None:
+        self._lock = threading.Lock()
+        self.calls: dict[tuple[str, str], _Cell] = {}
+        self.attempts: dict[tuple[str, str], _Cell] = {}
+        meter.create_observable_counter(
+            "poimen.calls",
+            [lambda options: self._read(self.calls)],
+            "{call}",
+            "Calls returned, by tool and outcome",
+        )
+        meter.create_observable_counter(
+            "poimen.attempts",
+            [lambda options: self._read(self.attempts)],
+            "{attempt}",
+            "Runs of a tool, by tool and how they ended",
+        )
+
+    def cell(self, table: dict[tuple[str, str], _Cell], attrs: dict[str, str]) -> _Cell:
+        key = (attrs["poimen.tool_id"], attrs["poimen.outcome"])
+        with self._lock:
+            got = table.get(key)
+            if got is None:
+                got = table[key] = _Cell(attrs)
+            return got
+
+    def add(self, cell: _Cell) -> None:
+        with self._lock:
+            cell.n += 1
+
+    def _read(self, table: dict[tuple[str, str], _Cell]) -> list[Observation]:
+        with self._lock:
+            return [Observation(c.n, c.attrs) for c in table.values() if c.n]
+
+
+# One per meter provider, shared by its observers: an instrument is registered once per
+# meter (a second registration of the name is given the first's, and its callbacks are
+# dropped). The global provider's is one, whether it was set before or after the observers
+# were made. (A provider given to some observers and made the global one later, with
+# observers of the global made before: two registrations, one lost. Not worth more code.)
+_COUNTS: weakref.WeakKeyDictionary[Any, _Counts] = weakref.WeakKeyDictionary()
+_GLOBAL_COUNTS: list[_Counts] = []
+_COUNTS_LOCK = threading.Lock()
+
+
+def _counts_of(meter_provider: Any, meter: Any) -> _Counts:
+    with _COUNTS_LOCK:
+        if meter_provider is None or meter_provider is _global_meter_provider():
+            if not _GLOBAL_COUNTS:
+                _GLOBAL_COUNTS.append(_Counts(meter))
+            return _GLOBAL_COUNTS[0]
+        try:
+            got = _COUNTS.get(meter_provider)
+        except TypeError:  # not weakly referenceable: counts of its own
+            return _Counts(meter)
+        if got is None:
+            got = _COUNTS[meter_provider] = _Counts(meter)
+        return got
+
+
 class _Tool:
     """What a tool's spans and points share, built once: names, attributes, and the metric
     attributes of each outcome."""
 
-    __slots__ = ("attempt_name", "call", "call_name", "effect", "ids", "outcomes", "tool_id")
+    __slots__ = (
+        "attempt_name", "call", "call_name", "counted", "effect", "ids", "outcomes", "tool_id"
+    )
 
     def __init__(self, tool_id: str, effect: str) -> None:
         self.tool_id = tool_id
@@ -529,6 +678,7 @@ class _Tool:
             "gen_ai.tool.type": "function",  # run by the application, not the model's provider
         }
         self.outcomes: dict[str, dict[str, str]] = {}
+        self.counted: dict[tuple[bool, str], _Cell] = {}
 
     def points(self, outcome: str) -> dict[str, str]:
         a = self.outcomes.get(outcome)
@@ -536,12 +686,23 @@ class _Tool:
             a = self.outcomes[outcome] = {"poimen.tool_id": self.tool_id, "poimen.outcome": outcome}
         return a
 
+    def calls(self, counts: _Counts, outcome: str) -> _Cell:
+        c = self.counted.get((True, outcome))
+        if c is None:
+            c = self.counted[(True, outcome)] = counts.cell(counts.calls, self.points(outcome))
+        return c
 
-#: The events a metric counts (the others pass by at the cost of one set lookup).
+    def attempts(self, counts: _Counts, outcome: str) -> _Cell:
+        c = self.counted.get((False, outcome))
+        if c is None:
+            c = self.counted[(False, outcome)] = counts.cell(counts.attempts, self.points(outcome))
+        return c
+
+
+#: The events a metric counts (the others pass by at the cost of one set lookup); calls
+#: and attempts are counted by their hooks.
 _MEASURED = frozenset(
     {
-        ev.CallFinishedEvent,
-        ev.AttemptFinishedEvent,
         ev.IndeterminateEvent,
         ev.AbandonedEvent,
         ev.TakeoverEvent,
@@ -560,10 +721,6 @@ _DECISIONS: dict[type[ev.KernelEvent], str] = {
 
 def _span_name(event: ev.StartEvent) -> str:
     match event:
-        case ev.CallStartedEvent(tool_id=tool):
-            return f"poimen.call {tool}"
-        case ev.AttemptStartedEvent(tool_id=tool):
-            return f"poimen.attempt {tool}"
         case ev.LookupStartedEvent(tool_id=tool):
             return f"poimen.lookup {tool}"
         case ev.IntentRecoveryStartedEvent(tool_id=tool):
@@ -575,17 +732,12 @@ def _span_name(event: ev.StartEvent) -> str:
 
 # GenAI conventions.
 
+#: The attempt outcomes that are no error ("committed": completed, the outcome written in
+#: the tool's own transaction).
+_DONE = frozenset({"completed", "committed"})
+
 #: The call outcomes that are errors to a tracing backend.
 _CALL_ERRORS = frozenset({"failed", "indeterminate", "error"})
-
-
-def _tool_attrs(event: ev.CallStartedEvent) -> dict[str, Any]:
-    return {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": event.tool_id,
-        "gen_ai.tool.call.id": event.call_id,
-        "gen_ai.tool.type": "function",  # run by the application, not by the model's provider
-    }
 
 
 def _error_type(outcome: str, reason: str | None) -> str:

@@ -37,6 +37,7 @@ from poimen import (
     IntentState,
     Kernel,
     KeyDerivation,
+    Retry,
     ToolContext,
     Unsafe,
 )
@@ -224,12 +225,22 @@ def scripted(k: Kernel) -> dict[str, str]:
 # 1. Tracing.
 
 
-def test_a_call_is_a_span_with_its_attempt_under_the_callers_span(
+def test_a_call_is_one_span_under_the_callers_span_and_its_attempts_off_the_happy_path(
     store_url: str, telemetry: Telemetry
 ) -> None:
+    tracer = telemetry.tracer_provider.get_tracer("the agent")
     with Kernel(store_url, notifiers=[], observers=[telemetry.observer()]) as k:
         add_tools(k)
-        tracer = telemetry.tracer_provider.get_tracer("the agent")
+        failures = [TimeoutError("no answer in time")]
+
+        @k.tool(id="t.flaky", effects=Idempotent(key=KeyDerivation.all_args()), caps=Caps(),
+                timeout=5, retry=Retry(attempts=2, initial=0.01, maximum=0.01, budget=30))
+        def flaky(ctx: ToolContext, n: int) -> int:
+            with tracer.start_as_current_span("the tool's own"):
+                if failures:
+                    raise failures.pop()
+            return n
+
         with tracer.start_as_current_span("agent step") as step:
             out = k.call("t.ok", {"n": 7}, call_id="c-happy")
         assert isinstance(out, Completed)
@@ -240,12 +251,8 @@ def test_a_call_is_a_span_with_its_attempt_under_the_callers_span(
         assert attr(call, "tool_id") == "t.ok" and attr(call, "effect") == "idempotent"
         assert attr(call, "call_id") == "c-happy" and attr(call, "intent_id") == out.intent_id
         assert attr(call, "outcome") == "completed"
-        assert events_of(call) == ["poimen.dispatched", "poimen.completed"]
-        (attempt,) = telemetry.children(call)
-        assert attempt.name == "poimen.attempt t.ok"
-        assert attr(attempt, "attempt") == 1 and attr(attempt, "fence") == 1
-        assert attr(attempt, "intent_id") == out.intent_id
-        assert attr(attempt, "outcome") == "completed"
+        # The happy path (dispatched, one attempt, completed) is the call's span alone.
+        assert events_of(call) == [] and telemetry.children(call) == []
         # An Unsafe tool that times out: the attempt is an error, the call Indeterminate.
         boom = k.call("t.boom", {"n": 1}, call_id="c-boom")
         span = telemetry.one("execute_tool t.boom")
@@ -257,9 +264,34 @@ def test_a_call_is_a_span_with_its_attempt_under_the_callers_span(
             "poimen.indeterminate",
         ]
         (failed_attempt,) = telemetry.children(span)
+        assert failed_attempt.name == "poimen.attempt t.boom"
+        assert attr(failed_attempt, "attempt") == 1 and attr(failed_attempt, "fence") == 1
+        assert attr(failed_attempt, "intent_id") == boom.intent_id
         assert attr(failed_attempt, "outcome") == "unknown"
         assert failed_attempt.status.description == "TimeoutError: no answer in time"
         assert attr(span, "intent_id") == boom.intent_id
+        # Told late, each at the time it happened: dispatched, the attempt, what followed.
+        assert span.start_time is not None and failed_attempt.start_time is not None
+        times = [e.timestamp for e in span.events]
+        assert span.start_time <= times[0] <= failed_attempt.start_time <= times[1] <= times[2]
+        # A retry: the first attempt's span and the second's, the tool's spans under each.
+        assert isinstance(k.call("t.flaky", {"n": 2}, call_id="c-flaky"), Completed)
+        flaky_call = telemetry.one("execute_tool t.flaky")
+        assert events_of(flaky_call) == [
+            "poimen.dispatched",
+            "poimen.unknown_outcome",
+            "poimen.retry",
+            "poimen.completed",
+        ]
+        under = telemetry.children(flaky_call)
+        first, second = sorted(
+            (s for s in under if s.name == "poimen.attempt t.flaky"),
+            key=lambda s: attr(s, "attempt"),
+        )
+        assert [s.name for s in under if s not in (first, second)] == ["the tool's own"]
+        assert (attr(first, "attempt"), attr(first, "outcome")) == (1, "unknown")
+        assert (attr(second, "attempt"), attr(second, "outcome")) == (2, "completed")
+        assert [s.name for s in telemetry.children(second)] == ["the tool's own"]
         # An operator's decision is a span of its own, under the caller's.
         with tracer.start_as_current_span("operator") as op:
             k.resolve(boom.intent_id, landed=False, operator="ana", reason="not sent")
@@ -270,18 +302,36 @@ def test_a_call_is_a_span_with_its_attempt_under_the_callers_span(
         assert attr(decision, "operator") == "ana"
 
 
+def test_a_transactional_call_committed_with_its_outcome_is_the_happy_path(
+    tmp_path: Path, telemetry: Telemetry
+) -> None:
+    """Its attempt ends "committed" (the outcome written in the tool's own transaction): a
+    completed attempt, not an error, and no span or event beside the call's."""
+    from tests.integration.transactional_app import NOTE, databases, make_kernel
+
+    with (
+        databases("sqlite-own", tmp_path) as (log, app),
+        make_kernel(log, app, observers=[telemetry.observer()]) as k,
+    ):
+        assert isinstance(k.call(NOTE, {"text": "a"}, call_id="tx-1"), Completed)
+    call = telemetry.one(f"execute_tool {NOTE}")
+    assert attr(call, "outcome") == "completed" and call.status.is_ok
+    assert events_of(call) == [] and telemetry.children(call) == []
+
+
 def test_acall_spans_have_each_tasks_own_span_as_parent(
     store_url: str, telemetry: Telemetry
 ) -> None:
     with Kernel(store_url, notifiers=[], observers=[telemetry.observer()]) as k:
         add_tools(k)
 
+        tracer = telemetry.tracer_provider.get_tracer("the agent")
+
         @k.tool(id="t.aok", effects=Unsafe(), caps=Caps(), timeout=5)
         async def aok(ctx: ToolContext, n: int) -> int:
-            await asyncio.sleep(0.01)
+            with tracer.start_as_current_span(f"tool {n}"):
+                await asyncio.sleep(0.01)
             return n
-
-        tracer = telemetry.tracer_provider.get_tracer("the agent")
 
         async def one(tool: str, n: int) -> tuple[int, int]:
             with tracer.start_as_current_span(f"task {n}") as parent:
@@ -296,9 +346,11 @@ def test_acall_spans_have_each_tasks_own_span_as_parent(
         for parent_id, n in asyncio.run(main()):
             call = telemetry.one(f"execute_tool {'t.ok' if n == 2 else 't.aok'}", call_id=f"a-{n}")
             assert call.parent is not None and call.parent.span_id == parent_id
-            (attempt,) = telemetry.children(call)  # a sync tool runs in a pool thread: same
-            assert attempt.name.startswith("poimen.attempt")
-            assert events_of(call) == ["poimen.dispatched", "poimen.completed"]
+            # The tool runs under the call's span (no attempt span on the happy path), the
+            # sync one in a pool thread alike.
+            mine = [] if n == 2 else [f"tool {n}"]
+            assert [s.name for s in telemetry.children(call)] == mine
+            assert events_of(call) == []
 
 
 def test_crash_and_recover_is_a_recovery_pass_with_takeovers(
@@ -391,9 +443,10 @@ def header_server() -> Iterator[_HeaderServer]:
     th.join()
 
 
-def test_ctx_http_sends_the_attempts_traceparent(
+def test_ctx_http_sends_the_traceparent_of_the_span_the_tool_runs_under(
     store_url: str, telemetry: Telemetry, header_server: _HeaderServer
 ) -> None:
+    """A call's first attempt runs under the call's span, a later one under its own."""
     port = header_server.server_address[1]
     url = f"http://127.0.0.1:{port}/x"
     caps = Caps(hosts=(f"127.0.0.1:{port}",))
@@ -413,6 +466,14 @@ def test_ctx_http_sends_the_attempts_traceparent(
             await ctx.ahttp.post(url, json={"n": n}, headers={"X-Mine": "1"})
             return n
 
+        @k.tool(id="h.again", effects=Idempotent(key=KeyDerivation.all_args()), caps=caps,
+                timeout=5, retry=Retry(attempts=2, initial=0.01, maximum=0.01, budget=30))
+        def again(ctx: ToolContext, n: int) -> int:
+            ctx.http.post(url, json={"n": n})
+            if len(header_server.seen) == 4:  # the first attempt: no answer, then a retry
+                raise TimeoutError("no answer in time")
+            return n
+
     with Kernel(store_url, notifiers=[], observers=[telemetry.observer()]) as k:
         tools(k)
         with tracer.start_as_current_span("agent"):
@@ -423,11 +484,14 @@ def test_ctx_http_sends_the_attempts_traceparent(
                 assert isinstance(await k.acall("h.plain", {"n": 2}, call_id="tp-2"), Completed)
 
         asyncio.run(main())
-        keyed_attempt = telemetry.one("poimen.attempt h.keyed")
-        plain_attempt = telemetry.one("poimen.attempt h.plain")
+        assert isinstance(k.call("h.again", {"n": 3}, call_id="tp-again"), Completed)
+        keyed = telemetry.one("execute_tool h.keyed")
+        plain = telemetry.one("execute_tool h.plain")
+        again = telemetry.one("execute_tool h.again")
+        retried = telemetry.one("poimen.attempt h.again", attempt=2)
         want = [
             f"00-{s.context.trace_id:032x}-{s.context.span_id:016x}"  # type: ignore[union-attr]
-            for s in (keyed_attempt, keyed_attempt, plain_attempt)
+            for s in (keyed, keyed, plain, again, retried)
         ]
         sent = [h.get("traceparent", "") for h in header_server.seen]
         assert [t[:-3] for t in sent] == want

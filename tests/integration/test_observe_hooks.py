@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from poimen import Caps, Completed, Kernel, Pending, Queryable, ToolContext, Unknown, Unsafe
+from poimen import Caps, Completed, Failed, Kernel, Pending, Queryable, ToolContext, Unknown, Unsafe
 from poimen._core.intents import Owner
 from poimen._engine.hooks import CALLS, RECOVERY, TRANSITIONS
 from poimen.events import (
@@ -252,7 +252,7 @@ k.close()
                        timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     spans, calls, watching = json.loads(r.stdout)
-    assert sorted(spans) == ["execute_tool t", "poimen.attempt t"]
+    assert spans == ["execute_tool t"]  # the happy path: the call's span alone
     assert calls == [[{"poimen.tool_id": "t", "poimen.outcome": "completed"}, 1]]
     assert watching is False  # both globals set: never looked at again
 
@@ -263,13 +263,38 @@ def test_two_opentelemetry_observers_each_get_the_call(store_url: str) -> None:
     with Kernel(store_url, notifiers=[], observers=[t.observer() for t in tel]) as k:
         add_tools(k)
         assert isinstance(k.call("t.ok", {"n": 1}, call_id="two"), Completed)
+        assert isinstance(k.call("t.refused", {"n": 1}, call_id="two-refused"), Failed)
     for t in tel:
+        names = ["execute_tool t.ok", "poimen.attempt t.refused", "execute_tool t.refused"]
+        assert [s.name for s in t.spans()] == names
         # Each observer's transitions are events on its own span, not on the current one.
-        call = t.one("execute_tool t.ok")
-        assert events_of(call) == ["poimen.dispatched", "poimen.completed"]
-        assert [s.name for s in t.spans("poimen.attempt")] == ["poimen.attempt t.ok"]
+        call = t.one("execute_tool t.refused")
+        assert events_of(call) == ["poimen.dispatched", "poimen.failed"]
+        assert [s.name for s in t.children(call)] == ["poimen.attempt t.refused"]
     for m in made:
         next(m, None)  # shut the providers down
+
+
+def test_kernels_sharing_a_meter_provider_count_into_the_same_counters(tmp_path: Path) -> None:
+    """The calls and attempts counters are registered once per meter: a second registration
+    of the name would be given the first instrument and lose its own callback."""
+    made = sdk_telemetry()
+    telemetry = next(made)
+    kernels = [
+        Kernel(f"sqlite:///{tmp_path / f'{n}.db'}", notifiers=[], observers=[telemetry.observer()])
+        for n in range(2)
+    ]
+    for n, k in enumerate(kernels):
+        add_tools(k)
+        assert isinstance(k.call("t.ok", {"n": n}, call_id=f"shared-{n}"), Completed)
+        assert isinstance(k.call("t.refused", {"n": n}, call_id=f"refused-{n}"), Failed)
+    completed = frozenset({("poimen.tool_id", "t.ok"), ("poimen.outcome", "completed")})
+    failed = frozenset({("poimen.tool_id", "t.refused"), ("poimen.outcome", "failed")})
+    assert telemetry.points("poimen.calls") == {completed: 2, failed: 2}
+    assert telemetry.points("poimen.attempts") == {completed: 2, failed: 2}
+    for k in kernels:
+        k.close()
+    next(made, None)  # shut the providers down
 
 
 def test_a_sandbox_denial_of_an_unsafe_tool_is_reported(tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from poimen._soak import SoakConfig, run_soak
-from poimen._soak_check import _ENDING as ENDING
-from poimen._soak_check import SoakReport, check_run
 from tests.conftest import fresh_postgres_database
+from verification.soak import SoakConfig, run_soak
+from verification.soak_check import _ENDING as ENDING
+from verification.soak_check import SoakReport, check_run
 
 KILLS = 50
 # The defaults' rates, raised a little so that fifty kills meet every fault on a slow machine.

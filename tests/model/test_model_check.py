@@ -1,4 +1,4 @@
-"""The model check of the call protocol (poimen._model) on bounded configurations.
+"""The model check of the call protocol (verification.model) on bounded configurations.
 
 Three kinds of test: configurations in which every property holds for the protocol as built
 (among them those in which the check found its four violations, since fixed); the project's
@@ -21,7 +21,7 @@ from poimen._core.approval import approval_due
 from poimen._core.decide import Defer, RetryDecision
 from poimen._core.effects import EffectClass, Unsafe
 from poimen._core.intents import Intent, IntentState
-from poimen._model import (
+from verification.model import (
     OLD_RULES,
     ApprovalConfig,
     Config,

@@ -1,9 +1,9 @@
 """The mutation check of poimen's safety rules: `scripts/mutate` (docs/verification.md).
 
 Each mutant in `mutants.py` is the smallest change that breaks one rule. For each, a copy of
-`src/` gets the change, and the tests that guard the rule run against the copy; the mutant
-must make them fail ("killed"). The table says which test killed it; a survivor fails the
-run. Before any mutant, the same tests run against the unchanged copy and must pass, so a
+`src/` and `verification/` gets the change, and the tests that guard the rule run against the
+copy; the mutant must make them fail ("killed"). The table says which test killed it; a
+survivor fails the run. Before any mutant, the same tests run against the unchanged copy and must pass, so a
 kill always means the change was seen.
 
     python -m tests.mutation [--only ID[,ID]] [--list] [--json FILE] [--jobs N]
@@ -38,15 +38,17 @@ class Result:
     seconds: float
 
 
-def _copy_src(dest: Path) -> Path:
-    src = dest / "src"
-    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return src
+def _copy(dest: Path) -> Path:
+    """A copy of what a mutant may change: `src/` and `verification/` under `dest`."""
+    for tree in ("src", "verification"):
+        shutil.copytree(ROOT / tree, dest / tree,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
 
 
-def apply(m: Mutant, src: Path) -> str | None:
+def apply(m: Mutant, copy: Path) -> str | None:
     """Apply the mutant to the copy; None, or why it does not apply."""
-    path = src / m.file
+    path = copy / m.path
     text = path.read_text(encoding="utf-8")
     n = text.count(m.find)
     if n != 1:
@@ -55,12 +57,16 @@ def apply(m: Mutant, src: Path) -> str | None:
     return None
 
 
-def run_tests(m: Mutant, src: Path, timeout: float) -> tuple[bool, str]:
-    """Run the mutant's tests against `src`; (passed, the first failing test)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
+def run_tests(m: Mutant, copy: Path, timeout: float) -> tuple[bool, str]:
+    """Run the mutant's tests against the copy; (passed, the first failing test)."""
+    # The copy's verification/ and src/ come before the repository's (whose tests/ run).
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(copy), str(copy / "src"), str(ROOT)]))
     env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-           "-p", "no:randomly", "--timeout", "300", *m.tests]
+    # Nothing may put the repository (its verification/) before the copy: not `-m` (-P), not
+    # pytest's own insertion of the tests' root (append: it is on the path already).
+    cmd = [sys.executable, "-P", "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+           "-p", "no:randomly", "--import-mode=append", "--timeout", "300", *m.tests]
     try:
         r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=timeout)
@@ -75,14 +81,14 @@ def run_tests(m: Mutant, src: Path, timeout: float) -> tuple[bool, str]:
 def check(m: Mutant, timeout: float) -> Result:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"poimen-mutant-{m.id}-") as tmp:
-        src = _copy_src(Path(tmp))
-        ok, first = run_tests(m, src, timeout)
+        copy = _copy(Path(tmp))
+        ok, first = run_tests(m, copy, timeout)
         if not ok:
             return Result(m.id, m.rule, "baseline failed", first, time.monotonic() - t0)
-        why = apply(m, src)
+        why = apply(m, copy)
         if why is not None:
             return Result(m.id, m.rule, "NOT APPLIED", why, time.monotonic() - t0)
-        ok, first = run_tests(m, src, timeout)
+        ok, first = run_tests(m, copy, timeout)
     status = "SURVIVED" if ok else "killed"
     return Result(m.id, m.rule, status, first, time.monotonic() - t0)
 

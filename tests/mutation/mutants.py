@@ -11,10 +11,15 @@ from dataclasses import dataclass
 class Mutant:
     id: str
     rule: str
-    file: str  # under src/
+    file: str  # under src/, or verification/... (the soak and the model check)
     find: str
     replace: str
     tests: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        """The file under the repository root."""
+        return self.file if self.file.startswith("verification/") else f"src/{self.file}"
 
 
 DECIDE = "poimen/_core/decide.py"
@@ -34,6 +39,8 @@ AUDIT_OP = "poimen/operator/_audit.py"
 RETENTION = "poimen/store/_retention.py"
 TX = "poimen/_engine/transactional.py"
 TX_TOOL = "poimen/_capability/tx.py"
+MODEL = "verification/model/_system.py"
+SOAK_CHECK = "verification/soak_check.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
 T_AUDIT = ("tests/integration/test_audit_chain.py",)
 T_LIFE = ("tests/integration/test_lifecycle.py", "-k", "sqlite or not postgres")
@@ -168,8 +175,8 @@ MUTANTS: list[Mutant] = [
            '    return Run("completed", value=value)',
            (*T_GATE, "-k", "sqlite and swallow")),
     Mutant("key-from-raw-args", "the key is derived from the recorded arguments", ENGINE,
-           "            key = effects.key.derive(t.id, recorded)\n",
-           "            key = effects.key.derive(t.id, dict(args))\n",
+           "            key = p.key(recorded)\n",
+           "            key = p.key(dict(args))\n",
            ("tests/integration/test_public_api.py", "-k", "recorded_arguments and sqlite")),
     # Tool ids and model-facing names never name two different tools.
     Mutant("id-is-a-name", "a tool id is never another tool's model-facing name", ENGINE,
@@ -436,7 +443,7 @@ MUTANTS: list[Mutant] = [
            "cap: float = self.initial * 2 ** min(max(n - 1, 0), 62)",
            ("tests/integration/test_call_bounds.py", "-k", "(sqlite or not postgres) and retr")),
     Mutant("custom-key-once", "a custom key derivation gives one key for one set of arguments",
-           ENGINE, 'if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:',
+           ENGINE, "if p.key_twice and p.key(recorded) != key:",
            "if False:", ("tests/integration/test_call_bounds.py", "-k", "sqlite and custom")),
     # An identical call in a scope is not dispatched while the first is unsettled.
     Mutant("coalesce-skipped", "an unsettled identical call is never dispatched again",
@@ -577,11 +584,11 @@ MUTANTS: list[Mutant] = [
            "        if False:\n            self._record_pruned(",
            (*T_AUDIT, "-k", "prune and sqlite")),
     Mutant("audit-settled-unlinked-sqlite", "each settled intent carries a link",
-           "poimen/store/sql/sqlite/0010_audit_chain.sql",
+           "poimen/store/sql/sqlite/0012_settle_link_without_lists.sql",
            "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
-           "WHEN OLD.state NOT IN",
+           "WHEN NOT (OLD.state",
            "CREATE TRIGGER intents_chain_settle AFTER UPDATE OF state ON intents\n"
-           "WHEN 0 AND OLD.state NOT IN",
+           "WHEN 0 AND NOT (OLD.state",
            (*T_AUDIT, "-k", "every_usual_way and sqlite")),
     Mutant("audit-settled-unlinked-postgres", "each settled intent carries a link",
            "poimen/store/sql/postgres/0010_audit_chain.sql",
@@ -643,4 +650,11 @@ MUTANTS: list[Mutant] = [
     Mutant("tx-tool-commit-ignored", "a transaction the tool ended is an operator's", TX,
            "        if ended:\n            s.rollback()", "        if False:\n            s.rollback()",
            (*T_TX, "-k", "sql_that_ends and postgres")),
+    # The checkers themselves (verification/, outside the wheel): a check that cannot fail.
+    Mutant("model-unsafe-sends-unseen", "the model check sees an Unsafe call sent twice", MODEL,
+           'if kind == "unsafe" and g.sends > 1:', 'if kind == "unsafe" and g.sends > 2:',
+           ("tests/model/test_model_check.py", "-k", "unsafe-retried")),
+    Mutant("soak-live-takeover-unseen", "the soak sees a live call taken over", SOAK_CHECK,
+           "if lease <= at + CLOCK_TOLERANCE:", "if lease <= math.inf:",
+           ("tests/integration/test_soak.py", "-k", "broken_rule")),
 ]

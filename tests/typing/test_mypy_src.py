@@ -1,4 +1,4 @@
-"""The package itself is `mypy --strict` clean (config in pyproject.toml)."""
+"""The package and verification/ are `mypy --strict` clean (config in pyproject.toml)."""
 
 from __future__ import annotations
 

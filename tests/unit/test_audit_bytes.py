@@ -4,7 +4,10 @@ written since would fail `poimen audit verify`."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
+import sqlite3
 from typing import Any
 
 import pytest
@@ -12,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poimen._core.audit import _TYPES, COLUMNS, _text, _value, link, row_bytes
+from poimen.store._base import migrations
 
 
 def reference(kind: str, values: list[Any]) -> bytes:
@@ -59,3 +63,83 @@ def test_a_settled_intents_link_is_unchanged() -> None:
 def test_a_row_of_another_length_is_refused() -> None:
     with pytest.raises(ValueError, match="columns"):
         row_bytes("pruned", [1, 2.0, "[]"])
+
+
+STATES = ("AWAITING_APPROVAL", "DISPATCHED", "COMPLETED", "FAILED", "INDETERMINATE",
+          "RESOLVED_LANDED", "RESOLVED_NOT_LANDED")  # fmt: skip
+
+
+def _when(version: int) -> str:
+    """The settle trigger's WHEN, as migration `version` writes it."""
+    [(_, sql)] = [m for m in migrations("sqlite") if m[0] == version]
+    found = re.search(r"AFTER UPDATE OF state ON intents\s+WHEN (.*?)\s+BEGIN", sql, re.S)
+    assert found is not None
+    return found.group(1).replace("OLD.", "o_").replace("NEW.", "n_")
+
+
+def test_the_settle_trigger_links_the_transitions_version_10_linked() -> None:
+    # Version 12 writes the WHEN without IN lists (each a temporary b-tree per row): the
+    # transitions it links must be version 10's, for every pair of states.
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE audit_head (id INTEGER)")
+    db.execute("INSERT INTO audit_head VALUES (1)")
+    old, new = _when(10), _when(12)
+    assert "IN (" in old and " IN (" not in new
+    for o, n in itertools.product((*STATES, "OTHER"), repeat=2):
+        got = db.execute(
+            f"SELECT ({old}), ({new}) FROM (SELECT ? AS o_state, ? AS n_state)", (o, n)
+        ).fetchone()
+        assert got[0] == got[1], (o, n)
+    db.close()
+
+
+EFFECTS = ("idempotent", "queryable", "unsafe", "readonly", "transactional")
+
+
+def _log_at(version: int) -> sqlite3.Connection:
+    """An in-memory log migrated to `version`, as the migrator runs the files."""
+    from poimen._core.audit import sqlite_link
+    from poimen.store.sqlite import _statements
+
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.create_function("poimen_link", -1, sqlite_link)
+    db.execute("PRAGMA foreign_keys=ON")
+    db.execute("BEGIN")
+    for v, sql in migrations("sqlite"):
+        if v <= version:
+            for stmt in _statements(sql):
+                db.execute(stmt)
+    db.execute("COMMIT")
+    return db
+
+
+def _accepts(db: sqlite3.Connection, effect: object, state: object) -> bool:
+    db.execute("SAVEPOINT probe")
+    try:
+        db.execute(
+            "INSERT INTO intents (id, call_id, tool_id, effect, args, args_hash, state, fence, "
+            "timeout_s, created_at, updated_at) VALUES ('i', 'c', 't', ?, '{}', 'h', ?, 1, 1, 0, 0)",
+            (effect, state),
+        )
+        return True
+    except sqlite3.IntegrityError:
+        return False
+    finally:
+        db.execute("ROLLBACK TO probe")
+        db.execute("RELEASE probe")
+
+
+def test_version_12s_intents_accept_what_version_11s_accepted() -> None:
+    # Version 12 copies intents into a table whose CHECKs of effect and state are comparisons,
+    # not IN lists (a temporary b-tree per row written): the same columns, indexes and foreign
+    # key, and exactly the same values accepted (case, unknown names, NULL, other types).
+    old, new = _log_at(11), _log_at(12)
+    for table in ("intents", "attempts"):
+        for pragma in ("table_xinfo", "foreign_key_list", "index_list"):
+            q = f"PRAGMA {pragma}('{table}')"
+            assert old.execute(q).fetchall() == new.execute(q).fetchall(), (table, pragma)
+    odd = ("IDEMPOTENT", "Completed", "other", "", None, 1, b"unsafe")
+    for effect, state in itertools.product((*EFFECTS, *odd), (*STATES, *odd)):
+        assert _accepts(old, effect, state) == _accepts(new, effect, state), (effect, state)
+    assert _accepts(new, "unsafe", "DISPATCHED") and not _accepts(new, "unsafe", "other")
+    assert new.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -1,4 +1,5 @@
-"""The witness provider's injected faults (poimen._faults), against a real provider process."""
+"""The witness provider's injected faults (poimen.testing._faults), against a real provider
+process."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from poimen._faults import Faults
-from poimen._provider import ProviderClient, ProviderProcess
+from poimen.testing._faults import Faults
+from poimen.testing._provider import ProviderClient, ProviderProcess
 
 
 def test_a_fault_follows_the_seed_and_the_request_never_the_order() -> None:

@@ -8,8 +8,11 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext
 from poimen._core.keys import KEY_DOMAIN, KEY_PREFIX, canonical, hash_key, to_json_value
+from poimen.errors import ArgumentError
 from poimen.store.sqlite import SqliteStore
 
 
@@ -76,5 +79,40 @@ def test_record_dispatch_returns_the_row_it_wrote(tmp_path: Path) -> None:
         assert returned == kernel.store.get_intent(d.intent_id)
         again, created = kernel.store.record_dispatch(d)
         assert not created and again == returned
+    finally:
+        kernel.close()
+
+
+def test_a_tools_call_plan_gives_the_key_its_derivation_gives(tmp_path: Path) -> None:
+    # Engine.prepare takes the key from the tool's call plan (made at registration): the same
+    # key as KeyDerivation.derive for every mode, and the same refusal of a missing field.
+    kernel = Kernel(SqliteStore(tmp_path / "log.db"), notifiers=[])
+    derivations = {
+        "top": KeyDerivation.fields("a", "b"),
+        "top2": KeyDerivation.fields("b", version=2),
+        "nested": KeyDerivation.fields("a", "c.x"),
+        "all": KeyDerivation.all_args(exclude=["b"]),
+        "custom": KeyDerivation.custom(lambda args: [args["a"], args.get("b")]),
+    }
+    for tid, kd in derivations.items():
+
+        @kernel.tool(id=tid, effects=Idempotent(key=kd), caps=Caps(), timeout=3)
+        def t(ctx: ToolContext, a: Any = None, b: Any = None, c: Any = None) -> None:
+            return None
+
+    rng = random.Random(7)
+    try:
+        for _ in range(200):
+            args = {"a": random_json(rng), "b": random_json(rng), "c": {"x": random_json(rng)}}
+            data = to_json_value(args, "<args>")
+            for tid, kd in derivations.items():
+                plan = kernel._engine.plans[tid]
+                assert plan.key is not None
+                assert plan.key(data) == kd.derive(tid, data), tid
+                assert kernel._prepare(tid, args, f"c-{tid}")[1].key == kd.derive(tid, data)
+        top = kernel._engine.plans["top"].key
+        assert top is not None
+        with pytest.raises(ArgumentError, match="key field 'b' is missing"):
+            top({"a": 1})
     finally:
         kernel.close()

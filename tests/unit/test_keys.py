@@ -111,3 +111,25 @@ def test_key_is_identical_in_another_process() -> None:
         env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"},
     ).stdout.strip()
     assert there == here
+
+
+@given(json_values | st.floats(allow_nan=False) | st.integers(min_value=-(10**30)))
+def test_the_canonical_text_is_json_dumps_sorted_compact(value: object) -> None:
+    # canonical() runs json's C encoder made once (poimen._core.keys._FAST): keys are derived
+    # from these bytes, so they must be json.dumps's for every value, scalars at the top too.
+    try:
+        want = json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except ValueError:
+        with pytest.raises(ArgumentEncodingError):
+            canonical(value)  # type: ignore[arg-type]
+        return
+    assert canonical(value) == want  # type: ignore[arg-type]
+
+
+def test_a_cycle_is_refused_as_too_deep() -> None:
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(ArgumentEncodingError, match="nested more than"):
+        canonical(loop)  # type: ignore[arg-type]

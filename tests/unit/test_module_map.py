@@ -1,7 +1,8 @@
 """docs/design.md's module map lists every module, once, with tests that exist.
 
 A package's `__init__.py` that holds only its docstring is the folder's description, not a
-module of its own; every other file under src/poimen/ must have a row.
+module of its own; every other file under src/poimen/ must have a row, and so must every file
+under verification/ (the soak and the model check, outside the wheel), named from the root.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "poimen"
+VERIFICATION = ROOT / "verification"
 DESIGN = ROOT / "docs" / "design.md"
 
 
@@ -36,14 +38,16 @@ def map_rows() -> list[tuple[list[str], list[str]]]:
 
 def modules() -> set[str]:
     out = set()
-    for path in PACKAGE.rglob("*.py"):
+    for base, path in [(PACKAGE, p) for p in PACKAGE.rglob("*.py")] + [
+        (ROOT, p) for p in VERIFICATION.rglob("*.py")
+    ]:
         body = ast.parse(path.read_text(encoding="utf-8")).body
         docstring_only = all(
             isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body
         )
         if path.name == "__init__.py" and docstring_only:
             continue
-        out.add(path.relative_to(PACKAGE).as_posix())
+        out.add(path.relative_to(base).as_posix())
     return out
 
 

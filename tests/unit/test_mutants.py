@@ -19,12 +19,12 @@ def test_every_mutant_applies_once_and_names_tests_that_exist(tmp_path: Path) ->
     assert len(MUTANTS) >= 40
     assert len({m.id for m in MUTANTS}) == len(MUTANTS), "mutant ids repeat"
     for m in MUTANTS:
-        src = tmp_path / m.id
-        target = src / m.file
+        copy = tmp_path / m.id
+        target = copy / m.path
         target.parent.mkdir(parents=True)
-        target.write_text((ROOT / "src" / m.file).read_text(encoding="utf-8"), encoding="utf-8")
-        assert apply(m, src) is None, m.id
-        assert target.read_text(encoding="utf-8") != (ROOT / "src" / m.file).read_text(
+        target.write_text((ROOT / m.path).read_text(encoding="utf-8"), encoding="utf-8")
+        assert apply(m, copy) is None, m.id
+        assert target.read_text(encoding="utf-8") != (ROOT / m.path).read_text(
             encoding="utf-8"
         ), m.id
         paths = [t.split("::")[0] for t in m.tests if t.startswith("tests/")]

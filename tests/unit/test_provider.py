@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from poimen._provider import ProviderClient, ProviderProcess
+from poimen.testing._provider import ProviderClient, ProviderProcess
 
 
 @pytest.fixture

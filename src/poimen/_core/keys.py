@@ -9,7 +9,7 @@ import json
 import math
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from poimen.errors import ArgumentEncodingError, ArgumentError, ArgumentTooLargeError
@@ -112,6 +112,27 @@ _CANONICAL = json.JSONEncoder(
 )
 
 
+def _c_canonical() -> Any:
+    """`_CANONICAL.encode`'s C encoder, made once: `encode` makes one per call (and a markers
+    dict). Without markers a cycle is a RecursionError, not a ValueError: `_encode` names both
+    alike. None where the C encoder is missing or its arguments differ from these."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        enc = make(None, _CANONICAL.default, json.encoder.encode_basestring, None, ":", ",",
+                   True, False, False)  # fmt: skip
+        probe = {"b": [1, 2.5, "\u00e9", None, True], "a": {"y": "\n", "x": -0.0}}
+        if "".join(enc(probe, 0)) != _CANONICAL.encode(probe):
+            return None
+    except Exception:  # another Python's signature: the slower path, the same bytes
+        return None
+    return enc
+
+
+_FAST = _c_canonical()
+
+
 def canonical(value: JSONValue, path: str = "") -> str:
     """Sorted keys, no whitespace, UTF-8 text, NaN refused.
 
@@ -124,7 +145,7 @@ def canonical(value: JSONValue, path: str = "") -> str:
 def _encode(value: JSONValue, path: str, depth: int = 0) -> tuple[str, int]:
     """The canonical text and its size in UTF-8 bytes."""
     try:
-        text = _CANONICAL.encode(value)
+        text = "".join(_FAST(value, 0)) if _FAST is not None else _CANONICAL.encode(value)
         # isascii() is a flag read: only text outside ASCII pays for the encoding.
         return text, len(text) if text.isascii() else len(text.encode())
     except (ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
@@ -259,6 +280,20 @@ def _framed(h: Any, part: bytes) -> None:
 # The hash state after the domain tag, tool id and version, per (tool id, version): each key
 # then hashes only its selected values. Only ever copied, never updated, once stored.
 _PREFIXES: dict[tuple[str, int], Any] = {}
+
+
+def key_hasher(tool_id: str, version: int) -> Callable[[JSONValue], str]:
+    """`hash_key` for one tool id and version, its prefix hashed once (a tool's call plan)."""
+    prefix = hashlib.sha256(KEY_DOMAIN)
+    _framed(prefix, tool_id.encode())
+    _framed(prefix, str(version).encode())
+
+    def key(selected: JSONValue) -> str:
+        h = prefix.copy()
+        _framed(h, canonical(selected, "<key>").encode())
+        return KEY_PREFIX + h.hexdigest()[:48]
+
+    return key
 
 
 def hash_key(tool_id: str, version: int, selected: JSONValue, path: str = "<key>") -> str:

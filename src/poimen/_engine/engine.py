@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import random
 import secrets
@@ -25,7 +26,7 @@ from poimen._core.backoff import seconds
 from poimen._core.decide import Policy, claimability
 from poimen._core.effects import Idempotent, Transactional, effect_name
 from poimen._core.intents import Intent, IntentState, Outcome, Owner
-from poimen._core.keys import args_digest, canonical, check_call_id, encode_args
+from poimen._core.keys import args_digest, canonical, check_call_id, encode_args, key_hasher
 from poimen._core.retry import Retry as RetryPolicy
 from poimen._core.spec import ToolSpec, safe_name, spec_of
 from poimen._core.tools import Tool, ToolRegistration, build_tool
@@ -114,6 +115,61 @@ class ToolRecord:
     """A Transactional tool's database, where its writes and its outcome's marker commit."""
 
 
+@dataclass(frozen=True, slots=True)
+class CallPlan:
+    """What every call of one tool needs that its registration fixes, made once (`Engine.add`),
+    so that a call looks it up instead of working it out again."""
+
+    tool: Tool
+    effect: str
+    """The effect class's recorded name."""
+    key: Callable[[Mapping[str, Any]], str] | None
+    """Idempotent: the key of the recorded arguments; None for the other classes."""
+    key_twice: bool
+    """A custom derivation, run twice: two keys for one set of arguments refuse the call."""
+    asks_provider: bool
+    """Each call gets a new request id (the effect's trait)."""
+    coalesce: bool
+
+
+def call_plan(record: ToolRecord) -> CallPlan:
+    t = record.tool
+    effects = t.registration.effects
+    key: Callable[[Mapping[str, Any]], str] | None = None
+    if isinstance(effects, Idempotent):
+        d = effects.key
+        if d.mode == "fields" and not any("." in p for p in d.paths):
+            key = _top_level_key(t.id, d.paths, key_hasher(t.id, d.version), d.derive)
+        else:
+            key = functools.partial(d.derive, t.id)
+    return CallPlan(
+        tool=t,
+        effect=effect_name(effects),
+        key=key,
+        key_twice=isinstance(effects, Idempotent) and effects.key.mode == "custom",
+        asks_provider=effects.asks_provider,
+        coalesce=record.coalesce,
+    )
+
+
+def _top_level_key(
+    tool_id: str,
+    paths: tuple[str, ...],
+    hasher: Callable[[Any], str],
+    derive: Callable[[str, Mapping[str, Any]], str],
+) -> Callable[[Mapping[str, Any]], str]:
+    """`KeyDerivation.fields` of top-level names: the values picked, the prefix hashed once."""
+
+    def key(args: Mapping[str, Any]) -> str:
+        try:
+            selected = {p: args[p] for p in paths}
+        except KeyError:  # the derivation itself names the missing field
+            return derive(tool_id, args)
+        return hasher(selected)
+
+    return key
+
+
 class Sandboxed(Protocol):
     """What the call entry asks of a shadow or replay mode (`poimen.sandbox._modes`)."""
 
@@ -149,6 +205,7 @@ class Engine:
         self.issuer = issuer
         self.settings = settings
         self.records: dict[str, ToolRecord] = {}
+        self.plans: dict[str, CallPlan] = {}
         self.tools: dict[str, Tool] = {}  # each record's tool, by id: the call path's index
         self.names: dict[str, str] = {}  # a spec's name -> its tool id
         # Each Transactional record's database, by tool id: the call path's index.
@@ -238,6 +295,7 @@ class Engine:
         """Keep a registered tool (checked whole before: nothing here refuses)."""
         self.records[record.tool.id] = record
         self.tools[record.tool.id] = record.tool
+        self.plans[record.tool.id] = call_plan(record)
         self.names[record.spec.name] = record.tool.id
         if record.database is not None:
             self.databases[record.tool.id] = record.database
@@ -431,24 +489,26 @@ class Engine:
         """A call checked and made into the dispatch it would record (nothing written)."""
         if self.closed:
             raise PoimenError("the kernel is closed")
-        t = self.tools.get(tool) if isinstance(tool, str) else None
-        if t is None:
+        p = self.plans.get(tool) if isinstance(tool, str) else None
+        # `tools` stays the authority: an engine copied with fewer tools (a sandbox's
+        # recovery) shares the plans of them all.
+        if p is None or self.tools.get(tool) is not p.tool:
             raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
+        t = p.tool
         check_call_id(call_id)
         check_not_reserved(call_id)
-        effects = t.registration.effects
         data, _ = encode_args(args)
         recorded, kwargs = t.validate(data)
         text = canonical(recorded)
         key = request_id = None
-        if isinstance(effects, Idempotent):
-            key = effects.key.derive(t.id, recorded)
-            if effects.key.mode == "custom" and effects.key.derive(t.id, recorded) != key:
+        if p.key is not None:
+            key = p.key(recorded)
+            if p.key_twice and p.key(recorded) != key:
                 raise NondeterministicKeyError(
                     f"tool {t.id!r}: its key derivation gave two keys for one set of arguments",
                     tool_id=t.id,
                 )
-        elif effects.asks_provider:
+        elif p.asks_provider:
             request_id = _new_request_id()
         now = self.store.now()
         timeout = t.registration.timeout
@@ -456,7 +516,7 @@ class Engine:
             intent_id=_new_id(),
             call_id=call_id,
             tool_id=t.id,
-            effect=effect_name(effects),
+            effect=p.effect,
             args=text,
             args_hash=args_digest(text),
             key=key,
@@ -466,7 +526,7 @@ class Engine:
             timeout_s=timeout,
             deadline_at=now + timeout + self.deadline_margin,
             now=now,
-            scope=call_ids.scope_for(call_id, t.id, args, scope, self.records[t.id].coalesce),
+            scope=call_ids.scope_for(call_id, t.id, args, scope, p.coalesce),
         )
         return t, d, kwargs
 

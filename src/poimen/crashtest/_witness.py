@@ -1,7 +1,7 @@
 """The provider stand-in of `poimen crashtest`: the witness outside the agent.
 
 An HTTP server on 127.0.0.1 (threads of the supervising process, never of the agent) that
-answers every request and records it in its own SQLite ledger (`poimen._provider`'s: effects
+answers every request and records it in its own SQLite ledger (`poimen.testing._provider`'s: effects
 in ``entries``, deduplicated on an ``Idempotency-Key`` only; every arrival in ``received``).
 Agents reach it at ``$POIMEN_CRASHTEST_URL`` or through ``HTTP_PROXY`` with any plain
 ``http://`` URL. HTTPS through the proxy (``CONNECT``) is refused: the witness cannot see inside
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
-from poimen._provider import _canonical, _Ledger
+from poimen.testing._provider import _canonical, _Ledger
 
 WRITE_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOKUP_PATH: Final = "/_witness/requests/"

@@ -32,8 +32,8 @@ from poimen._core.decide import (
 )
 from poimen._core.effects import Idempotent, KeyDerivation
 from poimen._core.intents import IntentState
-from poimen._model._focus import Focused, Step, intent
-from poimen._model._world import BASE, Rules
+from verification.model._focus import Focused, Step, intent
+from verification.model._world import BASE, Rules
 
 S = IntentState
 _TERMINAL = (S.COMPLETED, S.FAILED, S.INDETERMINATE)

@@ -10,8 +10,9 @@
 - `crash_drill`: the end-to-end drill the README runs: the same kills without poimen (a naive
   at-least-once runner) and with it.
 
-It is one module on purpose (about 700 lines): it is the public testing API, and a
-user finds every helper here.
+Every public helper is in this one module, so that a user finds them here; beside it are the
+witness provider's server (`_provider`), its process and client (`_provider_client`), its
+injected faults (`_faults`) and the naive runner (`_naive`).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ from poimen._core.intents import Outcome
 from poimen._core.tools import Caps
 from poimen._engine import crashpoints as _crashpoints
 from poimen._kernel import Kernel
-from poimen._provider import LOOKUP_MODES, ProviderClient, ProviderProcess
 from poimen.errors import DefiniteFailure
+from poimen.testing._provider import LOOKUP_MODES, ProviderClient, ProviderProcess
 
 __all__ = [
     "CHARGE",
@@ -88,7 +89,7 @@ CHARGE = "test.charge"  # Idempotent: keyed write
 SHIP = "test.ship"  # Queryable: write with a request id, lookup endpoint
 EMAIL = "test.email"  # Unsafe: plain write, no dedup
 
-_SRC = str(Path(__file__).resolve().parent.parent)
+_SRC = str(Path(__file__).resolve().parents[2])
 
 
 def _host_port(url: str) -> str:
@@ -277,7 +278,7 @@ def spawn_held_plan(
     timeout: float = 1.0,
 ) -> subprocess.Popen[str]:
     """`spawn_held_calls` for given calls: through poimen (`db_url`), or through the naive
-    at-least-once runner of `poimen._naive` (`naive_journal`), never both."""
+    at-least-once runner of `poimen.testing._naive` (`naive_journal`), never both."""
     if (db_url is None) == (naive_journal is None):
         raise ValueError("give db_url or naive_journal, not both")
     where = ["--db", db_url] if db_url is not None else ["--naive", str(naive_journal)]
@@ -366,7 +367,7 @@ def _hold(run: Callable[[str, str, dict[str, Any]], object], calls: Sequence[Hel
 
 def _hold_naive(journal_path: str, provider_url: str, calls: Sequence[HeldCall],
                 ready: str, timeout: float) -> int:
-    from poimen import _naive
+    from poimen.testing import _naive
 
     journal = _naive.Journal(journal_path)
     with httpx.Client(base_url=provider_url, timeout=timeout) as client:
@@ -525,8 +526,8 @@ def crash_drill(
     workdir: str | os.PathLike[str] | None = None, *, lookup_mode: str = "truthful"
 ) -> DrillReport:
     """The same six calls killed mid-flight twice: once in a naive at-least-once runner
-    (`poimen._naive`) that runs unfinished steps again on restart, once through poimen, whose
-    restarted kernel recovers them. Both halves are counted in one provider's ledger.
+    (`poimen.testing._naive`) that runs unfinished steps again on restart, once through poimen,
+    whose restarted kernel recovers them. Both halves are counted in one provider's ledger.
 
     `workdir` keeps the drill's files (its log `intents.db`, the provider's ledger, the naive
     runner's journal) there; it must not hold a drill's log already. Without it they go to a
@@ -552,8 +553,8 @@ def crash_drill(
 
 
 def _drill(base: Path, lookup_mode: str) -> DrillReport:
-    from poimen import _naive
     from poimen._engine.notify import CallbackNotifier
+    from poimen.testing import _naive
 
     db_url = f"sqlite:///{base / 'intents.db'}"
     journal = base / "naive-journal.jsonl"
@@ -654,12 +655,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--json", action="store_true")
     d.add_argument("--lookup-mode", default="truthful", choices=LOOKUP_MODES,
                    help="how the provider answers lookups; a lying one makes the drill fail")
-    from poimen import _soak
-
-    _soak.add_parser(sub)
     ns = p.parse_args(argv)
-    if ns.cmd == "soak":
-        return _soak.main(ns)
     if ns.cmd == "drill":
         try:
             report = crash_drill(ns.keep, lookup_mode=ns.lookup_mode)
@@ -692,7 +688,3 @@ def _main(argv: Sequence[str] | None = None) -> int:
     finally:
         kernel.close()
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -8,8 +8,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import cast
 
-from poimen._model._steps import Protocol
-from poimen._model._world import (
+from verification.model._steps import Protocol
+from verification.model._world import (
     TERMINAL,
     Commit,
     Config,
@@ -51,12 +51,12 @@ class Model(Protocol):
         return any(g.excused and g.eff > 1 for g in s.ghost)
 
     def say(self, label: Label) -> str:
-        from poimen._model._explore import say
+        from verification.model._explore import say
 
         return say(self, label)
 
     def show(self, s: State) -> list[str]:
-        from poimen._model._explore import show
+        from verification.model._explore import show
 
         return show(self, s)
 

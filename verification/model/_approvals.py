@@ -24,8 +24,8 @@ from typing import NamedTuple
 from poimen._core.decide import Send
 from poimen._core.effects import Unsafe
 from poimen._core.intents import IntentState
-from poimen._model._focus import OWNER, Focused, Step, intent
-from poimen._model._world import BASE, Rules, put
+from verification.model._focus import OWNER, Focused, Step, intent
+from verification.model._world import BASE, Rules, put
 
 S = IntentState
 _SETTLED = (S.COMPLETED, S.FAILED)

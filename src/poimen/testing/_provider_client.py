@@ -1,6 +1,6 @@
-"""The witness provider's process and client: `ProviderProcess` runs `poimen._provider` as a
-process of its own, `ProviderClient` speaks its HTTP API (the ledger, writes, lookups, and the
-admin switches for lookup answers, delays and faults)."""
+"""The witness provider's process and client: `ProviderProcess` runs `poimen.testing._provider`
+as a process of its own, `ProviderClient` speaks its HTTP API (the ledger, writes, lookups, and
+the admin switches for lookup answers, delays and faults)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import httpx
 
-from poimen._faults import Faults
+from poimen.testing._faults import Faults
 
 __all__ = ["LOOKUP_MODES", "ProviderClient", "ProviderProcess"]
 
@@ -31,7 +31,7 @@ _STOP_TIMEOUT_S: Final = 5.0
 
 def _child_env() -> dict[str, str]:
     # The child must import poimen from this same source tree, installed or not.
-    package_parent = str(Path(__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = package_parent + (os.pathsep + existing if existing else "")
@@ -90,7 +90,7 @@ class ProviderProcess:
             [
                 sys.executable,
                 "-m",
-                "poimen._provider",
+                "poimen.testing._provider",
                 "--ledger",
                 str(self.ledger_path),
                 "--port-file",
@@ -223,7 +223,7 @@ class ProviderClient:
         self._http.post("/admin/lookup-mode", json={"mode": mode}).raise_for_status()
 
     def set_faults(self, spec: str | None) -> None:
-        """Inject faults as `poimen._faults` reads `spec`; None: no more faults."""
+        """Inject faults as `poimen.testing._faults` reads `spec`; None: no more faults."""
         self._http.post("/admin/faults", json={"spec": spec}).raise_for_status()
 
     def set_delay(self, seconds: float) -> None:

@@ -7,7 +7,7 @@ one had in flight (the same call ids: a takeover by call id), and every worker's
 over the others' orphans. Beside the calls, workers act as operators (approving or rejecting
 calls that await approval, some of which expire), undo completed charges (a refund, an Unsafe
 call counted by the provider's ledger) and prune the log into an archive. A last recovery,
-not killed, settles what is left. Then `poimen._soak_check` judges the run by the provider's
+not killed, settles what is left. Then `verification.soak_check` judges the run by the provider's
 ledger, never by the log alone.
 
 Workers are forked from a server that has imported poimen already (multiprocessing's
@@ -16,7 +16,7 @@ append-only side file: what it held, the leases it was given and renewed, each w
 log with its outcome, each tool run, each call and recovery pass, with its own clock.
 
 The seed decides the plan: the kill delays, which tools are called, which call ids are called
-again, and the provider's faults (per request, see `poimen._faults`). A machine's timing is
+again, and the provider's faults (per request, see `poimen.testing._faults`). A machine's timing is
 not reproducible: the same seed gives the same plan, not the same interleaving.
 """
 
@@ -58,11 +58,11 @@ from poimen._core.effects import (
 from poimen._core.intents import Completed, Intent, IntentState
 from poimen._core.tools import Caps
 from poimen._engine.steps import Holds
-from poimen._faults import Faults
 from poimen._kernel import Kernel
-from poimen._provider import ProviderProcess
 from poimen.errors import ApprovalExpiredError, NotAwaitingApprovalError
 from poimen.operator._prune import prune
+from poimen.testing._faults import Faults
+from poimen.testing._provider import ProviderProcess
 
 __all__ = ["SoakConfig", "run_soak"]
 
@@ -510,7 +510,7 @@ class _Live:
 
 
 @dataclass(slots=True)
-class Run:
+class SoakRun:
     """What the driver hands to the check."""
 
     config: SoakConfig
@@ -538,12 +538,12 @@ def _in_flight(side: Path) -> list[str]:
     return list(open_calls)
 
 
-def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
+def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> SoakRun:
     """Start workers, SIGKILL them one by one at random delays, `cfg.kills` times."""
-    run = Run(cfg, db_url, base)
+    run = SoakRun(cfg, db_url, base)
     (base / "sides").mkdir(exist_ok=True)
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["poimen._soak"])
+    ctx.set_forkserver_preload(["verification.soak"])
     rng = random.Random(cfg.seed)
     # (call id, when its worker was killed): called again only while far younger than what
     # a prune removes (a call id used again after a prune is a new call: docs/retention.md).
@@ -635,7 +635,7 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> Run:
     return run
 
 
-def final_recovery(run: Run, provider_url: str) -> list[Intent]:
+def final_recovery(run: SoakRun, provider_url: str) -> list[Intent]:
     """Recovery passes, none killed, until nothing is due; returns what is still unfinished.
     Between passes it waits for the rows' own times (next check, lease), never a fixed sleep."""
     cfg = run.config
@@ -674,8 +674,8 @@ def final_recovery(run: Run, provider_url: str) -> list[Intent]:
 
 
 def run_soak(cfg: SoakConfig) -> Any:
-    """The whole soak: drive, recover, check. Returns a `poimen._soak_check.SoakReport`."""
-    from poimen._soak_check import check_run, save_run
+    """The whole soak: drive, recover, check. Returns a `verification.soak_check.SoakReport`."""
+    from verification.soak_check import check_run, save_run
 
     if cfg.kills < 1 or cfg.workers < 1 or cfg.threads < 1:
         raise ValueError("kills, workers and threads must be at least 1")
@@ -708,27 +708,26 @@ def run_soak(cfg: SoakConfig) -> Any:
 # --------------------------------------------------------------------------- the command
 
 
-def add_parser(sub: Any) -> None:
-    """`python -m poimen.testing soak` (`scripts/soak`)."""
-    s = sub.add_parser("soak", help="the kill soak: workers SIGKILLed at random, checked by "
-                       "the provider's ledger (docs/verification.md)")
+def main(argv: list[str] | None = None) -> int:
+    """`python -m verification.soak` (`scripts/soak`)."""
+    s = argparse.ArgumentParser(prog="python -m verification.soak", description="the kill soak: "
+                                "workers SIGKILLed at random, checked by the provider's ledger "
+                                "(docs/verification.md)")
     s.add_argument("--kills", type=int, default=100)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--workers", type=int, default=2, help="worker processes on one log")
     s.add_argument("--db", default="sqlite",
                    help="sqlite, postgres (a fresh database on the local server) or a URL")
     s.add_argument("--faults", default=DEFAULT_FAULTS,
-                   help="the provider's faults (poimen._faults); '' for none")
+                   help="the provider's faults (poimen.testing._faults); '' for none")
     s.add_argument("--threads", type=int, default=3, help="calls in flight per worker")
     s.add_argument("--max-delay", type=float, default=0.8,
                    help="a worker is SIGKILLed a random time up to this after its start")
     s.add_argument("--keep", metavar="DIR", help="keep the log, ledger and side files in DIR")
     s.add_argument("--check", metavar="DIR", help="only judge the soak kept in DIR again")
     s.add_argument("--json", action="store_true")
-
-
-def main(ns: argparse.Namespace) -> int:
-    from poimen._soak_check import check_run
+    ns = s.parse_args(argv)
+    from verification.soak_check import check_run
 
     try:
         if ns.check:
@@ -743,3 +742,10 @@ def main(ns: argparse.Namespace) -> int:
         return 2
     print(json.dumps(report.as_json(), indent=1) if ns.json else report.table())
     return 0 if report.ok() else 1
+
+
+if __name__ == "__main__":
+    # Through the imported module: the forkserver's workers unpickle its functions, not __main__'s.
+    from verification.soak import main as _main
+
+    raise SystemExit(_main())

@@ -1,4 +1,4 @@
-"""The command line of the model check: `python -m poimen._model`, `scripts/modelcheck`."""
+"""The command line of the model check: `python -m verification.model`, `scripts/modelcheck`."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, cast
 
-from poimen._model._approvals import ApprovalConfig
-from poimen._model._explore import explore
-from poimen._model._keywindow import KeyWindowConfig
-from poimen._model._spill import SpillConfig
-from poimen._model._undoprune import UndoPruneConfig
-from poimen._model._world import KINDS, OLD_RULES, Config, Kind, Rules
+from verification.model._approvals import ApprovalConfig
+from verification.model._explore import explore
+from verification.model._keywindow import KeyWindowConfig
+from verification.model._spill import SpillConfig
+from verification.model._undoprune import UndoPruneConfig
+from verification.model._world import KINDS, OLD_RULES, Config, Kind, Rules
 
 #: The focused models of issue 20's rules, by the name `--model` gives them.
 MODELS = {
@@ -82,7 +82,7 @@ def configs(size: str) -> list[Config]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m poimen._model",
+        prog="python -m verification.model",
         description="Exhaustive model check of poimen's call and recovery protocol.",
     )
     p.add_argument("--set", choices=("ci", "full"), help="run a named set of configurations "

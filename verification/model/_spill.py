@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from poimen._core.intents import IntentState
-from poimen._model._focus import Focused, Step
-from poimen._model._world import Rules, put
+from verification.model._focus import Focused, Step
+from verification.model._world import Rules, put
 
 S = IntentState
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from poimen._core.intents import IntentState
-from poimen._model._focus import Focused, Step
-from poimen._model._world import Rules, put
+from verification.model._focus import Focused, Step
+from verification.model._world import Rules, put
 
 S = IntentState
 _PRUNABLE = (S.COMPLETED, S.FAILED)
@@ -74,7 +74,7 @@ class Undo(NamedTuple):
     ver: int  # writes to its history
 
 
-class Run(NamedTuple):
+class UndoRun(NamedTuple):
     pc: str  # idle, scope, events, latest, decide, request, call, send, outcome, mark, done
     k: int = 0  # latest: the next call number to read
     latest: int = -1  # the undo intent read last (its serial), -1: none
@@ -94,7 +94,7 @@ class State(NamedTuple):
     present: bool  # the original is in the log
     events: tuple[tuple[str, int], ...]  # its events ever committed: (kind, undo number/serial)
     undos: tuple[Undo, ...]
-    runs: tuple[Run, ...]
+    runs: tuple[UndoRun, ...]
     prunes: tuple[Prune, ...]
     archive: frozenset[tuple[int, int]]  # (intent, history length) lines written
     refunds: int  # effects at the refund's provider
@@ -102,7 +102,7 @@ class State(NamedTuple):
 
 Go = Callable[..., Step]  # a step of one run: (label, its next step, changes to the state)
 _ORIGINAL = -1
-_IDLE, _DONE = Run("idle"), Run("done")
+_IDLE, _DONE = UndoRun("idle"), UndoRun("done")
 _ACTIVE = frozenset({"idle", "done"})
 
 
@@ -174,25 +174,25 @@ class UndoPrune(Focused):
         done = s._replace(runs=put(s.runs, k, _DONE), undos=undos)
         return Step((f"undo {k}", "crashes"), done, True)
 
-    def _run(self, s: State, k: int, r: Run) -> Iterator[Step]:
+    def _run(self, s: State, k: int, r: UndoRun) -> Iterator[Step]:
 
-        def go(label: str, run: Run, **kw: Any) -> Step:
+        def go(label: str, run: UndoRun, **kw: Any) -> Step:
             return Step((f"undo {k}", label), s._replace(runs=put(s.runs, k, run), **kw))
 
         pc = r.pc
         if pc == "idle":
-            yield go("starts", Run("scope"))
+            yield go("starts", UndoRun("scope"))
         elif pc == "scope":
             if not s.present:
                 yield go("the scope holds no call: done", _DONE)
             else:
-                yield go("finds the original in its scope", Run("events"))
+                yield go("finds the original in its scope", UndoRun("events"))
         elif pc == "events":
             undone = s.present and self._undone(s)  # a pruned original reads as no events
             if undone and self.rules.undo_reads_undone:
                 yield go("the original has an 'undone' event: already undone", _DONE)
             else:
-                yield go("the original's events: no 'undone'", Run("latest", k=1))
+                yield go("the original's events: no 'undone'", UndoRun("latest", k=1))
         elif pc == "latest":
             j = self._called(s, r.k)
             if j >= 0:
@@ -244,7 +244,7 @@ class UndoPrune(Focused):
                 events = s.events if ev in s.events else (*s.events, ev)
                 yield go(f"records 'undone' by undo intent {r.serial}", _DONE, events=events)
 
-    def _call(self, s: State, k: int, r: Run, step: Go) -> Iterator[Step]:
+    def _call(self, s: State, k: int, r: UndoRun, step: Go) -> Iterator[Step]:
         """kernel.call(undo tool, call_id=undo/<call id>/n): the call id's intent, or a new one."""
         j = self._called(s, r.n)
         if j < 0:

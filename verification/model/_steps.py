@@ -27,7 +27,7 @@ from poimen._core.decide import (
 )
 from poimen._core.effects import Landed, NotLanded, Unknown
 from poimen._core.intents import Intent, Owner
-from poimen._model._world import (
+from verification.model._world import (
     BASE,
     EFFECTS,
     NOBODY,
@@ -63,7 +63,7 @@ _ANSWERS: dict[str, Answer] = {
 
 
 class Protocol:
-    """The steps of one worker's runs; `poimen._model._system.Model` adds the world's."""
+    """The steps of one worker's runs; `verification.model._system.Model` adds the world's."""
 
     def __init__(self, cfg: Config, rules: Rules | None = None) -> None:
         if not 1 <= cfg.workers <= 4 or not 1 <= len(cfg.intents) <= 6:

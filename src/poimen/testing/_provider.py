@@ -8,15 +8,16 @@ would let a double issue with a fresh key slip through as a single effect. Like 
 provider it can forget keys (``POST /admin/key-ttl``): a key written again more than that many
 seconds after its first write is a new effect.
 
-With ``--faults SPEC`` (`poimen._faults`) it injects errors before and after the effect, lost
-responses, refusals and latency, and records every write it receives in a ``received`` table:
-the kill soak's witness of what was sent, not only of what landed.
+With ``--faults SPEC`` (`poimen.testing._faults`) it injects errors before and after the effect,
+lost responses, refusals and latency, and records every write it receives in a ``received``
+table: the kill soak's witness of what was sent, not only of what landed.
 
 Run it with::
 
-    python -m poimen._provider --ledger PATH --port-file PATH [--port 0]
+    python -m poimen.testing._provider --ledger PATH --port-file PATH [--port 0]
 
-or through `ProviderProcess` (`poimen._provider_client`, re-exported here with `ProviderClient`).
+or through `ProviderProcess` (`poimen.testing._provider_client`, re-exported here with
+`ProviderClient`).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from types import FrameType
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from poimen._faults import Fault, FaultCounter, Faults
-from poimen._provider_client import LOOKUP_MODES, ProviderClient, ProviderProcess
+from poimen.testing._faults import Fault, FaultCounter, Faults
+from poimen.testing._provider_client import LOOKUP_MODES, ProviderClient, ProviderProcess
 
 __all__ = ["LOOKUP_MODES", "ProviderClient", "ProviderProcess", "main"]
 
@@ -451,14 +452,15 @@ def _write_port_file(path: str, port: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m poimen._provider", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m poimen.testing._provider",
+                                     description=__doc__)
     parser.add_argument("--ledger", required=True, help="SQLite ledger file")
     parser.add_argument("--port-file", required=True, help="where to write the bound port")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks an ephemeral port")
     parser.add_argument("--lookup-mode", choices=LOOKUP_MODES, default="truthful")
-    parser.add_argument("--faults", help="inject faults (poimen._faults); every write received "
-                        "is then recorded in the ledger's `received` table")
+    parser.add_argument("--faults", help="inject faults (poimen.testing._faults); every write "
+                        "received is then recorded in the ledger's `received` table")
     args = parser.parse_args(argv)
 
     faults = Faults.parse(args.faults) if args.faults is not None else None

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from poimen._core.intents import Attempt, Event, Intent, IntentState, Owner
-from poimen._soak import APPROVED, CLASS, Run, SoakConfig, WorkerRecord, app_db
 from poimen.store import open_store
 from poimen.store._inline import detail_json
 from poimen.store._retention import PRUNABLE
+from verification.soak import APPROVED, CLASS, SoakConfig, SoakRun, WorkerRecord, app_db
 
 __all__ = ["Check", "SoakReport", "check_run", "save_run"]
 
@@ -103,7 +103,7 @@ class SoakReport:
 # --------------------------------------------------------------------------- run.json
 
 
-def save_run(run: Run) -> None:
+def save_run(run: SoakRun) -> None:
     data = {"config": asdict(run.config), "db_url": run.db_url, "seconds": run.seconds,
             "final_passes": run.final_passes, "final_seconds": run.final_seconds,
             "workers": [asdict(w) for w in run.workers]}

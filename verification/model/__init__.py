@@ -19,18 +19,18 @@ own searched the same way (`_focus`): approval vs expiry vs recovery (`_approval
 window with back-off (`_keywindow`), undo vs prune (`_undoprune`), and a spill vs a settle and
 the readers of a history (`_spill`).
 
-    python -m poimen._model --workers 2 --intents queryable,unsafe
-    python -m poimen._model --model undo
+    python -m verification.model --workers 2 --intents queryable,unsafe
+    python -m verification.model --model undo
 """
 
-from poimen._model._approvals import ApprovalConfig
-from poimen._model._cli import configs, focused, main
-from poimen._model._explore import Result, explore, replay
-from poimen._model._keywindow import KeyWindowConfig
-from poimen._model._spill import SpillConfig
-from poimen._model._system import Model
-from poimen._model._undoprune import UndoPruneConfig
-from poimen._model._world import OLD_RULES, Config, Rules
+from verification.model._approvals import ApprovalConfig
+from verification.model._cli import configs, focused, main
+from verification.model._explore import Result, explore, replay
+from verification.model._keywindow import KeyWindowConfig
+from verification.model._spill import SpillConfig
+from verification.model._system import Model
+from verification.model._undoprune import UndoPruneConfig
+from verification.model._world import OLD_RULES, Config, Rules
 
 __all__ = [
     "OLD_RULES",

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poimen._core.decide import Defer
-from poimen._model._system import Model
-from poimen._model._world import BASE, Config, Label, Rules, State, owner_text
+from verification.model._system import Model
+from verification.model._world import BASE, Config, Label, Rules, State, owner_text
 
 
 def system(cfg: Any, rules: Rules | None = None) -> Any:
     """The transition system of a configuration: the call protocol's (`Config`), or the one
-    a focused model's configuration builds (`poimen._model._focus`)."""
+    a focused model's configuration builds (`verification.model._focus`)."""
     return Model(cfg, rules) if isinstance(cfg, Config) else cfg.system(rules or Rules())
 
 

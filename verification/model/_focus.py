@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterator
 from typing import Any, NamedTuple
 
 from poimen._core.intents import Intent, IntentState, Owner
-from poimen._model._world import BASE, Label, Rules
+from verification.model._world import BASE, Label, Rules
 
 
 class Step(NamedTuple):

@@ -1,5 +1,0 @@
-import sys
-
-from poimen._model import main
-
-sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from verification.model import main
+
+sys.exit(main())
