@@ -1,65 +1,48 @@
 """The kernel: the public API over one `Engine` (`poimen._engine.engine`).
 
-`Kernel` is a facade: construction (its settings, validated once as a `Settings`, its store,
-identity, notifiers, observers and sandbox mode), registration, and the public methods, each a
-few lines that hand the work to the modules of docs/design.md's module map. The engine owns
-what runs: the tools, the call entry (`Engine.run_call`), the protocol, recovery; the decisions
-are `poimen._core.decide`'s; the background duties `poimen._engine.upkeep`'s.
+`Kernel` is a facade: its arguments and their documentation, registration, and the public
+methods, each a few lines that hand the work to the modules of docs/design.md's module map.
+Building, closing and forking its parts (settings, store, identity, engine, observers,
+sandbox) are `poimen._runtime`'s. The engine owns what runs: the tools, the call entry
+(`Engine.run_call`), the protocol, recovery; the decisions are `poimen._core.decide`'s; the
+background duties `poimen._engine.upkeep`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from poimen import _approval, _observe, _undo
-from poimen._aids import Aids
-from poimen._capability.context import Issuer, Sink, ToolContext
-from poimen._core.approval import ApprovalRule
+from poimen._capability.context import Sink, ToolContext
 from poimen._core.audit import Head
 from poimen._core.effects import EffectClass
 from poimen._core.intents import Denial, Intent, Outcome, RecoveryReport
 from poimen._core.retry import Retry
 from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, Tool, ToolRegistration
-from poimen._core.undo import UndoArgs, UndoRule
-from poimen._engine import hooks as _hooks
+from poimen._core.undo import UndoArgs
 from poimen._engine import runners as _runners
-from poimen._engine.audit_head import HeadPublisher, check_every
-from poimen._engine.engine import Engine, Settings
+from poimen._engine.engine import Settings
 from poimen._engine.evidence import Evidence, Found, Gather
-from poimen._engine.liveness import current_owner
-from poimen._engine.notify import LogNotifier, Notifier, notifier_names
+from poimen._engine.notify import Notifier
 from poimen._engine.recovery import recover_pass
-from poimen._engine.upkeep import Upkeep
-from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
-from poimen._observe import logging_wanted
+from poimen._runtime import Mode, Runtime
 from poimen._tool_handle import ToolHandle
 from poimen._undo import UndoReport
-from poimen.errors import (
-    PoimenError,
-)
-from poimen.events import (
-    KernelEvent,
-    Observer,
-)
+from poimen.events import KernelEvent, Observer
 from poimen.operator import _decisions
 from poimen.operator._ops import Identity
-from poimen.sandbox import _modes as _sandbox
-from poimen.store import Store, open_store
+from poimen.store import Store
 from poimen.store._base import NewDispatch
 
-log = logging.getLogger("poimen")
 P = ParamSpec("P")
 R = TypeVar("R")
 E = TypeVar("E", bound=KernelEvent)
-Mode = Literal["live", "shadow", "replay"]
 
 
-class Kernel:
+class Kernel(Runtime):
     """Registers tools, journals every call before and after dispatch, and recovers by class.
 
     Call `launch()` once the tools are registered: it runs the restart scan and starts the
@@ -148,84 +131,20 @@ class Kernel:
         log_events: bool | None = None,
         audit_head_every: float | None = None,
     ) -> None:
-        if not isinstance(store, str) and not callable(getattr(store, "record_dispatch", None)):
-            raise PoimenError(
-                f"store must be a URL string or a Store, not {store!r}", field="store"
-            )
-        _sandbox.check_options(
-            mode, recording=recording, live=live, scope=scope, on_divergence=on_divergence
-        )
-        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id.strip()):
-            raise PoimenError(
-                f"worker_id must be a non-empty string, not {worker_id!r}", field="worker_id"
-            )
-        settings = Settings(
-            lease_ttl=lease_ttl,
-            max_attempts=max_attempts,
-            lookup_limit=lookup_limit,
-            lookup_backoff=lookup_backoff,
-            max_backoff=max_backoff,
-            deadline_margin=deadline_margin,
-            wait_bound=wait_bound,
-            recover_interval=recover_interval,
-        )
-        check_every(audit_head_every)
-        # One name each (escalation notifiers too): refused here, not mid-recovery.
-        notifier_names([*(notifiers or ()), *escalate_to])
-        self._given_worker_id = worker_id
-        self._given_host = host
-        owner = current_owner(worker_id, host)
-        claim_worker_id(owner.worker_id, self)
-        try:
-            self.store: Store = open_store(store) if isinstance(store, str) else store
-        except BaseException:
-            release_worker_id(owner.worker_id, self)
-            raise
-        self.mode: Mode = mode
-        self.notifiers: list[Notifier] = (
-            list(notifiers) if notifiers is not None else [LogNotifier()]
-        )
-        self._on_close: list[Callable[[], object]] = []
-        # Layer 2: write tokens, registered sinks, the shared HTTP pool of ctx.http.
-        self._issuer = Issuer(self.store, live=mode == "live")
-        self._on_close.append(self._issuer.close)
-        self._engine = Engine(
-            self.store,
-            owner,
-            self._issuer,
-            settings,
-            notify=self._notify_soon,
-            notifiers=self.notifiers,
-            on_call=self._before_call,
-        )
-        # Evidence, ageing, escalation: gathered and sent by the delivery duty (poimen._aids).
-        self._aids = Aids(self.store, self._issuer, self._engine.tools, escalate_to, renotify_after)
-        self._heads = HeadPublisher(
-            self.store, lambda: self.notifiers, self._emit, lambda: self.worker_id
-        )
-        self._upkeep = Upkeep(
-            renew=self._renew,
-            recover=self.recover,
-            deliver=self._delivery_round,
-            lease_ttl=lease_ttl,
-            recover_interval=recover_interval,
-            publish=None if audit_head_every is None else self._heads.publish,
-            publish_every=audit_head_every or 3600.0,
-        )
-        self.checks: dict[str, str] = {}  # tool id -> what an operator checks (`describe`)
-        _observe.setup(self, observers, log_events)
-        # Logging configured later is looked for at each call and pass (_observe.relog).
-        self._log_watch = _observe.watching(self, log_events)
-        LIVE.add(self)
-        # Shadow and replay answer calls without effects: poimen.sandbox._modes, docs/sandbox.md.
-        try:
-            self._sandbox = _sandbox.attach(
-                self._engine, self.store, mode, recording=recording, live=live, scope=scope,
-                on_divergence=on_divergence, on_close=self._on_close,
-            )
-        except BaseException:
-            self.close()
-            raise
+        self._build(
+            store, worker_id=worker_id, host=host, mode=mode, notifiers=notifiers,
+            escalate_to=escalate_to, renotify_after=renotify_after, recording=recording,
+            live=live, scope=scope, on_divergence=on_divergence, observers=observers,
+            log_events=log_events, audit_head_every=audit_head_every,
+            recover=self.recover, deliver=self.deliver_notifications,
+            # Made once the arguments before it are checked: the order refusals always had.
+            settings=lambda: Settings(
+                lease_ttl=lease_ttl, max_attempts=max_attempts, lookup_limit=lookup_limit,
+                lookup_backoff=lookup_backoff, max_backoff=max_backoff,
+                deadline_margin=deadline_margin, wait_bound=wait_bound,
+                recover_interval=recover_interval,
+            ),
+        )  # fmt: skip
 
     @property
     def owner(self) -> Any:
@@ -250,22 +169,6 @@ class Kernel:
     deadline_margin = property(lambda self: self.settings.deadline_margin, doc="`Settings.deadline_margin`")
     wait_bound = property(lambda self: self.settings.wait_bound, doc="`Settings.wait_bound`")
     recover_interval = property(lambda self: self.settings.recover_interval, doc="`Settings.recover_interval`")
-
-    @property
-    def _closed(self) -> bool:
-        return self._engine.closed
-
-    @property
-    def _tools(self) -> dict[str, Tool]:
-        return self._engine.tools
-
-    @property
-    def _approvals(self) -> dict[str, ApprovalRule]:
-        return {k: r.approval for k, r in self._engine.records.items() if r.approval}
-
-    @property
-    def _undos(self) -> dict[str, UndoRule]:
-        return {k: r.undo for k, r in self._engine.records.items() if r.undo}
 
     # Registration.
 
@@ -446,51 +349,13 @@ class Kernel:
     def close(self) -> None:
         """Stop the background duties, wait for cancelled calls still settling, close the
         store. Idempotent."""
-        if self._closed:
-            return
-        self._engine.closed = True
-        self._aids.gatherer.close()
-        self._upkeep.stop(within=10.0)
-        _runners.wait_continuations(self._engine, within=30.0)
-        while self._on_close:
-            try:
-                self._on_close.pop()()
-            except Exception:
-                log.exception("poimen: a close hook failed")
-        self._engine.shutdown_pools()
-        if self._engine.observer is not None:
-            self._engine.observer.close()
-        self.store.close()
-        release_worker_id(self.worker_id, self)
-        LIVE.discard(self)
+        self._shut()
 
     def __enter__(self) -> Kernel:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _renew(self) -> None:
-        self._engine.renew()
-
-    def _after_fork_in_child(self) -> None:
-        """A forked child is another process: a new identity, no calls of the parent's, its
-        own connections and threads (the parent's do not exist here)."""
-        old, given = self.worker_id, self._given_worker_id
-        owner = current_owner(f"{given}.{os.getpid()}" if given else None, self._given_host)
-        self._engine.after_fork(owner)
-        forget_worker_id(old)
-        claim_worker_id(owner.worker_id, self)
-        _observe.after_fork(self._engine)
-        self._issuer.after_fork()
-        self._aids.after_fork()
-        after_fork = getattr(self.store, "after_fork", None)
-        if after_fork is not None:
-            after_fork()
-        background = self._upkeep.background
-        self._upkeep.after_fork()
-        if background and not self._closed:
-            self._upkeep.start(background=True)
 
     # The call path.
 
@@ -511,11 +376,6 @@ class Kernel:
         it returns), and nothing new (retry, lookup) starts for it."""
         return await self._engine.arun_call(tool, args, call_id=call_id, scope=scope)
 
-    def _before_call(self) -> None:
-        if self._log_watch and logging_wanted():
-            self._start_logging()
-        self._upkeep.held()
-
     def _prepare(
         self, tool: str, args: Mapping[str, Any], call_id: str, scope: str | None = None
     ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
@@ -524,16 +384,11 @@ class Kernel:
     def _context(self, t: Tool, intent: Intent) -> ToolContext:
         return _runners.context(self._engine, t, intent)
 
-    def _start_logging(self) -> None:
-        self._log_watch = False
-        _observe.relog(self)
-
     # Recovery and the operator path.
 
     def recover(self, *, progress: Callable[[int], object] | None = None) -> RecoveryReport:
         """One recovery pass now; then deliver due notifications."""
-        if self._log_watch and logging_wanted():
-            self._start_logging()
+        self._watch_logging()
         e = self._engine if self._sandbox is None else self._sandbox.recovery_engine()
         report = recover_pass(e, progress=progress)
         self.deliver_notifications()
@@ -629,9 +484,6 @@ class Kernel:
             self._aids.round(self.deliver_notifications, lambda: self._closed, finish=True)
         return self._aids.deliver_due(self.notifiers, self._upkeep)
 
-    def _delivery_round(self) -> None:
-        self._aids.round(self.deliver_notifications, lambda: self._closed, finish=False)
-
     @property
     def evidence_tools(self) -> frozenset[str]:
         """The tools that declare `evidence=`."""
@@ -653,14 +505,3 @@ class Kernel:
         """Publish the head of the log's audit chain now, as ``audit_head_every`` does (a log
         line, the notifiers, the observers); returns it, or None for a log without a chain."""
         return self._heads.publish(force=True)
-
-    def _emit(self, event: KernelEvent) -> None:
-        _hooks.point(self._engine, lambda base: event)
-
-    def _notify_soon(self) -> None:
-        """The outbox row is committed: have the delivery duty deliver it, so a slow webhook
-        never holds up the caller (nor other callers behind the delivery lock)."""
-        from poimen._engine import crashpoints as _crashpoints
-
-        _crashpoints.hit("before_notify")
-        self._upkeep.notify_soon()

@@ -269,6 +269,8 @@ class OpenTelemetry(ev.Observer):
         if token is not None:
             call = cast("_Call", token)
             span = call.span
+            if outcome != "completed":
+                self._tell(call)  # e.g. an exception that left the intent DISPATCHED
             try:
                 if span.is_recording():
                     attrs: dict[str, Any] = {"poimen.outcome": outcome}
@@ -324,6 +326,8 @@ class OpenTelemetry(ev.Observer):
         )
         done = outcome in _DONE
         if type(token) is _Call:
+            if not done:
+                self._tell(token)
             if not done and token.span.is_recording():
                 # The call's first attempt did not complete: its span, from its start.
                 attrs = self._attempt_attrs(it)
@@ -384,15 +388,19 @@ class OpenTelemetry(ev.Observer):
         scope = self._open.get()
         if scope is None:
             return otel_trace.get_current_span()
-        if type(scope) is _Call and not scope.told:
-            scope.told = True
-            kept, scope.dispatched = scope.dispatched, None
-            if kept is not None and scope.span.is_recording():
-                it, at = kept
-                scope.span.add_event(
-                    "poimen.dispatched", self._transition_attrs(it, it.fence, None), at
-                )
+        if type(scope) is _Call:
+            self._tell(scope)
         return scope.span
+
+    def _tell(self, call: _Call) -> None:
+        """The call left the happy path: its kept ``poimen.dispatched``, at its own time."""
+        if call.told:
+            return
+        call.told = True
+        kept, call.dispatched = call.dispatched, None
+        if kept is not None and call.span.is_recording():
+            it, at = kept
+            call.span.add_event("poimen.dispatched", self._transition_attrs(it, it.fence, None), at)
 
     def _transition(
         self, name: str, it: Intent, fence: int, extra: tuple[str, Any] | None

@@ -24,7 +24,8 @@ def _checks(url: str) -> dict[str, tuple[str, ...]]:
         found = {}
         for table, sql in rows:
             if re.search(r"^\s*effect\s", sql or "", re.MULTILINE):
-                m = re.search(r"CHECK \(effect IN \(([^)]*)\)\)", sql)
+                # `effect IN (...)`, or (schema 12 on) `effect = '...' OR effect = '...'`
+                m = re.search(r"CHECK \((effect (?:IN \([^)]*\)|=[^)]*))\)", sql)
                 found[table] = tuple(re.findall(r"'([a-z_]+)'", m.group(1))) if m else ()
         return found
     columns = raw(

@@ -43,7 +43,7 @@ from poimen import (
 )
 from poimen._core.intents import Owner
 from poimen._core.keys import args_digest, canonical
-from poimen.errors import PoimenError
+from poimen.errors import NotSent, PoimenError
 from poimen.events import (
     CallFinishedEvent,
     IndeterminateEvent,
@@ -300,6 +300,37 @@ def test_a_call_is_one_span_under_the_callers_span_and_its_attempts_off_the_happ
         assert decision.parent.span_id == op.get_span_context().span_id
         assert attr(decision, "intent_id") == boom.intent_id and attr(decision, "landed") is False
         assert attr(decision, "operator") == "ana"
+
+
+def test_a_call_off_the_happy_path_keeps_its_dispatch_event_whatever_ends_it(
+    store_url: str, telemetry: Telemetry
+) -> None:
+    """The dispatch event, held back while a call may still be the happy path, is told as
+    soon as the call leaves it: an attempt that did not complete, or a call ended by an
+    exception that leaves its intent DISPATCHED."""
+    with Kernel(store_url, notifiers=[], observers=[telemetry.observer()]) as k:
+        refusals = [NotSent("connection refused")]
+
+        @k.tool(id="t.notsent", effects=Unsafe(), caps=Caps(), timeout=5,
+                retry=Retry(attempts=3, initial=0.01, maximum=0.01, budget=30))
+        def notsent(ctx: ToolContext, n: int) -> int:
+            if refusals:
+                raise refusals.pop()
+            return n
+
+        @k.tool(id="t.exit", effects=Unsafe(), caps=Caps(), timeout=5)
+        def leaves(ctx: ToolContext, n: int) -> int:
+            raise SystemExit(3)
+
+        assert isinstance(k.call("t.notsent", {"n": 1}, call_id="c-notsent"), Completed)
+        call = telemetry.one("execute_tool t.notsent")
+        assert events_of(call) == ["poimen.dispatched", "poimen.completed"]
+        attempts = sorted(telemetry.children(call), key=lambda s: attr(s, "attempt"))
+        assert [attr(s, "outcome") for s in attempts] == ["not_sent", "completed"]
+        with pytest.raises(SystemExit):
+            k.call("t.exit", {"n": 1}, call_id="c-exit")
+        left = telemetry.one("execute_tool t.exit")
+        assert events_of(left) == ["poimen.dispatched"]
 
 
 def test_a_transactional_call_committed_with_its_outcome_is_the_happy_path(

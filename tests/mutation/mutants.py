@@ -25,7 +25,6 @@ class Mutant:
 DECIDE = "poimen/_core/decide.py"
 PROTOCOL = "poimen/_engine/protocol.py"
 RUNNERS = "poimen/_engine/runners.py"
-KERNEL = "poimen/_kernel.py"
 CAP = "poimen/_capability/context.py"
 HANDLES = "poimen/_capability/handles.py"
 GUARD = "poimen/_capability/guard.py"
@@ -192,7 +191,7 @@ MUTANTS: list[Mutant] = [
            "            if intent_id in self._ids:\n                return False\n", "",
            ("tests/integration/test_in_process_races.py", "-k", "run_it_once and sqlite")),
     # Identity and background duties.
-    Mutant("fork-keeps-identity", "a forked child is a new owner", KERNEL,
+    Mutant("fork-keeps-identity", "a forked child is a new owner", "poimen/_runtime.py",
            "        owner = current_owner(f", "        owner = self.owner or current_owner(f",
            T_LIFE),
     Mutant("duplicate-worker", "one identity per live kernel", "poimen/_engine/workers.py",
@@ -414,7 +413,7 @@ MUTANTS: list[Mutant] = [
            "        if views:\n", "        if False:\n",
            ("tests/integration/test_bad_input_operator.py", "-k", "recursive_view")),
     Mutant("row-checks-skipped", "verify judges every row by the schema's constraints",
-           "poimen/operator/_health.py", "        out += _row_problems(store, reference)\n", "",
+           "poimen/store/_sqlite_checks.py", "        out += _row_problems(store, reference)\n", "",
            ("tests/integration/test_bad_input_operator.py", "-k", "verify_finds")),
     Mutant("csrf-skipped", "a console change needs the session's CSRF token",
            "poimen/console/_session.py", "        return _same(form_value, v.session.csrf)",

@@ -301,3 +301,13 @@ def test_start_failure_reports_child_stderr(tmp_path: Path) -> None:
         proc.start()
 
     assert "sqlite3" in str(excinfo.value)
+
+
+def test_the_provider_starts_where_warnings_are_errors(
+    ledger_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python -m poimen.testing._provider` warned (module run twice) once `poimen.testing`
+    # imported it; with warnings as errors, as many CIs set them, it never started.
+    monkeypatch.setenv("PYTHONWARNINGS", "error")
+    with ProviderProcess(ledger_path) as p, ProviderClient(p.url) as c:
+        assert c.count() == 0

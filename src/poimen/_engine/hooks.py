@@ -386,6 +386,8 @@ UNOBSERVED = frozenset(
     {
         "migrate",
         "schema_version",
+        "integrity",  # `poimen verify`'s reads
+        "server_facts",  # `poimen doctor`'s reads
         "now",
         "close",
         "after_fork",

@@ -53,6 +53,7 @@ from poimen.operator import _health as health
 from poimen.operator import _ops as op
 from poimen.operator._prune import prune
 from poimen.store import Store, open_store
+from poimen.store._base import Problem
 from poimen.store._dialect import POSTGRES, dialect_of, same_log, sqlite_path
 
 OK, NOT_FOUND, USAGE, STORE, UNEXPECTED, INDETERMINATE, VERIFY_FAILED = 0, 1, 2, 3, 4, 5, 6
@@ -151,7 +152,7 @@ def cmd_verify(ns: argparse.Namespace) -> int:
             schema_version=int(exc.data["found"]),
             known_version=int(exc.data["known"]),
             checks=("schema version",),
-            problems=(health.Problem("schema version", str(exc)),),
+            problems=(Problem("schema version", str(exc)),),
         )
     else:
         try:

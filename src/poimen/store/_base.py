@@ -307,6 +307,32 @@ class OutboxStore(StoreBase, Protocol):
     def audit_chain(self) -> AbstractContextManager[ChainView]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """What `poimen verify` found wrong in a log: the check that found it, and what."""
+
+    check: str
+    message: str
+
+
+class HealthStore(StoreBase, Protocol):
+    """`poimen verify` and `poimen doctor`: what only the backend can say of its own schema
+    and server. The checks both dialects share are `poimen.operator._health`'s."""
+
+    @property
+    def dialect(self) -> str:
+        """Its dialect's name (`store/_dialect.py`), the folder of its migrations."""
+        ...
+
+    def integrity(self, found: int) -> tuple[tuple[str, ...], list[Problem]]:
+        """The checks made of a log at schema version `found`, and what they found."""
+        ...
+
+    def server_facts(self) -> dict[str, Any]:
+        """What the log's durability depends on, for a bug report."""
+        ...
+
+
 class Store(
     CallPathStore,
     RecoveryStore,
@@ -314,6 +340,7 @@ class Store(
     RetentionStore,
     ReadStore,
     OutboxStore,
+    HealthStore,
     Protocol,
 ):
     """The intent log: every role; what a backend implements."""

@@ -1,7 +1,7 @@
 """What differs between the two SQL dialects, in one place: the URLs each opens, the file of a
 SQLite log, the placeholder, the larger of two values, a row lock for the rest of a write
-transaction. The stores, retention, `poimen verify`/`doctor`, the CLI and the sandbox ask here
-instead of reading URLs themselves."""
+transaction. The stores, retention, the CLI and the sandbox ask here instead of reading URLs
+themselves; what `poimen verify` and `doctor` ask of a backend, its store answers."""
 
 from __future__ import annotations
 

@@ -41,7 +41,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from poimen._core.backoff import RECONNECT
 from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import PoimenError, ReadOnlyStoreError, StoreError, StoreUnavailableError
-from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
+from poimen.store._base import (
+    INTENT_COLUMNS,
+    NewDispatch,
+    Problem,
+    intent_from_row,
+    migrations,
+)
 from poimen.store._chain import Stream
 from poimen.store._dialect import POSTGRES
 from poimen.store._sql import SqlStore
@@ -413,6 +419,17 @@ class PostgresStore(SqlStore):
 
         return self._run("schema_version", op, transaction=False)
 
+    def integrity(self, found: int) -> tuple[tuple[str, ...], list[Problem]]:
+        return ("constraints", "triggers"), _problems(self, found)
+
+    def server_facts(self) -> dict[str, Any]:
+        out = {}
+        for name in ("server_version", "synchronous_commit", "default_transaction_isolation",
+                     "TimeZone"):
+            out[name.lower()] = self._read(f"SHOW {name}")[0][0]
+        out["current_schema"] = self._read("SELECT current_schema()")[0][0]
+        return out
+
     def _check_version(self) -> None:
         known = migrations("postgres")[-1][0]
         found = self.schema_version()
@@ -724,3 +741,47 @@ _ONE_TRIP_WRITES = frozenset({"record_dispatch", "record_outcome"})
 _ONE_TRIP = {"dispatch": _prepared("dispatch", _DISPATCH), "settle": _prepared("settle", _SETTLE)}
 _RESOLVE = f"{SQL.resolve} RETURNING {INTENT_COLUMNS}"
 _INSERT_DENIAL = f"{SQL.insert_denial} RETURNING id"
+
+# What the newest schema holds that the guarantees rest on (`poimen verify`): keys, the checks
+# on states and classes, the links between rows, and the triggers that keep the history
+# append-only and make the audit chain's links (schema version 10, docs/audit.md).
+CONSTRAINTS = frozenset({
+    "poimen_schema_pkey", "intents_pkey", "intents_call_id_key", "intents_effect_check",
+    "intents_state_check", "attempts_pkey", "attempts_intent_id_fkey", "attempts_outcome_check",
+    "events_pkey", "outbox_pkey", "outbox_delivery_id_key", "denials_pkey", "deliveries_pkey",
+    "deliveries_notification_id_fkey",
+})  # fmt: skip
+TRIGGERS = frozenset({
+    "events_append_only", "events_append_only_t", "denials_append_only", "denials_append_only_t",
+    "audit_pruned_append_only", "audit_pruned_append_only_t",
+})  # fmt: skip
+CHAIN_TRIGGERS = frozenset({
+    "events_chain", "denials_chain", "audit_pruned_chain", "intents_chain_settle",
+})  # fmt: skip
+
+
+def _problems(store: PostgresStore, found: int) -> list[Problem]:
+    if found != migrations("postgres")[-1][0]:
+        return []  # the lists below describe the newest schema
+    out = []
+    rows = store._read(
+        "SELECT c.conname, c.convalidated FROM pg_constraint c "
+        "JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = current_schema()",
+    )
+    have = {str(name): bool(valid) for name, valid in rows}
+    for name in sorted(CONSTRAINTS - have.keys()):
+        out.append(Problem("constraints", f"the constraint {name} is missing"))
+    for name in sorted(n for n in CONSTRAINTS & have.keys() if not have[n]):
+        out.append(Problem("constraints", f"the constraint {name} is NOT VALID"))
+    rows = store._read(
+        "SELECT t.tgname, t.tgenabled FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid "
+        "JOIN pg_namespace n ON n.oid = r.relnamespace "
+        "WHERE n.nspname = current_schema() AND NOT t.tgisinternal",
+    )
+    triggers = {str(name): str(enabled) for name, enabled in rows}
+    for what, names in (("append-only", TRIGGERS), ("audit chain", CHAIN_TRIGGERS)):
+        for name in sorted(names - triggers.keys()):
+            out.append(Problem("triggers", f"the {what} trigger {name} is missing"))
+        for name in sorted(n for n in names & triggers.keys() if triggers[n] == "D"):
+            out.append(Problem("triggers", f"the {what} trigger {name} is disabled"))
+    return out

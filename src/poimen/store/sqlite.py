@@ -1,8 +1,9 @@
 """The embedded default store: SQLite in WAL mode, synchronous=FULL, one writer with group commit.
 
-About 700 lines: the merged writes of a batch (dispatches, outcomes, claims) sit beside the
+About 800 lines: the merged writes of a batch (dispatches, outcomes, claims) sit beside the
 store methods whose statements they merge, so the two are changed together; the writer itself
-is `_group_commit`, the statements both dialects share `_sql`.
+is `_group_commit`, the statements both dialects share `_sql`, `poimen verify`'s checks of a
+SQLite log `_sqlite_checks`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any, NamedTuple, TypeVar
 from poimen._core.audit import sqlite_link
 from poimen._core.intents import Denial, Intent, IntentState, Owner
 from poimen.errors import ReadOnlyStoreError, StoreError, StoreUnavailableError
-from poimen.store._base import INTENT_COLUMNS, NewDispatch, intent_from_row, migrations
+from poimen.store import _sqlite_checks
+from poimen.store._base import INTENT_COLUMNS, NewDispatch, Problem, intent_from_row, migrations
 from poimen.store._chain import Stream
 from poimen.store._dialect import SQLITE
 from poimen.store._fs import refuse_network_fs, sqlite_writes
@@ -497,6 +499,12 @@ class SqliteStore(SqlStore):
         if not rows:
             return 0
         return int(self._read("SELECT COALESCE(MAX(version), 0) FROM poimen_schema")[0][0])
+
+    def integrity(self, found: int) -> tuple[tuple[str, ...], list[Problem]]:
+        return _sqlite_checks.CHECKS, _sqlite_checks.problems(self, found)
+
+    def server_facts(self) -> dict[str, Any]:
+        return _sqlite_checks.facts(self)
 
     def _check_version(self) -> None:
         known = migrations("sqlite")[-1][0]

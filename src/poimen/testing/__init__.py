@@ -50,7 +50,10 @@ from poimen._core.tools import Caps
 from poimen._engine import crashpoints as _crashpoints
 from poimen._kernel import Kernel
 from poimen.errors import DefiniteFailure
-from poimen.testing._provider import LOOKUP_MODES, ProviderClient, ProviderProcess
+
+# From the client module: `python -m poimen.testing._provider` must find its module not yet
+# imported (runpy would run it twice and warn, an error where warnings are errors).
+from poimen.testing._provider_client import LOOKUP_MODES, ProviderClient, ProviderProcess
 
 __all__ = [
     "CHARGE",
