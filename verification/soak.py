@@ -709,8 +709,8 @@ def run_soak(cfg: SoakConfig) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m verification.soak` (`scripts/soak`)."""
-    s = argparse.ArgumentParser(prog="python -m verification.soak", description="the kill soak: "
+    """`python -m verification soak` (`scripts/soak`)."""
+    s = argparse.ArgumentParser(prog="python -m verification soak", description="the kill soak: "
                                 "workers SIGKILLed at random, checked by the provider's ledger "
                                 "(docs/verification.md)")
     s.add_argument("--kills", type=int, default=100)
@@ -743,9 +743,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report.as_json(), indent=1) if ns.json else report.table())
     return 0 if report.ok() else 1
 
-
-if __name__ == "__main__":
-    # Through the imported module: the forkserver's workers unpickle its functions, not __main__'s.
-    from verification.soak import main as _main
-
-    raise SystemExit(_main())

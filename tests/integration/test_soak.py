@@ -6,7 +6,10 @@ witness is doctored (the ledger, a side file, an archive).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +263,19 @@ def test_a_broken_rule_is_caught(tmp_path: Path) -> None:
             return
         tables.append(report.table())
     pytest.fail("8 soaks with the claim rule broken saw no live takeover:\n" + tables[-1])
+
+
+@pytest.mark.timeout(600)
+def test_the_soak_command_runs_where_warnings_are_errors(tmp_path: Path) -> None:
+    # `python -m verification.soak` was the main module its own forkserver preloads: each
+    # worker start ran it twice and warned (an error here, as in many CIs).
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONWARNINGS="error")
+    done = subprocess.run(
+        [sys.executable, "-m", "verification", "soak", "--kills", "3", "--seed", "7",
+         "--workers", "2", "--keep", str(tmp_path / "soak")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=540,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Warning" not in done.stderr, done.stderr[-3000:]
+    assert "0 violations" in done.stdout, done.stdout[-3000:]
