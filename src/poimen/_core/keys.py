@@ -282,18 +282,24 @@ def _framed(h: Any, part: bytes) -> None:
 _PREFIXES: dict[tuple[str, int], Any] = {}
 
 
-def key_hasher(tool_id: str, version: int) -> Callable[[JSONValue], str]:
-    """`hash_key` for one tool id and version, its prefix hashed once (a tool's call plan)."""
+def _key_prefix(tool_id: str, version: int) -> Any:
     prefix = hashlib.sha256(KEY_DOMAIN)
     _framed(prefix, tool_id.encode())
     _framed(prefix, str(version).encode())
+    return prefix
 
-    def key(selected: JSONValue) -> str:
-        h = prefix.copy()
-        _framed(h, canonical(selected, "<key>").encode())
-        return KEY_PREFIX + h.hexdigest()[:48]
 
-    return key
+def _keyed(prefix: Any, selected: JSONValue, path: str) -> str:
+    h = prefix.copy()
+    _framed(h, canonical(selected, path).encode())
+    digest: str = h.hexdigest()
+    return KEY_PREFIX + digest[:48]
+
+
+def key_hasher(tool_id: str, version: int) -> Callable[[JSONValue], str]:
+    """`hash_key` for one tool id and version, its prefix hashed once (a tool's call plan)."""
+    prefix = _key_prefix(tool_id, version)
+    return lambda selected: _keyed(prefix, selected, "<key>")
 
 
 def hash_key(tool_id: str, version: int, selected: JSONValue, path: str = "<key>") -> str:
@@ -303,11 +309,7 @@ def hash_key(tool_id: str, version: int, selected: JSONValue, path: str = "<key>
     cacheable = type(version) is int and type(tool_id) is str
     prefix = _PREFIXES.get((tool_id, version)) if cacheable else None
     if prefix is None:
-        prefix = hashlib.sha256(KEY_DOMAIN)
-        _framed(prefix, tool_id.encode())
-        _framed(prefix, str(version).encode())
+        prefix = _key_prefix(tool_id, version)
         if cacheable and len(_PREFIXES) < 4096:
             _PREFIXES[tool_id, version] = prefix
-    h = prefix.copy()
-    _framed(h, canonical(selected, path).encode())
-    return KEY_PREFIX + h.hexdigest()[:48]
+    return _keyed(prefix, selected, path)
