@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from poimen import (
@@ -62,8 +62,10 @@ class Side:
     def __init__(self, path: Path, *, flat: bool) -> None:
         self.path = path
         self.events: dict[str, list[str]] = {}
+        # A margin of 4 s: a Queryable deadline is stamped again only after a dispatch commit
+        # slower than a second (a quarter of it), a matter of timing, not of the path taken.
         self.kernel = Kernel(f"sqlite:///{path}", worker_id=path.stem, notifiers=[],
-                             deadline_margin=0.05, log_events=False, observers=[Seen(self)])
+                             deadline_margin=4.0, log_events=False, observers=[Seen(self)])
         self.kernel._engine.flat = flat
         self.script: dict[str, tuple[list[str], str]] = {}
         self.runs: dict[str, int] = {}
@@ -158,7 +160,9 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side
 calls = iter(range(1_000_000))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# No explain phase: its tracer, beside the kernels' threads, crashed CPython 3.11 (SIGSEGV).
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
 @given(
     effect=st.sampled_from(EFFECTS),
     runs=st.lists(st.sampled_from(RUNS), min_size=1, max_size=3),
@@ -193,7 +197,7 @@ def test_the_flat_path_decides_with_the_protocols_own_functions() -> None:
     the decision functions the protocol uses, and no others of its own."""
     assert flat.failure_is_final is _decide.failure_is_final is protocol.failure_is_final
     for shared in ("Write", "existing_steps", "fenced_out", "given", "late", "run_steps",
-                   "stamp_deadline", "dispatched"):
+                   "stamp_deadline"):
         assert getattr(flat, shared) is getattr(protocol, shared)
     from poimen._engine import runners
 

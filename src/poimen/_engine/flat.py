@@ -17,9 +17,9 @@ from poimen._core.decide import failure_is_final
 from poimen._core.intents import Intent, Outcome
 from poimen._core.tools import Tool
 from poimen._engine import crashpoints as _crashpoints
+from poimen._engine import hooks as _hooks
 from poimen._engine.protocol import (
     Write,
-    dispatched,
     existing_steps,
     fenced_out,
     given,
@@ -46,7 +46,8 @@ def flat_call(e: Engine, t: Tool, d: NewDispatch, kwargs: dict[str, Any]) -> Out
         intent, created = store.record_dispatch(d)
         if not created:  # the call id is in the log
             return run_sync(e, existing_steps(e, t, intent, d, c))
-        dispatched(e, d, intent)
+        _hooks.dispatched(e, d, intent)
+        _crashpoints.hit("after_dispatch_commit", d.call_id)
         if t.registration.effects.has_deadline:
             started = run_sync(e, stamp_deadline(e, t, intent, d.now))
             if not isinstance(started, Intent):

@@ -109,7 +109,8 @@ def call_steps(
         )
         if not created:
             return (yield from existing_steps(e, t, intent, d, c))
-        dispatched(e, d, intent)
+        _hooks.dispatched(e, d, intent)
+        _crashpoints.hit("after_dispatch_commit", d.call_id)
         if c.cancelled:  # cancelled during the dispatch commit: the tool never ran
             return (
                 yield from _write_outcome(
@@ -123,14 +124,6 @@ def call_steps(
         return (yield from taken(e, out, late(d, c)))
     finally:
         e.holds.drop(d.intent_id)
-
-
-def dispatched(e: Engine, d: NewDispatch, intent: Intent) -> None:
-    """After the dispatch commit of a new intent."""
-    obs = e.observer
-    if obs is not None and obs.wants & TRANSITIONS:
-        obs.dispatched(d, intent)
-    _crashpoints.hit("after_dispatch_commit", d.call_id)
 
 
 def late(d: NewDispatch, c: CallState) -> bool:
