@@ -4,14 +4,16 @@ and events and give the same outcome (docs/design.md §4, "The flat path")."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -20,6 +22,7 @@ from poimen import (
     Caps,
     DefiniteFailure,
     Idempotent,
+    IntentState,
     Kernel,
     KeyDerivation,
     Landed,
@@ -35,7 +38,8 @@ from poimen import events as ev
 from poimen._core import decide as _decide
 from poimen._engine import flat, protocol
 from poimen._engine.flat import flat_call
-from poimen.errors import NotSent
+from poimen.errors import NotSent, StoreUnavailableError
+from poimen.testing import ProviderClient, ProviderProcess, provider_lookup
 
 EFFECTS = ("idempotent", "queryable", "unsafe", "readonly")
 # What the tool does on its n-th run (the last one repeats): return, refuse, never send, or
@@ -256,3 +260,158 @@ def test_a_caller_whose_outcome_is_refused_on_its_fence_answers_what_the_log_say
         t.join(30)
         recoverer.close()
         caller.close()
+
+
+# Deviations the property test does not script, each run on both paths and compared: an
+# interrupt from the tool after its write, the log closed under a running tool, an identical
+# call coalesced in its scope, an async tool's timeout; effects counted by the provider's ledger.
+
+
+def _path_kernel(url: str, flat_path: bool, **kw: Any) -> Kernel:
+    k = Kernel(url, notifiers=[], log_events=False, **kw)
+    k._engine.flat = flat_path
+    return k
+
+
+def _state(k: Kernel, call_id: str) -> tuple[Any, ...]:
+    """The intent's state, reason, attempts, and whether this kernel still holds it."""
+    it = k.store.get_by_call_id(call_id)
+    assert it is not None
+    return it.state, it.reason, it.attempts, it.id in k._engine.holds
+
+
+def _charge(k: Kernel, url: str, after: Callable[[], Any]) -> None:
+    """An Idempotent tool whose keyed write lands, then `after()` decides how it ends."""
+
+    @k.tool(id="charge", effects=Idempotent(key=KeyDerivation.fields("order")),
+            caps=Caps(hosts=(url.split("//")[1],)), timeout=1)
+    def charge(ctx: ToolContext, order: str) -> Any:
+        ctx.http.post(f"{url}/keyed", json={"order": order}).raise_for_status()
+        return after()
+
+
+def _interrupt() -> Any:
+    raise KeyboardInterrupt
+
+
+def test_an_interrupt_after_the_tools_write_leaves_the_same_log_on_both_paths(
+    tmp_path: Path, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """KeyboardInterrupt out of the tool after its write: it reaches the caller, the intent
+    stays DISPATCHED and is no longer held (its lease runs out), and recovery completes it
+    under the same key: one effect."""
+
+    def one(flat_path: bool) -> tuple[Any, ...]:
+        url = f"sqlite:///{tmp_path / f'{flat_path}.db'}"
+        with _path_kernel(url, flat_path, lease_ttl=0.3) as k:
+            _charge(k, provider.url, _interrupt)
+            with pytest.raises(KeyboardInterrupt):
+                k.call("charge", {"order": f"o-{flat_path}"}, call_id="c")
+            left = _state(k, "c")
+        with _path_kernel(url, True, lease_ttl=0.3) as r:
+            _charge(r, provider.url, lambda: "recovered")
+            it = r.store.get_by_call_id("c")
+            assert it is not None
+            while (it.lease_expires_at or 0) > r.store.now():  # waits on the row's lease
+                time.sleep(0.02)
+            r.recover()
+            return left, _state(r, "c")
+
+    seen = [one(True), one(False)]
+    assert seen[0] == seen[1]
+    assert seen[0][0] == (IntentState.DISPATCHED, None, 1, False)
+    assert seen[0][1][0] == IntentState.COMPLETED
+    assert ledger.count(kind="keyed") == 2  # one effect per path's order
+
+
+def test_the_log_closed_under_a_running_tool_leaves_the_same_log_on_both_paths(
+    tmp_path: Path, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """The outcome commit fails (the store was closed while the tool ran): the error reaches
+    the caller, the hold is released, and the intent stays DISPATCHED on both paths."""
+
+    def one(flat_path: bool) -> tuple[Any, ...]:
+        url = f"sqlite:///{tmp_path / f'{flat_path}.db'}"
+        k = _path_kernel(url, flat_path)
+        _charge(k, provider.url, k.store.close)
+        with pytest.raises(StoreUnavailableError):
+            k.call("charge", {"order": f"o-{flat_path}"}, call_id="c")
+        held = k._engine.holds.ids()
+        k.close()
+        with _path_kernel(url, True) as reader:
+            return held, _state(reader, "c")
+
+    seen = [one(True), one(False)]
+    assert seen[0] == seen[1]
+    assert seen[0] == ([], (IntentState.DISPATCHED, None, 1, False))
+    assert ledger.count(kind="keyed") == 2
+
+
+def test_an_identical_call_in_its_scope_is_coalesced_alike_on_both_paths(
+    tmp_path: Path, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """A second call id for an identical call in the same scope, while the first runs: not
+    dispatched again, answered Pending, then with the first's outcome (issue 22)."""
+
+    def one(flat_path: bool) -> tuple[Any, ...]:
+        url = f"sqlite:///{tmp_path / f'{flat_path}.db'}"
+        started, release = threading.Event(), threading.Event()
+        runs: list[str] = []
+        args = {"to": f"a-{flat_path}"}
+        with _path_kernel(url, flat_path, wait_bound=0.2) as k:
+
+            @k.tool(id="mail", effects=Unsafe(), caps=Caps(hosts=(provider.url.split("//")[1],)),
+                    timeout=5)
+            def mail(ctx: ToolContext, to: str) -> Any:
+                runs.append(ctx.call_id)
+                started.set()
+                assert release.wait(30)
+                return ctx.http.post(f"{provider.url}/plain", json={"to": to}).json()
+
+            got: list[Any] = []
+            t = threading.Thread(
+                target=lambda: got.append(k.call("mail", args, call_id="s/1", scope="s")))
+            t.start()
+            try:
+                assert started.wait(30)
+                second = k.call("mail", args, call_id="s/2", scope="s")
+            finally:
+                release.set()
+                t.join(30)
+            again = k.call("mail", args, call_id="s/2", scope="s")
+            return (second, type(got[0]).__name__, second.intent_id == got[0].intent_id,
+                    again == got[0], runs)
+
+    seen = [one(True), one(False)]
+    assert [s[1:] for s in seen] == [("Completed", True, True, ["s/1"])] * 2
+    assert [s[0].reason for s in seen] == ["in_flight"] * 2
+    assert ledger.count(kind="plain") == 2
+
+
+def test_an_async_tools_timeout_in_a_sync_call_is_settled_alike_on_both_paths(
+    tmp_path: Path, provider: ProviderProcess, ledger: ProviderClient
+) -> None:
+    """An async Queryable tool whose request landed and whose answer never came within its
+    timeout: an unknown outcome the lookup settles, on both paths, with one effect each."""
+
+    def one(flat_path: bool) -> tuple[Any, ...]:
+        url = f"sqlite:///{tmp_path / f'{flat_path}.db'}"
+        client = httpx.Client(base_url=provider.url, timeout=10)
+        with _path_kernel(url, flat_path, deadline_margin=0.05) as k:
+            k.on_close(client.close)
+
+            @k.tool(id="ship", effects=Queryable(lookup=provider_lookup(provider.url, client)),
+                    caps=Caps(hosts=(provider.url.split("//")[1],)), timeout=0.3)
+            async def ship(ctx: ToolContext, order: str) -> Any:
+                assert ctx.request_id is not None
+                client.post("/requests", json={"order": order},
+                            headers={"X-Request-Id": ctx.request_id}).raise_for_status()
+                await asyncio.sleep(5)
+
+            out = k.call("ship", {"order": f"o-{flat_path}"}, call_id="q")
+            return type(out).__name__, _state(k, "q")
+
+    seen = [one(True), one(False)]
+    assert seen[0] == seen[1] == (
+        "Completed", (IntentState.COMPLETED, "landed_by_lookup", 1, False))
+    assert ledger.count(kind="request") == 2

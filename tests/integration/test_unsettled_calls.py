@@ -383,13 +383,16 @@ def slow_kernel(store_url: str, provider: str, started: threading.Event,
     return k
 
 
+# Both of Kernel.call's paths: the flat one and the generator protocol (docs/design.md §4).
+@pytest.mark.parametrize("flat_path", [True, False], ids=["flat", "protocol"])
 def test_a_caller_that_settled_its_call_after_a_recovery_seize_owes_no_answer(
     store_url: str, provider: ProviderProcess, ledger: ProviderClient,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, flat_path: bool,
 ) -> None:
     started, release = threading.Event(), threading.Event()
     monkeypatch.setattr(Kernel, "_renew", lambda self: None)  # renewals starved: a pause
     caller = slow_kernel(store_url, provider.url, started, release)
+    caller._engine.flat = flat_path
     recoverer = slow_kernel(store_url, provider.url, threading.Event(), threading.Event())
     got: list[Any] = []
     order = {"order_id": "o-9"}

@@ -54,6 +54,8 @@ T_UNSETTLED = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite or not
 T_OWED = ("tests/integration/test_unsettled_calls.py", "-k",
           "sqlite and (recovery_settled or given_once or operator_decided)")
 T_FENCED = ("tests/integration/test_flat_path.py", "-k", "refused_on_its_fence")
+T_FLAT_RAISED = ("tests/integration/test_flat_path.py", "-k", "interrupt_after or log_closed")
+T_LATE = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite and settled_its_call")
 T_TX = ("tests/integration/test_transactional.py",)
 T_TX_CRASH = ("tests/crash/test_transactional_crash.py", "-k", "sqlite")
 # The crash tests of the provider-backed classes (Transactional's have mutants of their own).
@@ -113,6 +115,18 @@ MUTANTS: list[Mutant] = [
            "what the log says", FLAT,
            'out = w.settled(e, intent) if ok else run_sync(e, fenced_out(e, intent, "outcome"))',
            "out = w.settled(e, intent)", T_FENCED),
+    Mutant("flat-hold-kept", "a call that ends, raised or not, holds its intent no more (its "
+           "lease runs out)", FLAT, "        e.holds.drop(d.intent_id)\n", "        pass\n",
+           T_FLAT_RAISED),
+    Mutant("protocol-hold-kept", "a call that ends, raised or not, holds its intent no more "
+           "(its lease runs out)", PROTOCOL, "        e.holds.drop(d.intent_id)\n",
+           "        pass\n", T_FLAT_RAISED),
+    Mutant("flat-late-untaken", "a caller seized after its lease ran out takes its answer, on "
+           "the flat path", FLAT, "        return given(store, out) if late(d, c) else out",
+           "        return out", T_LATE),
+    Mutant("protocol-late-untaken", "a caller seized after its lease ran out takes its answer, "
+           "on the generator protocol", PROTOCOL,
+           "        return (yield from taken(e, out, late(d, c)))", "        return out", T_LATE),
     Mutant("protocol-fenced-settled", "an outcome commit refused on its fence answers what the "
            "log says", PROTOCOL, '    return (yield from fenced_out(e, intent, "outcome"))',
            "    return w.settled(e, intent)", T_FENCED),
