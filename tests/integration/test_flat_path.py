@@ -31,6 +31,7 @@ from poimen import (
     ReadOnly,
     Retry,
     ToolContext,
+    Transactional,
     Unknown,
     Unsafe,
 )
@@ -415,3 +416,48 @@ def test_an_async_tools_timeout_in_a_sync_call_is_settled_alike_on_both_paths(
     assert seen[0] == seen[1] == (
         "Completed", (IntentState.COMPLETED, "landed_by_lookup", 1, False))
     assert ledger.count(kind="request") == 2
+
+
+@pytest.mark.parametrize("setup", ["sqlite-own", "sqlite-other"])
+@pytest.mark.parametrize("ending", ["returns", "refused", "raises", "interrupted"])
+def test_a_transactional_call_is_settled_alike_on_both_paths(
+    tmp_path: Path, setup: str, ending: str
+) -> None:
+    """A Transactional tool's write, then an ending: on the log's own database (its outcome
+    commits with the write: the flat path hands it to the protocol) and on another one, the
+    same answer, row, events and witness rows on both paths."""
+    from tests.integration.transactional_app import databases, rows
+
+    def one(flat_path: bool) -> tuple[Any, ...]:
+        base = tmp_path / str(flat_path)
+        base.mkdir()
+        with databases(setup, base) as (log, app):
+            side = Side.__new__(Side)
+            side.events = {}
+            k = Kernel(log, notifiers=[], log_events=False, observers=[Seen(side)])
+            k._engine.flat = flat_path
+
+            @k.tool(id="note", effects=Transactional(database=app), caps=Caps(), timeout=5)
+            def note(ctx: ToolContext, text: str) -> Any:
+                ctx.tx.execute("INSERT INTO notes (call_id, text) VALUES (?, ?)",
+                               (ctx.call_id, text))
+                match ending:
+                    case "refused":
+                        raise DefiniteFailure("refused")
+                    case "raises":
+                        raise ConnectionResetError("reset")
+                    case "interrupted":
+                        raise KeyboardInterrupt
+                return {"attempt": ctx.attempt}
+
+            try:
+                out: Any = k.call("note", {"text": "t"}, call_id="n")
+            except KeyboardInterrupt:
+                out = "interrupted"
+            state = _state(k, "n")
+            k.close()
+            answer = out if isinstance(out, str) else type(out).__name__
+            return answer, state, rows(app, "n"), side.events.get("n")
+
+    seen = [one(True), one(False)]
+    assert seen[0] == seen[1]

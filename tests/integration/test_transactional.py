@@ -270,6 +270,35 @@ def test_a_transaction_that_outlives_the_timeout_is_rolled_back(dbs: tuple[str, 
     assert rows(app, "t1") == 1
 
 
+@pytest.mark.parametrize("flat_path", [True, False], ids=["flat", "protocol"])
+@pytest.mark.parametrize("setup", ["sqlite-own", "sqlite-other"])
+def test_an_interrupt_out_of_a_sync_tool_rolls_its_transaction_back(
+    tmp_path: Path, setup: str, flat_path: bool
+) -> None:
+    """KeyboardInterrupt out of the tool (on either path of `Kernel.call`): the interrupt
+    reaches the caller and the attempt's transaction is rolled back at once, as a cancelled
+    async tool's is; left open, it would hold SQLite's write lock (on the log's own database:
+    every write of the log) until the kernel closed."""
+    with databases(setup, tmp_path) as (log, app), make_kernel(log, app) as k:
+        k._engine.flat = flat_path
+
+        def interrupted(ctx: ToolContext) -> None:
+            _insert(ctx)
+            raise KeyboardInterrupt
+
+        tx_tool(k, app, "tx.interrupted", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            k.call("tx.interrupted", {}, call_id="i1")
+        free = sqlite3.connect(app[len("sqlite:///"):], timeout=0, isolation_level=None)
+        try:
+            free.execute("BEGIN IMMEDIATE")  # no transaction of the tool holds the lock
+            free.execute("ROLLBACK")
+        finally:
+            free.close()
+        assert rows(app, "i1") == 0
+        assert isinstance(k.call(NOTE, {"text": "next"}, call_id="i2"), Completed)
+
+
 def test_an_async_tool_writes_once(tmp_path: Path) -> None:
     with databases("sqlite-other", tmp_path) as (log, app), make_kernel(log, app) as k:
 

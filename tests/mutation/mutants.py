@@ -115,6 +115,9 @@ MUTANTS: list[Mutant] = [
            "what the log says", FLAT,
            'out = w.settled(e, intent) if ok else run_sync(e, fenced_out(e, intent, "outcome"))',
            "out = w.settled(e, intent)", T_FENCED),
+    Mutant("tx-interrupt-kept-open", "an interrupt out of a sync Transactional tool rolls its "
+           "transaction back at once", RUNNERS, '            tx._abort("the call was interrupted")',
+           "            pass", ("tests/integration/test_transactional.py", "-k", "interrupt_out")),
     Mutant("flat-hold-kept", "a call that ends, raised or not, holds its intent no more (its "
            "lease runs out)", FLAT, "        e.holds.drop(d.intent_id)\n", "        pass\n",
            T_FLAT_RAISED),

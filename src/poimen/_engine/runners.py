@@ -121,6 +121,10 @@ def invoke_sync(e: Engine, step: Invoke) -> Run:
             value = t.fn(ctx, **step.kwargs)
     except Exception as exc:  # timeouts included: the outcome is unknown
         return _end(e, tx, classify(exc, ctx))
+    except BaseException:  # an interrupt: the transaction never commits, nor holds its locks
+        if tx is not None:
+            tx._abort("the call was interrupted")
+        raise
     finally:
         if scope is not None:
             scope.end()
