@@ -461,3 +461,45 @@ def test_a_transactional_call_is_settled_alike_on_both_paths(
 
     seen = [one(True), one(False)]
     assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("module", ["flat", "runners"])
+@pytest.mark.parametrize("flat_path", [True, False], ids=["flat", "protocol"])
+@pytest.mark.parametrize("first", ["returns", "other"])
+def test_an_interrupt_anywhere_in_the_flat_path_leaves_no_dispatched_intent_held(
+    tmp_path: Path, first: str, flat_path: bool, module: str
+) -> None:
+    """A signal whose handler raises (as Ctrl-C's does), landed at every point of the flat
+    path where one can land: it reaches the caller, and no intent in the log stays held (its
+    lease would be renewed for ever, and recovery would never take it)."""
+    from tests.interrupts import Interrupted, every_point, raising_handler
+
+    from poimen._engine import runners
+
+    if module == "flat" and not flat_path:
+        pytest.skip("the protocol does not enter the flat path")
+    with Kernel(f"sqlite:///{tmp_path / 'log.db'}", notifiers=[], log_events=False) as k:
+        k._engine.flat = flat_path
+        ran: dict[str, int] = {}
+
+        @k.tool(id="charge", effects=Idempotent(key=KeyDerivation.fields("n")), caps=Caps(),
+                timeout=1, retry=Retry(attempts=3, initial=0.001, maximum=0.002))
+        def charge(ctx: ToolContext, n: int) -> Any:
+            ran[ctx.call_id] = ran.get(ctx.call_id, 0) + 1
+            if first == "other" and ran[ctx.call_id] == 1:
+                raise ConnectionResetError("reset mid-call")
+            return n
+
+        def scenario(inj: Any) -> None:
+            call_id = f"i{inj.at}"
+            try:
+                with inj:
+                    k.call("charge", {"n": inj.at}, call_id=call_id)
+            except Interrupted:
+                assert inj.fired
+            held = [i for i in k._engine.holds.ids() if k.store.get_intent(i) is not None]
+            assert held == [], inj.where
+
+        with raising_handler():
+            points = every_point((flat if module == "flat" else runners).__file__, scenario)
+    assert points > 10
