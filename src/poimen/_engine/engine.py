@@ -32,6 +32,7 @@ from poimen._core.spec import ToolSpec, safe_name, spec_of
 from poimen._core.tools import Tool, ToolRegistration, build_tool
 from poimen._core.undo import UndoArgs, UndoRule, undo_rule
 from poimen._engine import hooks as _hooks
+from poimen._engine.hooks import CALLS
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
 from poimen._engine.protocol import Approval, answer, call_steps, given, orphan_steps
@@ -400,8 +401,8 @@ class Engine:
         self.on_call()
         steps = call_steps(self, t, d, kwargs, CallState(), approval)
         obs = self.observer
-        if obs is not None and _hooks.calls_wanted(obs):
-            return _hooks.observed_call(obs, d, lambda: run_sync(self, steps))
+        if obs is not None and (_hooks.calls_wanted(obs) if obs.watching else obs.wants & CALLS):
+            return _hooks.observed_call(obs, d, run_sync, self, steps)
         return run_sync(self, steps)
 
     async def arun_call(
@@ -422,7 +423,7 @@ class Engine:
         approval = self.approval(t, d)
         run = run_async(self, call_steps(self, t, d, kwargs, c, approval), c)
         obs = self.observer
-        if obs is not None and _hooks.calls_wanted(obs):
+        if obs is not None and (_hooks.calls_wanted(obs) if obs.watching else obs.wants & CALLS):
             return await _hooks.observed_acall(obs, d, run)
         return await run
 
