@@ -80,10 +80,12 @@ def _observed(what: str, n: int, workdir: Path) -> None:
     """bench.observe's `Kernel.call`: without observers ("observed"), with the OpenTelemetry
     SDK observer, or wrapped by hand in the same span and point (`bench.observe.ByHand`, the
     SDK's floor); the differences to "observed" are what each adds."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
     from bench.observe import TOOL, ByHand, _kernel, _sdk
     from poimen.otel import OpenTelemetry
 
-    tp, mp = _sdk()
+    tp, mp = _sdk(processor=SimpleSpanProcessor)  # no thread: the same count each run
     observers = [OpenTelemetry(tracer_provider=tp, meter_provider=mp)] if what == "otel" else []
     kernel = _kernel(workdir / "poimen.db", "OFF", observers, False)
     kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
