@@ -85,7 +85,7 @@ def _observed(what: str, n: int, workdir: Path) -> None:
     from bench.observe import TOOL, ByHand, _kernel, _sdk
     from poimen.otel import OpenTelemetry
 
-    tp, mp = _sdk(processor=SimpleSpanProcessor)  # no thread: the same count each run
+    tp, mp = _sdk(processor=SimpleSpanProcessor)  # no thread of its own to count
     observers = [OpenTelemetry(tracer_provider=tp, meter_provider=mp)] if what == "otel" else []
     kernel = _kernel(workdir / "poimen.db", "OFF", observers, False)
     kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]

@@ -109,7 +109,11 @@ def _present(kind: type[ev.KernelEvent], names: tuple[str, ...]) -> tuple[tuple[
 
 otel_trace.get_tracer_provider()
 otel_metrics.get_meter_provider()
-_METRICS_API = sys.modules[otel_metrics.get_meter_provider.__module__]
+# Where the metrics API keeps its global (`get_meter_provider.__module__` names the package
+# that re-exports it, which has no such attribute).
+_METRICS_API = sys.modules.get("opentelemetry.metrics._internal") or sys.modules[
+    otel_metrics.get_meter_provider.__module__
+]
 
 
 def _global_tracer_provider() -> Any:
@@ -208,11 +212,21 @@ class OpenTelemetry(ev.Observer):
         )
         self.wants = 0
         self.watching = True
+        self._seen: tuple[Any, Any] = (_UNKNOWN, _UNKNOWN)
         self.refresh()
 
     def refresh(self) -> None:
         """What to ask for: everything if an SDK traces or measures, else nothing; looked
         at again while the global tracer provider may still be set."""
+        # Asked at each call while watching: the same global providers as last time, the
+        # same answer.
+        seen = (
+            getattr(otel_trace, "_TRACER_PROVIDER", _UNKNOWN),
+            getattr(_METRICS_API, "_METER_PROVIDER", _UNKNOWN),
+        )
+        if seen == self._seen and _UNKNOWN not in seen:
+            return
+        self._seen = seen
         tp, mp = self._providers
         tp = _global_tracer_provider() if tp is None else tp
         mp = _global_meter_provider() if mp is None else mp
