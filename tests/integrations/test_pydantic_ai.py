@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
+import httpx
 import pytest
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import (
@@ -19,7 +22,16 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from poimen import Completed, Indeterminate, Kernel, Resolved, call_ids
+from poimen import (
+    Caps,
+    Completed,
+    Indeterminate,
+    Kernel,
+    Resolved,
+    ToolContext,
+    Unsafe,
+    call_ids,
+)
 from poimen.errors import PoimenError
 from poimen.integrations.pydantic_ai import PoimenToolset, deferred_results
 from poimen.testing import EMAIL, ProviderClient
@@ -170,6 +182,49 @@ def test_deferred_calls_resume_with_the_operators_decision(kernel: Kernel) -> No
     [seen] = script.seen
     outcome = kernel.outcome(details["call_id"])
     assert isinstance(outcome, Resolved) and seen.model_response_str() == outcome.for_model()
+
+
+def test_a_call_still_pending_ends_the_run_deferred_and_resumes_with_its_one_effect(
+    sqlite_url: str, provider: Any, ledger: ProviderClient
+) -> None:
+    # The identical call is in flight in another thread (its owner alive): the model's call
+    # waits `pending_wait`, is still Pending, and ends the run through PydanticAI's deferral;
+    # once the first settles, the resumed run gets its result. One email.
+    release = threading.Event()
+    k = Kernel(sqlite_url, notifiers=[], wait_bound=0.1)
+
+    @k.tool(id="mail.slow", effects=Unsafe(), caps=Caps(), timeout=60)
+    def slow(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email over a slow connection."""
+        assert release.wait(60)
+        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
+
+    with k:
+        call_id = call_ids.derived("conv-1", "mail.slow", BOB, 1)
+        first = threading.Thread(target=k.call, args=("mail.slow", BOB),
+                                 kwargs={"call_id": call_id, "scope": "conv-1"})
+        first.start()
+        try:
+            while k.store.get_by_call_id(call_id) is None:
+                time.sleep(0.01)
+            script = Script([("mail_slow", BOB, "t1")])
+            a = agent(k, script, defer=True, pending_wait=0.2)
+            ended = run(a, "email bob")
+            requests = ended.output
+            assert isinstance(requests, DeferredToolRequests) and script.seen == []
+            details = requests.metadata["t1"]["poimen"]
+            assert details["outcome"] == "Pending" and details["call_id"] == call_id
+            assert ledger.count(kind="plain") == 0
+        finally:
+            release.set()
+            first.join(60)
+        results = asyncio.run(deferred_results(k, requests, timeout=30))
+        resumed = run(a, message_history=ended.all_messages(), deferred_tool_results=results)
+        assert resumed.output == "done"
+        [seen] = script.seen
+        done = k.outcome(call_id)
+        assert isinstance(done, Completed) and seen.content == done.result
+    assert ledger.count(kind="plain") == 1
 
 
 def test_a_handler_resolves_deferred_calls_inline(kernel: Kernel) -> None:

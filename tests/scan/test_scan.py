@@ -43,9 +43,13 @@ def sarif_schema() -> dict[str, Any]:
 
 def test_every_framework_has_a_fixture_with_writes_reads_and_poimen() -> None:
     assert FRAMEWORKS == ["crewai", "langgraph", "mcp", "openai_agents", "pydantic_ai"]
-    kinds = [k for d in FRAMEWORKS for f in (FIXTURES / d).glob("*.py")
-             for k in expected(f).values()]
-    assert {k[0] for k in kinds} == {"error", "warning", "none", "poimen"}
+    kinds = {d: {k[0] for f in (FIXTURES / d).glob("*.py") for k in expected(f).values()}
+             for d in FRAMEWORKS}
+    # Each framework's true positives and both deliberate negatives: a read-only tool, and a
+    # tool already under poimen.
+    assert {d: {"error", "none", "poimen"} - k for d, k in kinds.items()} == {
+        d: set() for d in FRAMEWORKS}
+    assert set().union(*kinds.values()) == {"error", "warning", "none", "poimen"}
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
