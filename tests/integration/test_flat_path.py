@@ -472,9 +472,8 @@ def test_an_interrupt_anywhere_in_the_flat_path_leaves_no_dispatched_intent_held
     """A signal whose handler raises (as Ctrl-C's does), landed at every point of the flat
     path where one can land: it reaches the caller, and no intent in the log stays held (its
     lease would be renewed for ever, and recovery would never take it)."""
-    from tests.interrupts import Interrupted, every_point, raising_handler
-
     from poimen._engine import runners
+    from tests.interrupts import Interrupted, every_point, raising_handler
 
     if module == "flat" and not flat_path:
         pytest.skip("the protocol does not enter the flat path")
