@@ -286,11 +286,11 @@ class Kernel(Runtime):
         if fn is None:
             _observe.check_kind(kind)
             return lambda f: self.on(kind, f)
-        return _observe.subscribe(self, kind, fn)
+        return _observe.subscribe(self._engine, kind, fn)
 
     def off(self, kind: type[E], fn: Callable[[E], object]) -> None:
         """Stop calling `fn` for `kind` (as registered with `on`)."""
-        _observe.unsubscribe(self, kind, fn)
+        _observe.unsubscribe(self._engine, kind, fn)
 
     def denials(
         self, tool_id: str | None = None, since: float | None = None, *, limit: int = 1000
@@ -417,7 +417,7 @@ class Kernel(Runtime):
         arguments instead; returns the edited call (docs/approvals.md)."""
         if args is not None:
             return _approval.approve_edited(
-                self, intent_id, operator=operator, reason=reason, args=args
+                self._engine, intent_id, operator=operator, reason=reason, args=args
             )
         return _decisions.decide_approval(
             self._engine, intent_id, approve=True, operator=operator, reason=reason
@@ -444,7 +444,7 @@ class Kernel(Runtime):
         its undo is Idempotent; an undo that fails, or whose outcome is unknown, stops the
         sequence there. `operator` (who asks; an `Identity` also records how they were known) and
         `reason` go into the audit; `dry_run` only reports what would be done (docs/undo.md)."""
-        return _undo.undo(self, scope, operator=operator, reason=reason, dry_run=dry_run)
+        return _undo.undo(self._engine, scope, operator=operator, reason=reason, dry_run=dry_run)
 
     async def aundo(
         self,

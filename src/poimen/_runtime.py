@@ -2,7 +2,8 @@
 
 `Kernel` (`poimen._kernel`) is the public face and subclasses `Runtime`: its constructor hands
 its arguments to `_build`, `close` runs `_shut`, and a forked child runs `_after_fork_in_child`
-(`poimen._engine.workers`). What each part does is its own module's: the engine
+(`poimen._engine.workers`); `engine_of` is how poimen's own modules that are handed a kernel
+reach its engine. What each part does is its own module's: the engine
 (`poimen._engine.engine`) runs the calls, `Upkeep` the background duties, `Aids` evidence and
 escalation, `poimen._observe` the observers, `poimen.sandbox._modes` shadow and replay.
 """
@@ -17,9 +18,6 @@ from typing import Literal
 from poimen import _observe
 from poimen._aids import Aids
 from poimen._capability.context import Issuer
-from poimen._core.approval import ApprovalRule
-from poimen._core.tools import Tool
-from poimen._core.undo import UndoRule
 from poimen._engine import crashpoints as _crashpoints
 from poimen._engine import hooks as _hooks
 from poimen._engine import runners as _runners
@@ -136,9 +134,9 @@ class Runtime:
             publish_every=audit_head_every or 3600.0,
         )
         self.checks = {}
-        _observe.setup(self, observers, log_events)
+        _observe.setup(self._engine, self, observers, log_events)
         # Logging configured later is looked for at each call and pass (_observe.relog).
-        self._log_watch = _observe.watching(self, log_events)
+        self._log_watch = _observe.watching(self._engine, log_events)
         LIVE.add(self)
         # Shadow and replay answer calls without effects: poimen.sandbox._modes, docs/sandbox.md.
         try:
@@ -153,18 +151,6 @@ class Runtime:
     @property
     def _closed(self) -> bool:
         return self._engine.closed
-
-    @property
-    def _tools(self) -> dict[str, Tool]:
-        return self._engine.tools
-
-    @property
-    def _approvals(self) -> dict[str, ApprovalRule]:
-        return {k: r.approval for k, r in self._engine.records.items() if r.approval}
-
-    @property
-    def _undos(self) -> dict[str, UndoRule]:
-        return {k: r.undo for k, r in self._engine.records.items() if r.undo}
 
     def _shut(self) -> None:
         """`Kernel.close`: the duties stop, cancelled calls finish settling, then the close
@@ -217,7 +203,7 @@ class Runtime:
         """Install poimen's logging once it was configured after the kernel was made."""
         if self._log_watch and _observe.logging_wanted():
             self._log_watch = False
-            _observe.relog(self)
+            _observe.relog(self._engine, self)
 
     def _emit(self, event: KernelEvent) -> None:
         _hooks.point(self._engine, lambda base: event)
@@ -227,3 +213,10 @@ class Runtime:
         never holds up the caller (nor other callers behind the delivery lock)."""
         _crashpoints.hit("before_notify")
         self._upkeep.notify_soon()
+
+
+def engine_of(kernel: Runtime) -> Engine:
+    """The engine a kernel runs on, for poimen's own modules that are handed a `Kernel` (an
+    observer's `bind`, the integrations, the soak); not public API. The kernel's own parts are
+    handed the engine when they are made or called."""
+    return kernel._engine
