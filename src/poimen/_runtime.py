@@ -26,7 +26,13 @@ from poimen._engine.engine import Engine, Settings
 from poimen._engine.liveness import current_owner
 from poimen._engine.notify import LogNotifier, Notifier, notifier_names
 from poimen._engine.upkeep import Upkeep
-from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
+from poimen._engine.workers import (
+    LIVE,
+    Live,
+    claim_worker_id,
+    forget_worker_id,
+    release_worker_id,
+)
 from poimen.errors import PoimenError
 from poimen.events import KernelEvent, Observer
 from poimen.sandbox import _modes as _sandbox
@@ -50,6 +56,7 @@ class Runtime:
     _upkeep: Upkeep
     _sandbox: _sandbox.Sandbox | None
     _on_close: list[Callable[[], object]]
+    _live: Live  # this kernel in the process's registry (poimen._engine.workers)
     _log_watch: bool
     _given_worker_id: str | None
     _given_host: str | None
@@ -95,11 +102,12 @@ class Runtime:
         self._given_worker_id = worker_id
         self._given_host = host
         owner = current_owner(worker_id, host)
-        claim_worker_id(owner.worker_id, self)
+        self._live = Live(self._after_fork_in_child)
+        claim_worker_id(owner.worker_id, self._live)
         try:
             self.store = open_store(store) if isinstance(store, str) else store
         except BaseException:
-            release_worker_id(owner.worker_id, self)
+            release_worker_id(owner.worker_id, self._live)
             raise
         self.mode = mode
         self.notifiers = list(notifiers) if notifiers is not None else [LogNotifier()]
@@ -137,7 +145,7 @@ class Runtime:
         _observe.setup(self._engine, self, observers, log_events)
         # Logging configured later is looked for at each call and pass (_observe.relog).
         self._log_watch = _observe.watching(self._engine, log_events)
-        LIVE.add(self)
+        LIVE.add(self._live)
         # Shadow and replay answer calls without effects: poimen.sandbox._modes, docs/sandbox.md.
         try:
             self._sandbox = _sandbox.attach(
@@ -157,7 +165,7 @@ class Runtime:
         hooks, pools, observers and the store close, in that order. Idempotent."""
         if self._closed:
             return
-        self._engine.closed = True
+        self._engine.closed = self._live.closed = True
         self._aids.gatherer.close()
         self._upkeep.stop(within=10.0)
         _runners.wait_continuations(self._engine, within=30.0)
@@ -170,8 +178,8 @@ class Runtime:
         if self._engine.observer is not None:
             self._engine.observer.close()
         self.store.close()
-        release_worker_id(str(self._engine.owner.worker_id), self)
-        LIVE.discard(self)
+        release_worker_id(str(self._engine.owner.worker_id), self._live)
+        LIVE.discard(self._live)
 
     def _after_fork_in_child(self) -> None:
         """A forked child is another process: a new identity, no calls of the parent's, its
@@ -180,7 +188,7 @@ class Runtime:
         owner = current_owner(f"{given}.{os.getpid()}" if given else None, self._given_host)
         self._engine.after_fork(owner)
         forget_worker_id(old)
-        claim_worker_id(owner.worker_id, self)
+        claim_worker_id(owner.worker_id, self._live)
         _observe.after_fork(self._engine)
         self._issuer.after_fork()
         self._aids.after_fork()

@@ -7,9 +7,9 @@ classes' private members and the expression is neither ``self``/``cls`` nor an i
 or a name an import bound (``poimen._engine`` is a package, ``m._emit`` a function of the module
 imported as ``m``). A module whose own classes define a private
 of the same name (``_observe.Observation._engine``) may use it, except on a receiver named or
-annotated as a kernel, runtime or engine. A lower layer that declares in a `Protocol` what it
-needs of a kernel (`_engine/workers.py`'s `Kernel`: `_closed`, `_after_fork_in_child`) has a
-typed, named surface, checked by mypy against `Runtime`: its uses are not reaches.
+annotated as a kernel, runtime or engine. A lower layer is handed what it needs (the engine,
+`_engine/workers.py`'s `Live`), never a `Protocol` of a kernel's privates: a private declared
+in one counts as the module's own, and would hide its reaches from this scan.
 """
 
 from __future__ import annotations
@@ -31,21 +31,12 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def _protocol(cls: ast.ClassDef) -> bool:
-    return any(ast.unparse(b).endswith("Protocol") for b in cls.bases)
-
-
-def class_privates(
-    tree: ast.Module, only: str | None = None, protocols: bool | None = None
-) -> set[str]:
-    """The private members the module's classes (or the one named `only`; or only its
-    `Protocol`s, or none of them) define: methods, class-level annotations, and
-    ``self._x = ...`` in their methods."""
+def class_privates(tree: ast.Module, only: str | None = None) -> set[str]:
+    """The private members the module's classes (or the one named `only`) define: methods,
+    class-level annotations, and ``self._x = ...`` in their methods."""
     found: set[str] = set()
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         if only is not None and cls.name != only:
-            continue
-        if protocols is not None and _protocol(cls) != protocols:
             continue
         for node in ast.walk(cls):
             match node:
@@ -87,7 +78,6 @@ def _suspect(receiver: ast.expr, annotations: dict[str, str]) -> bool:
 def reaches(path: Path, privates: set[str]) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     own = class_privates(tree)
-    declared = class_privates(tree, protocols=True)
     modules = _modules(tree)
     annotations = {
         a.arg: ast.unparse(a.annotation)
@@ -103,7 +93,7 @@ def reaches(path: Path, privates: set[str]) -> list[str]:
             receiver.id in ("self", "cls") or receiver.id in modules
         ):
             continue
-        if node.attr in declared or (node.attr in own and not _suspect(receiver, annotations)):
+        if node.attr in own and not _suspect(receiver, annotations):
             continue
         where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
