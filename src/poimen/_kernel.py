@@ -23,7 +23,6 @@ from poimen._core.retry import Retry
 from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, Tool, ToolRegistration
 from poimen._core.undo import UndoArgs
-from poimen._engine import runners as _runners
 from poimen._engine.engine import Settings
 from poimen._engine.evidence import Evidence, Found, Gather
 from poimen._engine.notify import Notifier
@@ -35,7 +34,6 @@ from poimen.events import KernelEvent, Observer
 from poimen.operator import _decisions
 from poimen.operator._ops import Identity
 from poimen.store import Store
-from poimen.store._base import NewDispatch
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -375,14 +373,6 @@ class Kernel(Runtime):
         call itself is settled with its real outcome (a sync tool's thread is followed until
         it returns), and nothing new (retry, lookup) starts for it."""
         return await self._engine.arun_call(tool, args, call_id=call_id, scope=scope)
-
-    def _prepare(
-        self, tool: str, args: Mapping[str, Any], call_id: str, scope: str | None = None
-    ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
-        return self._engine.prepare(tool, args, call_id, scope)
-
-    def _context(self, t: Tool, intent: Intent) -> ToolContext:
-        return _runners.context(self._engine, t, intent)
 
     # Recovery and the operator path.
 
