@@ -29,6 +29,8 @@ from bench._util import Row, fresh
 from poimen import Caps, Completed, Idempotent, Kernel, KeyDerivation, ToolContext
 from poimen._capability import guard as _guard
 from poimen._capability.context import ToolContext as _Ctx
+from poimen._engine import runners as _runners
+from poimen._runtime import engine_of
 from poimen.store.sqlite import SqliteStore
 
 GROUP = "6 capability"
@@ -122,8 +124,9 @@ def measure(workdir: Path, *, writes: int, http_writes: int, calls: int) -> dict
 
 
 def _per_call(kernel: Kernel, calls: int) -> dict[str, float]:
-    """Layer 2's share of one call: the kernel's own _context + guard + end, tool does nothing."""
-    t = kernel._tools["bench.writer"]
+    """Layer 2's share of one call: the engine's tool context + guard + end, tool does nothing."""
+    engine = engine_of(kernel)
+    t = engine.tools["bench.writer"]
     intent = kernel.store.get_by_call_id("w")
     assert intent is not None and intent.key is not None
 
@@ -131,7 +134,7 @@ def _per_call(kernel: Kernel, calls: int) -> dict[str, float]:
         return None
 
     def guarded() -> None:
-        ctx = kernel._context(t, intent)
+        ctx = _runners.context(engine, t, intent)
         scope = ctx._scope
         assert scope is not None
         try:

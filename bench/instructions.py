@@ -41,6 +41,7 @@ def available() -> str | None:
 def _workload(what: str, n: int, total: int, workdir: Path) -> None:
     """`n` timed calls of one workload; `total` fixes what is prepared, so it cancels out."""
     from bench.single import TOOL, args, floor_call, floor_connection, noop_kernel, store_call
+    from poimen._runtime import engine_of
 
     if what == "floor":
         conn = floor_connection(workdir / "floor.db", synchronous="OFF")
@@ -66,7 +67,7 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
 
             asyncio.run(calls())
         elif what == "store":
-            ds = [kernel._prepare(TOOL, args(i), f"c{i}")[1] for i in range(total)]
+            ds = [engine_of(kernel).prepare(TOOL, args(i), f"c{i}")[1] for i in range(total)]
             for d in ds[:n]:
                 store_call(kernel.store, d)
         else:

@@ -8,6 +8,7 @@ from pathlib import Path
 from bench._util import per_call_us
 from bench.single import TOOL, args, noop_kernel
 from poimen import KeyDerivation
+from poimen._runtime import engine_of
 
 SMALL = {"order_id": "o-12345", "amount_cents": 1200, "note": "gift"}
 
@@ -22,13 +23,14 @@ def derive(n: int, derivation: KeyDerivation) -> float:
 
 
 def prepare(path: Path, n: int) -> float:
-    """µs per Kernel._prepare: encode, validate, canonical text, digest and key (no I/O)."""
+    """µs per Engine.prepare: encode, validate, canonical text, digest and key (no I/O)."""
     kernel = noop_kernel(path)
     try:
         a = args(1)
+        prepare = engine_of(kernel).prepare
         t0 = time.perf_counter()
         for i in range(n):
-            kernel._prepare(TOOL, a, f"c{i}")
+            prepare(TOOL, a, f"c{i}")
         return per_call_us(time.perf_counter() - t0, n)
     finally:
         kernel.close()

@@ -23,6 +23,7 @@ from bench._util import child_json
 from bench.single import TOOL, args, noop_kernel
 from poimen._core.intents import Owner
 from poimen._engine.liveness import default_host
+from poimen._runtime import engine_of
 from poimen.store._base import latest_version
 
 
@@ -43,7 +44,7 @@ def add_orphans(path: Path, n: int, *, new: bool, tag: str) -> None:
     kernel = noop_kernel(path, new=new, synchronous="OFF")  # setup only; the pass runs FULL
     try:
         for i in range(n):
-            _, d, _ = kernel._prepare(TOOL, args(i), f"orphan-{tag}-{i}")
+            _, d, _ = engine_of(kernel).prepare(TOOL, args(i), f"orphan-{tag}-{i}")
             _, created = kernel.store.record_dispatch(dataclasses.replace(d, owner=owner))
             assert created
     finally:

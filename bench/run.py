@@ -327,7 +327,7 @@ class Suite:
         self.add(
             Row(
                 "6 keys",
-                "Kernel._prepare: encode, validate, canonical, digest, key",
+                "Engine.prepare: encode, validate, canonical, digest, key",
                 "µs/call",
                 [keys.prepare(self.dir / "keys.db", s.key_calls // 10) for _ in range(s.reps)],
                 note="no I/O; the CPU part of a call before its first commit",

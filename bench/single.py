@@ -12,6 +12,7 @@ from typing import Any
 
 from bench._util import fresh, per_call_us
 from poimen import Caps, Idempotent, IntentState, Kernel, KeyDerivation, ToolContext
+from poimen._runtime import engine_of
 from poimen.store import NewDispatch, Store
 from poimen.store.sqlite import SqliteStore
 
@@ -138,7 +139,7 @@ def poimen_store_only(path: Path, calls: int, warmup: int) -> float:
     kernel = noop_kernel(path)
     store = kernel.store
     try:
-        ds = [kernel._prepare(TOOL, args(i), f"c{i}")[1] for i in range(warmup + calls)]
+        ds = [engine_of(kernel).prepare(TOOL, args(i), f"c{i}")[1] for i in range(warmup + calls)]
         for d in ds[:warmup]:
             store_call(store, d)
         t0 = time.perf_counter()

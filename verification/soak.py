@@ -59,6 +59,7 @@ from poimen._core.intents import Completed, Intent, IntentState
 from poimen._core.tools import Caps
 from poimen._engine.steps import Holds
 from poimen._kernel import Kernel
+from poimen._runtime import engine_of
 from poimen.errors import ApprovalExpiredError, NotAwaitingApprovalError
 from poimen.operator._prune import prune
 from poimen.testing._faults import Faults
@@ -202,7 +203,7 @@ _FENCED = ("record_outcome", "complete_landed", "mark_indeterminate", "defer", "
 
 def instrument(kernel: Kernel, side: Side) -> None:
     """Log this kernel's holds and every write it makes to the log, after it returned."""
-    engine = kernel._engine
+    engine = engine_of(kernel)
     engine.holds = _LoggedHolds(side)
     store = engine.store
 
@@ -363,9 +364,10 @@ def worker_main(plan: WorkerPlan, up: Any) -> None:
     kernel = soak_kernel(plan.db, plan.provider, plan.worker_id, side, timeout=plan.timeout,
                          margin=plan.margin, lease_ttl=plan.lease_ttl,
                          approval_ttl=plan.approval_ttl)
-    kernel._engine.flat = plan.flat
+    engine = engine_of(kernel)
+    engine.flat = plan.flat
     if plan.break_rule == "claimable":
-        kernel._engine.claimable = lambda intent, now: "claimable"  # type: ignore[method-assign]
+        engine.claimable = lambda intent, now: "claimable"  # type: ignore[method-assign]
     reuse = deque(plan.reuse)
     lock = threading.Lock()
     side.log(e="up", t=time.time())

@@ -15,11 +15,11 @@ from poimen.errors import IntentNotFoundError, NotAwaitingApprovalError
 from poimen.operator._ops import Identity, who_and_why
 
 if TYPE_CHECKING:
-    from poimen._kernel import Kernel
+    from poimen._engine.engine import Engine
 
 
 def approve_edited(
-    kernel: Kernel,
+    engine: Engine,
     intent_id: str,
     *,
     operator: str | Identity,
@@ -30,7 +30,7 @@ def approve_edited(
     edited call, a new intent bound to `args` under the call id ``edit/<call id>``, is
     recorded approved (or awaiting the other approvers of a four-eyes tool), both audited
     with the approver, in one transaction. Returns the edited call."""
-    store = kernel.store
+    store = engine.store
     it = store.get_intent(intent_id)
     if it is None:
         raise IntentNotFoundError(f"no intent {intent_id!r}", intent_id=intent_id)
@@ -45,7 +45,7 @@ def approve_edited(
     edit_id = call_ids.edit_of(it.call_id)
     making = MAKING.set(edit_id)
     try:
-        _, d, _ = kernel._prepare(it.tool_id, args, edit_id)
+        _, d, _ = engine.prepare(it.tool_id, args, edit_id)
     finally:
         MAKING.reset(making)
     now = store.now()
@@ -53,7 +53,7 @@ def approve_edited(
         return store.decide_approval(
             intent_id, approve=True, operator=name, reason=why, now=now, context=context
         )
-    note = approval_note(d, it.next_check_at, kernel.notifiers)
+    note = approval_note(d, it.next_check_at, engine.notifiers)
     return store.decide_approval(
         intent_id, approve=True, operator=name, reason=why, now=now, context=context,
         edit=(d, note),

@@ -23,7 +23,6 @@ from poimen._core.retry import Retry
 from poimen._core.spec import ToolSpec
 from poimen._core.tools import Caps, Tool, ToolRegistration
 from poimen._core.undo import UndoArgs
-from poimen._engine import runners as _runners
 from poimen._engine.engine import Settings
 from poimen._engine.evidence import Evidence, Found, Gather
 from poimen._engine.notify import Notifier
@@ -35,7 +34,6 @@ from poimen.events import KernelEvent, Observer
 from poimen.operator import _decisions
 from poimen.operator._ops import Identity
 from poimen.store import Store
-from poimen.store._base import NewDispatch
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -286,11 +284,11 @@ class Kernel(Runtime):
         if fn is None:
             _observe.check_kind(kind)
             return lambda f: self.on(kind, f)
-        return _observe.subscribe(self, kind, fn)
+        return _observe.subscribe(self._engine, kind, fn)
 
     def off(self, kind: type[E], fn: Callable[[E], object]) -> None:
         """Stop calling `fn` for `kind` (as registered with `on`)."""
-        _observe.unsubscribe(self, kind, fn)
+        _observe.unsubscribe(self._engine, kind, fn)
 
     def denials(
         self, tool_id: str | None = None, since: float | None = None, *, limit: int = 1000
@@ -376,14 +374,6 @@ class Kernel(Runtime):
         it returns), and nothing new (retry, lookup) starts for it."""
         return await self._engine.arun_call(tool, args, call_id=call_id, scope=scope)
 
-    def _prepare(
-        self, tool: str, args: Mapping[str, Any], call_id: str, scope: str | None = None
-    ) -> tuple[Tool, NewDispatch, dict[str, Any]]:
-        return self._engine.prepare(tool, args, call_id, scope)
-
-    def _context(self, t: Tool, intent: Intent) -> ToolContext:
-        return _runners.context(self._engine, t, intent)
-
     # Recovery and the operator path.
 
     def recover(self, *, progress: Callable[[int], object] | None = None) -> RecoveryReport:
@@ -417,7 +407,7 @@ class Kernel(Runtime):
         arguments instead; returns the edited call (docs/approvals.md)."""
         if args is not None:
             return _approval.approve_edited(
-                self, intent_id, operator=operator, reason=reason, args=args
+                self._engine, intent_id, operator=operator, reason=reason, args=args
             )
         return _decisions.decide_approval(
             self._engine, intent_id, approve=True, operator=operator, reason=reason
@@ -444,7 +434,7 @@ class Kernel(Runtime):
         its undo is Idempotent; an undo that fails, or whose outcome is unknown, stops the
         sequence there. `operator` (who asks; an `Identity` also records how they were known) and
         `reason` go into the audit; `dry_run` only reports what would be done (docs/undo.md)."""
-        return _undo.undo(self, scope, operator=operator, reason=reason, dry_run=dry_run)
+        return _undo.undo(self._engine, scope, operator=operator, reason=reason, dry_run=dry_run)
 
     async def aundo(
         self,

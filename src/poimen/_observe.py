@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from poimen import events as ev
 from poimen._core.present import redact_urls
@@ -25,7 +25,6 @@ from poimen._engine.hooks import CALLS, EVERYTHING, RECOVERY, TRANSITIONS, Obser
 from poimen.errors import PoimenError
 
 if TYPE_CHECKING:
-    from poimen._capability.context import Issuer
     from poimen._core.intents import Intent, Outcome
     from poimen._engine.engine import Engine
     from poimen._engine.steps import Run
@@ -33,13 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("poimen.observe")
 E = TypeVar("E", bound=ev.KernelEvent)
-
-
-class Kernel(Protocol):
-    """What the observers are installed on: a kernel (`poimen.Kernel`, a layer above)."""
-
-    _engine: Engine
-    _issuer: Issuer
 
 
 class Observation:
@@ -548,17 +540,14 @@ class LogObserver(ev.Observer):
     wants = TRANSITIONS | RECOVERY  # the lookups' and passes' ends are logged
     watching = False
 
-    def __init__(self) -> None:
-        self._engine: Engine | None = None
-
-    def bind(self, kernel: Kernel) -> None:
-        self._engine = kernel._engine
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine  # its owner (new after a fork) names each event's worker
 
     def refresh(self) -> None:
         pass
 
     def _worker(self) -> str:
-        return "" if self._engine is None else self._engine.owner.worker_id
+        return self._engine.owner.worker_id
 
     def call_started(self, d: NewDispatch) -> object:
         return None
@@ -624,12 +613,12 @@ class LogObserver(ev.Observer):
 # Installing, for the kernel.
 
 
-def install(e: Engine, issuer: Any) -> Observation:
+def install(e: Engine) -> Observation:
     """The engine's observation, made on first need (the capability layer reports its
     denials to it from then on)."""
     if e.observer is None:
         obs = Observation(e)
-        issuer.denied = lambda data: _hooks.point(
+        e.issuer.denied = lambda data: _hooks.point(
             e, lambda base: ev.DenialEvent(**base, **data)
         )
         e.observer = obs
@@ -641,8 +630,10 @@ def after_fork(e: Engine) -> None:
         cast(Observation, e.observer).after_fork()
 
 
-def setup(kernel: Kernel, observers: Sequence[ev.Observer] | None, log_events: bool | None) -> None:
-    """The observers a kernel starts with: those given, and poimen's logging when asked for
+def setup(
+    e: Engine, kernel: object, observers: Sequence[ev.Observer] | None, log_events: bool | None
+) -> None:
+    """The observers a kernel (on engine `e`) starts with: those given, and poimen's logging when asked for
     (`log_events=True`) or, by default, when a ``poimen`` logger would write INFO."""
     given = list(observers or ())
     for o in given:
@@ -656,28 +647,28 @@ def setup(kernel: Kernel, observers: Sequence[ev.Observer] | None, log_events: b
             f"log_events must be True, False or None, not {log_events!r}", field="log_events"
         )
     if log_events or (log_events is None and logging_wanted()):
-        given.append(LogObserver())
+        given.append(LogObserver(e))
     for o in given:
-        add(kernel, o)
+        add(e, kernel, o)
 
 
-def add(kernel: Kernel, observer: ev.Observer) -> None:
-    install(kernel._engine, kernel._issuer).add(observer)
+def add(e: Engine, kernel: object, observer: ev.Observer) -> None:
+    install(e).add(observer)
     observer.bind(kernel)
 
 
-def watching(kernel: Kernel, log_events: bool | None) -> bool:
+def watching(e: Engine, log_events: bool | None) -> bool:
     """Whether the kernel must still look for logging configured later: only by default
     (`log_events` None) and while its logging is not installed."""
-    obs = kernel._engine.observer
+    obs = e.observer
     return log_events is None and (obs is None or not cast(Observation, obs).has(LogObserver))
 
 
-def relog(kernel: Kernel) -> None:
+def relog(e: Engine, kernel: object) -> None:
     """Logging was configured since the kernel was made (`logging_wanted` turned true, seen
     at a call, a recovery pass or launch): from now on each record decides by its level."""
-    if watching(kernel, None):
-        add(kernel, LogObserver())
+    if watching(e, None):
+        add(e, kernel, LogObserver(e))
 
 
 def check_kind(kind: object) -> None:
@@ -685,16 +676,16 @@ def check_kind(kind: object) -> None:
         raise PoimenError(f"on() takes an event class of poimen.events, not {kind!r}", field="kind")
 
 
-def subscribe(kernel: Kernel, kind: type[E], fn: Callable[[E], object]) -> Callable[[E], object]:
+def subscribe(e: Engine, kind: type[E], fn: Callable[[E], object]) -> Callable[[E], object]:
     """`kernel.on(kind, fn)`."""
     check_kind(kind)
     if not callable(fn):
         raise PoimenError(f"on() needs a function to call, not {fn!r}", field="fn")
-    install(kernel._engine, kernel._issuer).subscribe(kind, fn)
+    install(e).subscribe(kind, fn)
     return fn
 
 
-def unsubscribe(kernel: Kernel, kind: type[E], fn: Callable[[E], object]) -> None:
+def unsubscribe(e: Engine, kind: type[E], fn: Callable[[E], object]) -> None:
     """`kernel.off(kind, fn)`."""
-    if kernel._engine.observer is not None:
-        install(kernel._engine, kernel._issuer).unsubscribe(kind, fn)
+    if e.observer is not None:
+        install(e).unsubscribe(kind, fn)

@@ -2,7 +2,8 @@
 
 `Kernel` (`poimen._kernel`) is the public face and subclasses `Runtime`: its constructor hands
 its arguments to `_build`, `close` runs `_shut`, and a forked child runs `_after_fork_in_child`
-(`poimen._engine.workers`). What each part does is its own module's: the engine
+(`poimen._engine.workers`); `engine_of` is how poimen's own modules that are handed a kernel
+reach its engine. What each part does is its own module's: the engine
 (`poimen._engine.engine`) runs the calls, `Upkeep` the background duties, `Aids` evidence and
 escalation, `poimen._observe` the observers, `poimen.sandbox._modes` shadow and replay.
 """
@@ -17,9 +18,6 @@ from typing import Literal
 from poimen import _observe
 from poimen._aids import Aids
 from poimen._capability.context import Issuer
-from poimen._core.approval import ApprovalRule
-from poimen._core.tools import Tool
-from poimen._core.undo import UndoRule
 from poimen._engine import crashpoints as _crashpoints
 from poimen._engine import hooks as _hooks
 from poimen._engine import runners as _runners
@@ -28,7 +26,13 @@ from poimen._engine.engine import Engine, Settings
 from poimen._engine.liveness import current_owner
 from poimen._engine.notify import LogNotifier, Notifier, notifier_names
 from poimen._engine.upkeep import Upkeep
-from poimen._engine.workers import LIVE, claim_worker_id, forget_worker_id, release_worker_id
+from poimen._engine.workers import (
+    LIVE,
+    Live,
+    claim_worker_id,
+    forget_worker_id,
+    release_worker_id,
+)
 from poimen.errors import PoimenError
 from poimen.events import KernelEvent, Observer
 from poimen.sandbox import _modes as _sandbox
@@ -52,6 +56,7 @@ class Runtime:
     _upkeep: Upkeep
     _sandbox: _sandbox.Sandbox | None
     _on_close: list[Callable[[], object]]
+    _live: Live  # this kernel in the process's registry (poimen._engine.workers)
     _log_watch: bool
     _given_worker_id: str | None
     _given_host: str | None
@@ -97,11 +102,12 @@ class Runtime:
         self._given_worker_id = worker_id
         self._given_host = host
         owner = current_owner(worker_id, host)
-        claim_worker_id(owner.worker_id, self)
+        self._live = Live(self._after_fork_in_child)
+        claim_worker_id(owner.worker_id, self._live)
         try:
             self.store = open_store(store) if isinstance(store, str) else store
         except BaseException:
-            release_worker_id(owner.worker_id, self)
+            release_worker_id(owner.worker_id, self._live)
             raise
         self.mode = mode
         self.notifiers = list(notifiers) if notifiers is not None else [LogNotifier()]
@@ -136,10 +142,10 @@ class Runtime:
             publish_every=audit_head_every or 3600.0,
         )
         self.checks = {}
-        _observe.setup(self, observers, log_events)
+        _observe.setup(self._engine, self, observers, log_events)
         # Logging configured later is looked for at each call and pass (_observe.relog).
-        self._log_watch = _observe.watching(self, log_events)
-        LIVE.add(self)
+        self._log_watch = _observe.watching(self._engine, log_events)
+        LIVE.add(self._live)
         # Shadow and replay answer calls without effects: poimen.sandbox._modes, docs/sandbox.md.
         try:
             self._sandbox = _sandbox.attach(
@@ -154,24 +160,12 @@ class Runtime:
     def _closed(self) -> bool:
         return self._engine.closed
 
-    @property
-    def _tools(self) -> dict[str, Tool]:
-        return self._engine.tools
-
-    @property
-    def _approvals(self) -> dict[str, ApprovalRule]:
-        return {k: r.approval for k, r in self._engine.records.items() if r.approval}
-
-    @property
-    def _undos(self) -> dict[str, UndoRule]:
-        return {k: r.undo for k, r in self._engine.records.items() if r.undo}
-
     def _shut(self) -> None:
         """`Kernel.close`: the duties stop, cancelled calls finish settling, then the close
         hooks, pools, observers and the store close, in that order. Idempotent."""
         if self._closed:
             return
-        self._engine.closed = True
+        self._engine.closed = self._live.closed = True
         self._aids.gatherer.close()
         self._upkeep.stop(within=10.0)
         _runners.wait_continuations(self._engine, within=30.0)
@@ -184,8 +178,8 @@ class Runtime:
         if self._engine.observer is not None:
             self._engine.observer.close()
         self.store.close()
-        release_worker_id(str(self._engine.owner.worker_id), self)
-        LIVE.discard(self)
+        release_worker_id(str(self._engine.owner.worker_id), self._live)
+        LIVE.discard(self._live)
 
     def _after_fork_in_child(self) -> None:
         """A forked child is another process: a new identity, no calls of the parent's, its
@@ -194,7 +188,7 @@ class Runtime:
         owner = current_owner(f"{given}.{os.getpid()}" if given else None, self._given_host)
         self._engine.after_fork(owner)
         forget_worker_id(old)
-        claim_worker_id(owner.worker_id, self)
+        claim_worker_id(owner.worker_id, self._live)
         _observe.after_fork(self._engine)
         self._issuer.after_fork()
         self._aids.after_fork()
@@ -217,7 +211,7 @@ class Runtime:
         """Install poimen's logging once it was configured after the kernel was made."""
         if self._log_watch and _observe.logging_wanted():
             self._log_watch = False
-            _observe.relog(self)
+            _observe.relog(self._engine, self)
 
     def _emit(self, event: KernelEvent) -> None:
         _hooks.point(self._engine, lambda base: event)
@@ -227,3 +221,10 @@ class Runtime:
         never holds up the caller (nor other callers behind the delivery lock)."""
         _crashpoints.hit("before_notify")
         self._upkeep.notify_soon()
+
+
+def engine_of(kernel: Runtime) -> Engine:
+    """The engine a kernel runs on, for poimen's own modules that are handed a `Kernel` (an
+    observer's `bind`, the integrations, the soak); not public API. The kernel's own parts are
+    handed the engine when they are made or called."""
+    return kernel._engine

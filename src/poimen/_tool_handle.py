@@ -67,15 +67,16 @@ class ToolHandle(Generic[P, R]):
         `Kernel.tool`) and as this tool's undo; `args` derives its arguments from a call's
         recorded arguments and result (default: the same arguments)."""
         from poimen import _undo
+        from poimen._runtime import engine_of
 
         kernel = self._kernel
         rule = undo_rule(self.id, id, args)
         assert rule is not None
 
         def decorate(fn: Callable[Concatenate[ToolContext, P2], R2]) -> ToolHandle[P2, R2]:
-            _undo.check_free(kernel, self.id)  # before the undo tool is registered
+            _undo.check_free(engine_of(kernel), self.id)  # before the undo tool is registered
             handle = kernel.tool(id=id, effects=effects, caps=caps, timeout=timeout, **options)(fn)
-            _undo.link(kernel, self.id, rule)
+            _undo.link(engine_of(kernel), self.id, rule)
             return handle
 
         return decorate

@@ -43,7 +43,7 @@ from poimen.operator import _ops as op
 
 if TYPE_CHECKING:
     from poimen._core.tools import Tool
-    from poimen._kernel import Kernel
+    from poimen._engine.engine import Engine
     from poimen.store import Store
 
 S = IntentState
@@ -63,19 +63,23 @@ UndoStatus = Literal[
 ]
 
 
-def check_free(kernel: Kernel, tool_id: str) -> None:
+def _rule(engine: Engine, tool_id: str) -> UndoRule | None:
+    r = engine.records.get(tool_id)
+    return None if r is None else r.undo
+
+
+def check_free(engine: Engine, tool_id: str) -> None:
     """A tool has one undo: refused if `tool_id` names one already."""
-    if tool_id in kernel._undos:
+    if (r := _rule(engine, tool_id)) is not None:
         raise RegistrationError(
-            f"tool {tool_id!r} already has an undo ({kernel._undos[tool_id].tool!r})",
-            tool_id=tool_id,
+            f"tool {tool_id!r} already has an undo ({r.tool!r})", tool_id=tool_id
         )
 
 
-def link(kernel: Kernel, tool_id: str, undo_rule: UndoRule) -> None:
+def link(engine: Engine, tool_id: str, undo_rule: UndoRule) -> None:
     """Name `undo_rule` as `tool_id`'s undo."""
-    check_free(kernel, tool_id)
-    kernel._engine.records[tool_id].undo = undo_rule
+    check_free(engine, tool_id)
+    engine.records[tool_id].undo = undo_rule
 
 
 # The report.
@@ -190,7 +194,7 @@ class _Who:
 
 
 def undo(
-    kernel: Kernel,
+    engine: Engine,
     scope: str,
     *,
     operator: str | op.Identity | None = None,
@@ -200,10 +204,10 @@ def undo(
     """Reverse every landed effect of the calls whose call id starts with `scope`, newest
     first (see `Kernel.undo`)."""
     _check_scope(scope)
-    who = _who(kernel, operator, reason)
-    if kernel._closed:
+    who = _who(engine, operator, reason)
+    if engine.closed:
         raise PoimenError("the kernel is closed")
-    store = kernel.store
+    store = engine.store
     found = store.search_call_id(scope, limit=MAX_SCOPE + 1)
     if len(found) > MAX_SCOPE:
         raise UndoError(
@@ -213,8 +217,8 @@ def undo(
         )
     originals = [i for i in found if not is_undo(i.call_id)]
     for it in originals:
-        r = kernel._undos.get(it.tool_id)
-        if r is not None and r.tool not in kernel._tools:
+        r = _rule(engine, it.tool_id)
+        if r is not None and r.tool not in engine.tools:
             raise UnknownToolError(
                 f"tool {it.tool_id!r} names {r.tool!r} as its undo, and no tool is registered "
                 f"as {r.tool!r}; nothing was undone",
@@ -226,7 +230,7 @@ def undo(
         if stopped:
             steps.append(_step(it, "not_reached"))
             continue
-        step = _undo_one(kernel, it, who, dry_run)
+        step = _undo_one(engine, it, who, dry_run)
         steps.append(step)
         stopped = step.status == "stopped"
         if step.status == "undone":
@@ -245,7 +249,7 @@ def _check_scope(scope: object) -> None:
         )
 
 
-def _who(kernel: Kernel, operator: object, reason: object) -> _Who:
+def _who(engine: Engine, operator: object, reason: object) -> _Who:
     how = None
     if isinstance(operator, op.Identity):  # recorded with how poimen knows the operator
         how, operator = operator.detail(), operator.name
@@ -263,7 +267,7 @@ def _who(kernel: Kernel, operator: object, reason: object) -> _Who:
             )
     o = operator.strip() if isinstance(operator, str) else None
     r = reason.strip() if isinstance(reason, str) else None
-    return _Who(o or kernel.worker_id, o, r, how)
+    return _Who(o or str(engine.owner.worker_id), o, r, how)
 
 
 def _step(it: Intent, status: UndoStatus, **kw: Any) -> UndoStep:
@@ -278,8 +282,8 @@ def _latest(store: Store, call_id: str) -> tuple[int, Intent | None]:
     return n, latest
 
 
-def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
-    store = kernel.store
+def _undo_one(engine: Engine, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
+    store = engine.store
     done = _undone_by(store, it)
     if done is not None:  # undone for good, whatever retention removed since
         return _already(it, done)
@@ -289,12 +293,12 @@ def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
         return _step(it, "waiting", reason="in flight: its outcome is not known yet")
     if it.state == S.AWAITING_APPROVAL:
         return _step(it, "waiting", reason="awaits an operator's approval")
-    if it.tool_id not in kernel._tools:
+    if it.tool_id not in engine.tools:
         return _step(it, "no_undo", reason=f"tool {it.tool_id!r} is not registered here")
-    r = kernel._undos.get(it.tool_id)
+    r = _rule(engine, it.tool_id)
     if r is None:
         return _step(it, "no_undo", reason=f"tool {it.tool_id!r} declares no undo")
-    undo_tool = kernel._tools[r.tool]
+    undo_tool = engine.tools[r.tool]
     n, latest = _latest(store, it.call_id)
     if latest is not None:
         found = {"undo_tool": latest.tool_id, "undo_call_id": latest.call_id,
@@ -339,7 +343,7 @@ def _undo_one(kernel: Kernel, it: Intent, who: _Who, dry_run: bool) -> UndoStep:
             return _already(it, _undone_by(store, it) or {"undo_intent_id": exc.undo_intent_id})
     making = MAKING.set(uid)
     try:
-        out = kernel.call(r.tool, args, call_id=uid)
+        out = engine.run_call(r.tool, args, call_id=uid)
     except (ArgumentError, CallIdMismatchError) as exc:
         return _step(it, "stopped", **named, reason=str(exc))
     finally:

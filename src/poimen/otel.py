@@ -41,6 +41,7 @@ from poimen import events as ev
 from poimen._core.intents import Completed, IntentState
 from poimen._core.present import redact_store_url, redact_urls
 from poimen._engine.hooks import EVERYTHING, outcome_kind, raised
+from poimen._runtime import engine_of
 from poimen.errors import MissingExtraError
 from poimen.operator import _metrics
 
@@ -471,7 +472,7 @@ class OpenTelemetry(ev.Observer):
         with self._lock:
             self._kernels.append(weakref.ref(kernel))
         if self._propagate:
-            kernel._issuer.propagate = _inject
+            engine_of(kernel).issuer.propagate = _inject
 
     # Spans.
 
@@ -605,7 +606,7 @@ class OpenTelemetry(ev.Observer):
             refs = list(self._kernels)
         for ref in refs:
             k = ref()
-            if k is not None and not k._closed:
+            if k is not None and not engine_of(k).closed:
                 yield k.store
 
 

@@ -31,6 +31,7 @@ from poimen import (
     ToolContext,
     Unsafe,
 )
+from poimen._runtime import engine_of
 
 S = IntentState
 
@@ -238,7 +239,7 @@ def test_two_threads_taking_over_one_intent_run_it_once(kernel: Kernel) -> None:
         return "charged"
 
     # A call whose owner, on another host, stopped renewing its lease.
-    _, d, _ = kernel._prepare("slow", {"order": "o1"}, "c1")
+    _, d, _ = engine_of(kernel).prepare("slow", {"order": "o1"}, "c1")
     gone = Owner("w-gone", "another-host", 4242, "1")
     kernel.store.record_dispatch(
         dataclasses.replace(d, owner=gone, lease_expires_at=d.now - 1)

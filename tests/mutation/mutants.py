@@ -232,7 +232,7 @@ MUTANTS: list[Mutant] = [
            "        owner = current_owner(f", "        owner = self.owner or current_owner(f",
            T_LIFE),
     Mutant("duplicate-worker", "one identity per live kernel", "poimen/_engine/workers.py",
-           "if other is not None and other is not k and not other._closed:", "if False:",
+           "if other is not None and other is not k and not other.closed:", "if False:",
            T_LIFE),
     Mutant("recovery-not-isolated", "one bad intent does not stop recovery",
            "poimen/_engine/recovery.py",

@@ -12,6 +12,7 @@ import pytest
 
 from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext
 from poimen._core.keys import KEY_DOMAIN, KEY_PREFIX, canonical, hash_key, to_json_value
+from poimen._runtime import engine_of
 from poimen.errors import ArgumentError
 from poimen.store.sqlite import SqliteStore
 
@@ -73,7 +74,7 @@ def test_record_dispatch_returns_the_row_it_wrote(tmp_path: Path) -> None:
         return None
 
     try:
-        _, d, _ = kernel._prepare("t", {"a": "é", "n": 2}, "call-1")
+        _, d, _ = engine_of(kernel).prepare("t", {"a": "é", "n": 2}, "call-1")
         returned, created = kernel.store.record_dispatch(d)
         assert created
         assert returned == kernel.store.get_intent(d.intent_id)
@@ -109,7 +110,7 @@ def test_a_tools_call_plan_gives_the_key_its_derivation_gives(tmp_path: Path) ->
                 plan = kernel._engine.plans[tid]
                 assert plan.key is not None
                 assert plan.key(data) == kd.derive(tid, data), tid
-                assert kernel._prepare(tid, args, f"c-{tid}")[1].key == kd.derive(tid, data)
+                assert engine_of(kernel).prepare(tid, args, f"c-{tid}")[1].key == kd.derive(tid, data)
         top = kernel._engine.plans["top"].key
         assert top is not None
         with pytest.raises(ArgumentError, match="key field 'b' is missing"):

@@ -544,6 +544,11 @@ class Engine:
         )
         return t, d, kwargs
 
+    def approval_for(self, tool_id: str) -> ApprovalRule | None:
+        """The approval a tool's calls may wait for: None if it needs none, or is unknown."""
+        r = self.records.get(tool_id)
+        return None if r is None else r.approval
+
     def approval(self, t: Tool, d: NewDispatch) -> Approval | None:
         """The approval this call waits for, if its tool's rule asks for one."""
         r = self.records.get(t.id)

@@ -7,32 +7,34 @@ import logging
 import os
 import threading
 import weakref
-from typing import Protocol
+from collections.abc import Callable
 
 from poimen.errors import DuplicateWorkerError
 
 log = logging.getLogger("poimen")
 
 
-class Kernel(Protocol):
-    """What this module needs of a kernel (`poimen.Kernel` is one)."""
+class Live:
+    """A live kernel as this module knows it, made by the kernel and held by it: whether it
+    closed, and what it does in a forked child. Held here weakly: gone with its kernel."""
 
-    @property
-    def _closed(self) -> bool: ...
+    __slots__ = ("__weakref__", "closed", "in_child")
 
-    def _after_fork_in_child(self) -> None: ...
+    def __init__(self, in_child: Callable[[], None]) -> None:
+        self.closed = False
+        self.in_child = in_child
 
 
-LIVE: weakref.WeakSet[Kernel] = weakref.WeakSet()
-_WORKERS: dict[str, weakref.ref[Kernel]] = {}
+LIVE: weakref.WeakSet[Live] = weakref.WeakSet()
+_WORKERS: dict[str, weakref.ref[Live]] = {}
 _WORKERS_LOCK = threading.Lock()
 
 
-def claim_worker_id(worker_id: str, k: Kernel) -> None:
+def claim_worker_id(worker_id: str, k: Live) -> None:
     with _WORKERS_LOCK:
         ref = _WORKERS.get(worker_id)
         other = ref() if ref is not None else None
-        if other is not None and other is not k and not other._closed:
+        if other is not None and other is not k and not other.closed:
             raise DuplicateWorkerError(
                 f"worker id {worker_id!r} is taken by another live kernel of this process; "
                 "two kernels with one identity would take over each other's calls",
@@ -41,7 +43,7 @@ def claim_worker_id(worker_id: str, k: Kernel) -> None:
         _WORKERS[worker_id] = weakref.ref(k)
 
 
-def release_worker_id(worker_id: str, k: Kernel) -> None:
+def release_worker_id(worker_id: str, k: Live) -> None:
     with _WORKERS_LOCK:
         ref = _WORKERS.get(worker_id)
         if ref is not None and ref() in (k, None):
@@ -57,10 +59,10 @@ def _after_fork_in_child() -> None:
     global _WORKERS_LOCK
     _WORKERS_LOCK = threading.Lock()  # another thread of the parent may have held it
     for k in list(LIVE):
-        if k._closed:
+        if k.closed:
             continue
         try:
-            k._after_fork_in_child()
+            k.in_child()
         except Exception:
             log.exception("poimen: a kernel could not start again in a forked child")
 

@@ -37,6 +37,7 @@ except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.langchain", "langchain", exc) from exc
 
 from poimen import Kernel
+from poimen._runtime import engine_of
 from poimen.errors import PoimenError
 from poimen.integrations._outcomes import awaiting, followed, request, resumed_decision
 from poimen.integrations.langgraph import PoimenTool
@@ -89,7 +90,7 @@ class PoimenHumanInTheLoop(AgentMiddleware[Any, Any, Any]):
         then answers from the log. Returns the edited arguments, if an approver edited it."""
         tool = req.tool
         k = self.kernel
-        if not isinstance(tool, PoimenTool) or tool.tool_id not in k._approvals:
+        if not isinstance(tool, PoimenTool) or engine_of(k).approval_for(tool.tool_id) is None:
             return None
         call = req.tool_call
         config = getattr(req.runtime, "config", None)

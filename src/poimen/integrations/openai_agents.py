@@ -43,6 +43,7 @@ except ImportError as exc:  # the extra is missing: say which one
     raise MissingExtraError.of("poimen.integrations.openai_agents", "openai-agents", exc) from exc
 
 from poimen import Failed, Indeterminate, Intent, Kernel, Outcome, Pending, ToolSpec, call_ids
+from poimen._runtime import engine_of
 from poimen.errors import ArgumentError, PoimenError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
@@ -92,7 +93,7 @@ def _function_tool(
         counter.answered(ctx, call_id, outcome)
         return outcome.for_model()
 
-    rule = kernel._approvals.get(spec.id)
+    rule = engine_of(kernel).approval_for(spec.id)
 
     async def needs_approval(
         ctx: RunContextWrapper[Any], params: dict[str, Any], sdk_call_id: str
@@ -100,7 +101,7 @@ def _function_tool(
         """True while poimen holds the call for an operator: recorded now if its rule asks."""
         try:
             call_id = counter.call_id(ctx, spec.name, sdk_call_id, spec.id, params)
-            _, d, _ = kernel._prepare(spec.id, params, call_id, counter.scope)
+            _, d, _ = engine_of(kernel).prepare(spec.id, params, call_id, counter.scope)
             if rule is None or not rule.needed(spec.id, json.loads(d.args)):
                 return False
             outcome = await kernel.acall(spec.id, params, call_id=call_id, scope=counter.scope)
@@ -167,7 +168,7 @@ def _asked(kernel: Kernel, scope: str, tool_id: str, params: dict[str, Any]) -> 
     """The call an interruption asks about: the unsettled call of this tool with these
     arguments in the session, or the edited call an approver made of it, awaiting the
     other approvers of a four-eyes tool."""
-    _, d, _ = kernel._prepare(tool_id, params, "poimen-decide", scope)
+    _, d, _ = engine_of(kernel).prepare(tool_id, params, "poimen-decide", scope)
     intent = kernel.store.unsettled_call(scope, tool_id, d.args_hash)
     if intent is not None:
         return intent
