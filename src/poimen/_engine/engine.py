@@ -561,6 +561,9 @@ MAKING: ContextVar[str | None] = ContextVar("poimen_undo_making", default=None)
 def check_not_reserved(call_id: str) -> None:
     """Refuse an application's call id under undo's prefix (``undo/``, ``undo#<n>/``): undo
     finds its own calls by those ids and must never take another call for one."""
+    # Both prefixes start so: any other call id is spared the pattern (a call's hot path).
+    if not call_id.startswith(("undo", "edit/")):
+        return
     if (is_undo(call_id) or is_edit(call_id)) and MAKING.get() != call_id:
         raise ReservedCallIdError(
             f"call id {call_id!r} starts with a prefix reserved for poimen's undo and edited "
