@@ -511,9 +511,9 @@ class Engine:
         t = p.tool
         check_call_id(call_id)
         check_not_reserved(call_id)
-        data, _ = encode_args(args)
+        data, given = encode_args(args)
         recorded, kwargs = t.validate(data)
-        text = canonical(recorded)
+        text = given if _same_scalars(data, recorded) else canonical(recorded)
         key = request_id = None
         if p.key is not None:
             key = p.key(recorded)
@@ -551,6 +551,22 @@ class Engine:
         if rule is None or not rule.needed(t.id, _recorded(d)):
             return None
         return Approval(None if rule.ttl is None else d.now + rule.ttl, rule.approvers)
+
+
+def _same_scalars(given: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
+    """Whether validation left every argument as it was given, each a text, a whole number,
+    a bool or None (no float: 0.0 == -0.0): then the given canonical text is the recorded
+    one, and the second encoding is spared."""
+    if len(given) != len(recorded):
+        return False
+    for name, v in given.items():
+        t = type(v)
+        if not (t is str or t is int or t is bool or v is None):
+            return False
+        w = recorded.get(name, given)  # `given` itself: a marker no value can be
+        if type(w) is not t or w != v:
+            return False
+    return True
 
 
 #: The undo or edited call id the kernel itself is calling right now, in this context: the one
