@@ -84,7 +84,8 @@ def scope_for(
         raise ArgumentError(
             f"scope must be a non-empty string or None, not {given!r}", argument="scope"
         )
-    if not coalesce or is_undo(call_id) or is_edit(call_id):
+    reserved = call_id.startswith(("undo", "edit/")) and (is_undo(call_id) or is_edit(call_id))
+    if not coalesce or reserved:
         return None
     if isinstance(given, str):
         return given

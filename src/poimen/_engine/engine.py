@@ -511,9 +511,9 @@ class Engine:
         t = p.tool
         check_call_id(call_id)
         check_not_reserved(call_id)
-        data, _ = encode_args(args)
+        data, given = encode_args(args)
         recorded, kwargs = t.validate(data)
-        text = canonical(recorded)
+        text = given if _same_scalars(data, recorded) else canonical(recorded)
         key = request_id = None
         if p.key is not None:
             key = p.key(recorded)
@@ -558,6 +558,22 @@ class Engine:
         return Approval(None if rule.ttl is None else d.now + rule.ttl, rule.approvers)
 
 
+def _same_scalars(given: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
+    """Whether validation left every argument as it was given, each a text, a whole number,
+    a bool or None (no float: 0.0 == -0.0): then the given canonical text is the recorded
+    one, and the second encoding is spared."""
+    if len(given) != len(recorded):
+        return False
+    for name, v in given.items():
+        t = type(v)
+        if not (t is str or t is int or t is bool or v is None):
+            return False
+        w = recorded.get(name, given)  # `given` itself: a marker no value can be
+        if type(w) is not t or w != v:
+            return False
+    return True
+
+
 #: The undo or edited call id the kernel itself is calling right now, in this context: the one
 #: call id under a reserved prefix a call may use (`poimen._undo`, `poimen._approval`).
 MAKING: ContextVar[str | None] = ContextVar("poimen_undo_making", default=None)
@@ -566,6 +582,9 @@ MAKING: ContextVar[str | None] = ContextVar("poimen_undo_making", default=None)
 def check_not_reserved(call_id: str) -> None:
     """Refuse an application's call id under undo's prefix (``undo/``, ``undo#<n>/``): undo
     finds its own calls by those ids and must never take another call for one."""
+    # Both prefixes start so: any other call id is spared the pattern (a call's hot path).
+    if not call_id.startswith(("undo", "edit/")):
+        return
     if (is_undo(call_id) or is_edit(call_id)) and MAKING.get() != call_id:
         raise ReservedCallIdError(
             f"call id {call_id!r} starts with a prefix reserved for poimen's undo and edited "

@@ -41,13 +41,15 @@ def flat_call(e: Engine, t: Tool, d: NewDispatch, kwargs: dict[str, Any]) -> Out
     c = CallState()
     e.holds.take(d.intent_id)  # a fresh id: always ours
     try:
-        _crashpoints.hit("before_dispatch_commit", d.call_id)
+        if _crashpoints.ACTIVE:
+            _crashpoints.hit("before_dispatch_commit", d.call_id)
         store = e.store
         intent, created = store.record_dispatch(d)
         if not created:  # the call id is in the log
             return run_sync(e, existing_steps(e, t, intent, d, c))
         _hooks.dispatched(e, d, intent)
-        _crashpoints.hit("after_dispatch_commit", d.call_id)
+        if _crashpoints.ACTIVE:
+            _crashpoints.hit("after_dispatch_commit", d.call_id)
         if t.registration.effects.has_deadline:
             started = run_sync(e, stamp_deadline(e, t, intent, d.now))
             if not isinstance(started, Intent):
@@ -57,7 +59,8 @@ def flat_call(e: Engine, t: Tool, d: NewDispatch, kwargs: dict[str, Any]) -> Out
         if run.kind == "completed" or (
             run.kind == "failed" and failure_is_final(t.registration.effects, intent)
         ):
-            _crashpoints.hit("after_effect", intent.call_id)
+            if _crashpoints.ACTIVE:
+                _crashpoints.hit("after_effect", intent.call_id)
             w = Write.of(run, intent.id)
             ok = store.record_outcome(
                 intent.id, intent.fence, w.state, result=w.result, error=w.error, now=store.now()

@@ -583,6 +583,8 @@ class Write:
     def of(cls, run: Run, intent_id: str) -> Write:
         if run.kind == "failed":
             return cls(S.FAILED, None, printable(run.error or ""), None)
+        if run.value is None:  # a tool returning nothing: encode_value's text, known
+            return cls(S.COMPLETED, "null", None, None)
         try:
             text = encode_value(run.value, "<result>")
         except PoimenError as exc:
@@ -600,7 +602,10 @@ class Write:
     def outcome(self, intent_id: str) -> Outcome:
         if self.state == S.FAILED:
             return Failed(intent_id, self.error or "")
-        return Completed(intent_id, self.value if self.result is None else json.loads(self.result))
+        r = self.result
+        if r is None or r == "null":  # no text, or json.loads' answer known
+            return Completed(intent_id, self.value)
+        return Completed(intent_id, json.loads(r))
 
 
 def printable(text: str) -> str:

@@ -55,24 +55,25 @@ T = TypeVar("T")
 
 def context(e: Engine, t: Tool, intent: Intent, tx: AttemptTx | None = None) -> ToolContext:
     reg = t.registration
+    tool_id = reg.id  # `t.id` is a property
     key = intent.key
     # A guarded call's handles carry a token for this attempt (and a keyed one's, its key).
     scope = None
     effects = reg.effects
     if effects.guarded and (key is not None or not effects.keyed):
         scope = e.issuer.scope(
-            t.id, intent.id, intent.attempts, key if effects.keyed and key else "", reg.caps,
+            tool_id, intent.id, intent.attempts, key if effects.keyed and key else "", reg.caps,
             read_only=isinstance(effects, ReadOnly),
             transactional=isinstance(effects, Transactional),
         )
-    record = AttemptRecord(e.issuer, t.id, intent, reg.effects, reg.timeout)
+    record = AttemptRecord(e.issuer, tool_id, intent, reg.effects, reg.timeout)
     if tx is not None:
         # A denied write ends the attempt: its transaction is rolled back before the denial
         # is recorded (on the log's own SQLite file, it holds the lock that commit needs).
         assert scope is not None
         record.abort = scope.abort = functools.partial(tx._abort, "a write of the tool was denied")
     return ToolContext(
-        tool_id=t.id,
+        tool_id=tool_id,
         intent_id=intent.id,
         call_id=intent.call_id,
         attempt=intent.attempts,

@@ -31,14 +31,16 @@ class Duty:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # True from a thread's start until it ends (it clears it itself): every call's
+        # ensure() reads a flag, not Thread.is_alive() (four frames and a lock).
+        self._live = False
         self._lock = threading.Lock()
         self.failures = 0
         self.rounds = 0
 
     def ensure(self) -> None:
         """Start the duty's thread if it is not running (never started, or died)."""
-        th = self._thread
-        if th is not None and th.is_alive():
+        if self._live:
             return
         with self._lock:
             th = self._thread
@@ -46,8 +48,9 @@ class Duty:
                 return
             if th is not None:
                 log.error("poimen %s duty had stopped; starting it again", self.name)
+            self._live = True
             self._thread = threading.Thread(
-                target=self._loop, name=f"poimen-{self.name}", daemon=True
+                target=self._run, name=f"poimen-{self.name}", daemon=True
             )
             self._thread.start()
 
@@ -61,6 +64,12 @@ class Duty:
     def is_current(self) -> bool:
         """Whether the caller runs on this duty's thread."""
         return self._thread is threading.current_thread()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:  # stopped, or died of a BaseException: the next ensure() looks again
+            self._live = False
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -89,6 +98,7 @@ class Duty:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._thread = None
+        self._live = False
 
 
 class Upkeep:
