@@ -13,7 +13,12 @@ is no result: the model asking again is the same call. The session is the call's
 an identical call while one is unsettled gets its outcome.
 
 The model gets the text of `Outcome.for_model()`: for Completed, the result as JSON. A Pending
-call is waited for up to `pending_wait` seconds first.
+call is waited for up to `pending_wait` seconds first. A call the log holds already (a
+restarted run's, or an identical one unsettled in the session) that is still Pending then
+ends the run with an interruption, through `needs_approval`, before the tool runs:
+`resume_pending(kernel, state, scope=...)` waits for it to settle and lets it through in the
+`RunState` (no approval is recorded: the resumed tool answers from the log) and returns the
+interruptions that are approvals; `decide` refuses a Pending one.
 
 A tool registered with `requires_approval` asks through the SDK's own `needs_approval`: the
 call is recorded awaiting approval and the run stops with an interruption
