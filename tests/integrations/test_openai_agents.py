@@ -104,6 +104,30 @@ def test_refused_arguments_are_told_and_record_nothing(kernel: Kernel) -> None:
     assert kernel.outcome(call_ids.derived("s-1", EMAIL, {"to": "bob@example.com"}, 1)) is None
 
 
+@pytest.mark.parametrize("raw", ['{"to": "bob@', '["bob@example.com"]', ""])
+def test_arguments_that_are_no_json_object_are_let_through_and_refused(
+    kernel: Kernel, raw: str
+) -> None:
+    # The SDK stops the run on them before it asks the tools; poimen holds nothing, so
+    # `resume_pending` lets them through and the model is told they were refused.
+    from poimen.integrations.openai_agents import resume_pending
+
+    script = Script([("test_email", raw, "c1")])  # type: ignore[list-item]
+    agent = Agent(name="mailer", model=script.model(), tools=list(poimen_tools(kernel, scope="s-1")))
+
+    async def go() -> Any:
+        first = await Runner.run(agent, "email bob")
+        state = first.to_state()
+        assert len(first.interruptions) == 1
+        assert await resume_pending(kernel, state, scope="s-1", timeout=0) == []
+        return await Runner.run(agent, state)
+
+    assert asyncio.run(go()).final_output == "done"
+    [seen] = script.seen
+    assert seen.startswith("The call was refused and had no effect")
+    assert kernel.store.list_intents() == []
+
+
 def test_the_same_call_twice_in_one_run_is_one_call_while_the_first_is_unsettled(
     kernel: Kernel, ledger: ProviderClient
 ) -> None:

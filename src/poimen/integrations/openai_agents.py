@@ -200,7 +200,8 @@ async def resume_pending(
     an approval: the item is approved in the `RunState` only so that the SDK runs the tool,
     which answers from the log. A call still Pending after `timeout` is left undecided (the
     resumed run stops on it again). Returns the interruptions that ask an operator's
-    approval, for `decide`."""
+    approval, for `decide`. An interruption whose arguments are no JSON object (the SDK
+    stops on those before asking the tools) is let through too: the tool refuses them."""
     asked: list[ToolApprovalItem] = []
     for item in state.get_interruptions():
         intent = _asked(kernel, scope, item)
@@ -219,11 +220,16 @@ async def resume_pending(
 def _asked(kernel: Kernel, scope: str, item: ToolApprovalItem) -> Intent | None:
     """The call an interruption asks about: the unsettled call of this tool with these
     arguments in the session (awaiting approval, or Pending), or the edited call an
-    approver made of it, awaiting the other approvers of a four-eyes tool."""
+    approver made of it, awaiting the other approvers of a four-eyes tool. None for
+    arguments that are no JSON object: the SDK stops on those before asking the tools, and
+    the tool refuses them, recording nothing."""
     raw = item.raw_item
     tool_id = kernel.tool_id(str(item.tool_name or _field(raw, "name")))
-    params = _args(_field(raw, "arguments") or "")
-    _, d, _ = kernel._prepare(tool_id, params, "poimen-decide", scope)
+    try:
+        params = _args(_field(raw, "arguments") or "")
+        _, d, _ = kernel._prepare(tool_id, params, "poimen-decide", scope)
+    except (ArgumentError, ValueError):
+        return None
     intent = kernel.store.unsettled_call(scope, tool_id, d.args_hash)
     if intent is not None:
         return intent
@@ -233,7 +239,6 @@ def _asked(kernel: Kernel, scope: str, item: ToolApprovalItem) -> Intent | None:
         if awaiting(now) and now is not None and now.intent_id != earlier.id:
             return kernel.store.get_intent(now.intent_id)
     return None
-
 
 
 def _schema(parameters: dict[str, Any]) -> tuple[dict[str, Any], bool]:
