@@ -167,3 +167,52 @@ def child_json(module: str, *args: str) -> dict[str, Any]:
     """`child`, whose last stdout line is JSON."""
     result: dict[str, Any] = json.loads(child(module, *args).splitlines()[-1])
     return result
+
+
+class BackendCpu:
+    """CPU seconds that the server's backends of one database spend between two instants
+    (wall-clock `start` and `end`), read from /proc: `seconds` is None unless the server runs
+    on this host and its processes are readable. Sampled on a thread of its own."""
+
+    def __init__(self, admin_url: str, dbname: str, start: float, end: float) -> None:
+        import threading
+
+        self.seconds: float | None = None
+        self._args = (admin_url, dbname, start, end)
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _ticks(self, admin_url: str, dbname: str) -> dict[int, int]:
+        import psycopg
+
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            pids = [
+                int(r[0])
+                for r in conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,)
+                )
+            ]
+        out = {}
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[pid] = int(fields[11]) + int(fields[12])  # utime + stime
+        return out
+
+    def _sample(self) -> None:
+        import time
+
+        admin_url, dbname, start, end = self._args
+        time.sleep(max(0.0, start - time.time()))
+        first = self._ticks(admin_url, dbname)
+        time.sleep(max(0.0, end - time.time()))
+        last = self._ticks(admin_url, dbname)
+        if last:
+            ticks = sum(max(0, t - first.get(pid, 0)) for pid, t in last.items())
+            self.seconds = ticks / os.sysconf("SC_CLK_TCK")
+
+    def result(self) -> float | None:
+        self._thread.join()
+        return self.seconds

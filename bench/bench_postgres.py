@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from bench._util import children
+from bench._util import BackendCpu, children
 from poimen import Caps, Kernel, ToolContext, Unsafe
 
 ADMIN_URL = os.environ.get("POIMEN_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -46,6 +46,7 @@ def worker(url: str, start_at: float, seconds: float, wid: str) -> dict[str, Any
     latencies: list[float] = []
     # One window for every worker: a worker that starts late still stops on time.
     end = time.perf_counter() + (start_at + seconds - time.time())
+    cpu = time.process_time()
     i = 0
     while True:
         t0 = time.perf_counter()
@@ -54,14 +55,18 @@ def worker(url: str, start_at: float, seconds: float, wid: str) -> dict[str, Any
         kernel.call("bench.noop", {"n": i}, call_id=f"{wid}-{i}")
         latencies.append(time.perf_counter() - t0)
         i += 1
+    cpu = time.process_time() - cpu
+    time.sleep(1.0)  # the server's side is read at the window's end: keep its sessions till then
     kernel.close()
-    return {"calls": len(latencies), "latencies": latencies, "late_s": late}
+    return {"calls": len(latencies), "latencies": latencies, "late_s": late, "cpu_s": cpu}
 
 
 def run(workers: int, seconds: float, url: str) -> dict[str, Any]:
     start_at = time.time() + 3.0 + 0.6 * workers  # after every process has imported and warmed
     argvs = [["--worker", url, str(start_at), str(seconds), f"w{n}"] for n in range(workers)]
+    server = BackendCpu(ADMIN_URL, urlsplit(url).path[1:], start_at, start_at + seconds)
     results = [json.loads(o) for o in children("bench.bench_postgres", argvs, seconds + 120)]
+    server_s = server.result()
     lat = sorted(x for r in results for x in r["latencies"])
     calls = sum(r["calls"] for r in results)
     return {
@@ -71,6 +76,12 @@ def run(workers: int, seconds: float, url: str) -> dict[str, Any]:
         "calls_per_s": round(calls / seconds, 1),
         "per_worker_calls_per_s": [round(r["calls"] / seconds, 1) for r in results],
         "workers_started_late_s": max(r["late_s"] for r in results),
+        # Where the CPU goes, per call: the server's backends (from /proc; null if the server
+        # is not on this host) and the worker processes (the kernel's Python and psycopg).
+        "cpu_us_per_call": {
+            "server": None if server_s is None else round(1e6 * server_s / calls, 1),
+            "client": round(1e6 * sum(r["cpu_s"] for r in results) / calls, 1),
+        },
         "latency_ms": {
             "p50": round(1000 * statistics.median(lat), 3),
             "p99": round(1000 * lat[int(0.99 * (len(lat) - 1))], 3),

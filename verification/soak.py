@@ -145,6 +145,7 @@ class WorkerPlan:
     reuse: tuple[str, ...]
     recover_first: bool = False  # one recovery pass before any call
     break_rule: str | None = None
+    flat: bool = True  # Kernel.call's flat path (False: the generator protocol only)
 
 
 @dataclass(slots=True)
@@ -358,10 +359,11 @@ def worker_main(plan: WorkerPlan, up: Any) -> None:
     os.close(err)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     side = Side(plan.side)
-    side.log(e="start", t=time.time())
+    side.log(e="start", t=time.time(), flat=plan.flat)
     kernel = soak_kernel(plan.db, plan.provider, plan.worker_id, side, timeout=plan.timeout,
                          margin=plan.margin, lease_ttl=plan.lease_ttl,
                          approval_ttl=plan.approval_ttl)
+    kernel._engine.flat = plan.flat
     if plan.break_rule == "claimable":
         kernel._engine.claimable = lambda intent, now: "claimable"  # type: ignore[method-assign]
     reuse = deque(plan.reuse)
@@ -571,7 +573,8 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> SoakRu
                           approval_ttl=cfg.approval_ttl, operator_share=cfg.operator_share,
                           undo_share=cfg.undo_share,
                           archive=str(base / "sides" / f"{wid}.archive.jsonl"), reuse=again,
-                          recover_first=first, break_rule=cfg.break_rule)
+                          recover_first=first, break_rule=cfg.break_rule,
+                          flat=spawned % 2 == 0)  # w1, w3, ...: flat; w0, w2, ...: not
         rec = WorkerRecord(wid, started=time.time(), reused=len(again))
         up, tell = ctx.Pipe(duplex=False)
         p = ctx.Process(target=worker_main, args=(plan, tell), daemon=True)

@@ -113,3 +113,19 @@ def test_statements_dropped_from_a_live_session_are_prepared_again(postgres_url:
         assert [e.kind for e in store.events(second)] == ["dispatched", "failed"]
     finally:
         store.close()
+
+
+@pytest.mark.postgres
+def test_the_settled_rows_bytes_are_inlined_into_the_chains_update(postgres_url: str) -> None:
+    # Not inlined, each text of the row is a SQL function planned again on every settle, with
+    # the chain's head locked (migration 12; docs/performance.md).
+    open_store(postgres_url).close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        plan = "\n".join(
+            str(r[0])
+            for r in conn.execute(
+                "EXPLAIN (VERBOSE) SELECT poimen_audit_bytes(i) FROM intents i WHERE id = 'x'"
+            )
+        )
+    assert "convert_to" in plan
+    assert "poimen_audit_" not in plan, plan

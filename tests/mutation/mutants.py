@@ -33,6 +33,7 @@ STORE = "poimen/store/_sql.py"
 PG = "poimen/store/postgres.py"
 UNDO = "poimen/_undo.py"
 ENGINE = "poimen/_engine/engine.py"
+FLAT = "poimen/_engine/flat.py"
 BACKOFF = "poimen/_core/backoff.py"
 AUDIT = "poimen/_core/audit.py"
 AUDIT_OP = "poimen/operator/_audit.py"
@@ -52,6 +53,7 @@ T_GATE = ("tests/integration/test_send_gate.py",)
 T_UNSETTLED = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite or not postgres")
 T_OWED = ("tests/integration/test_unsettled_calls.py", "-k",
           "sqlite and (recovery_settled or given_once or operator_decided)")
+T_FENCED = ("tests/integration/test_flat_path.py", "-k", "refused_on_its_fence")
 T_TX = ("tests/integration/test_transactional.py",)
 T_TX_CRASH = ("tests/crash/test_transactional_crash.py", "-k", "sqlite")
 # The crash tests of the provider-backed classes (Transactional's have mutants of their own).
@@ -102,6 +104,18 @@ MUTANTS: list[Mutant] = [
     Mutant("no-unknown-deadline", "an unknown outcome moves the deadline past its end",
            PROTOCOL, "            intent = dataclasses.replace(intent, deadline_at=deadline)\n",
            "            deadline = None\n", T_LIFE),
+    # The flat path hands every other end of its run to the protocol.
+    Mutant("flat-unknown-completed", "the flat path settles only a definite outcome; an "
+           "unknown one goes on in the protocol", FLAT,
+           'if run.kind == "completed" or (', 'if run.kind in ("completed", "unknown") or (',
+           ("tests/integration/test_call_path.py", "-k", "sqlite or not postgres")),
+    Mutant("flat-fenced-settled", "the flat path's outcome commit refused on its fence answers "
+           "what the log says", FLAT,
+           'out = w.settled(e, intent) if ok else run_sync(e, fenced_out(e, intent, "outcome"))',
+           "out = w.settled(e, intent)", T_FENCED),
+    Mutant("protocol-fenced-settled", "an outcome commit refused on its fence answers what the "
+           "log says", PROTOCOL, '    return (yield from fenced_out(e, intent, "outcome"))',
+           "    return w.settled(e, intent)", T_FENCED),
     Mutant("cancel-releases-hold", "a cancelled caller leaves its tool held until it returns",
            RUNNERS, "                    _continue_in_thread(e, gen, cf)",
            "                    gen.close()", T_LIFE),
@@ -485,8 +499,8 @@ MUTANTS: list[Mutant] = [
     Mutant("owed-answer-read-kept", "an answer read by call id is not owed any more",
            PROTOCOL, "        store.take_answer(out.intent_id)\n", "        pass\n", T_OWED),
     Mutant("owed-answer-late-caller", "a caller seized after its lease ran out takes its answer",
-           PROTOCOL, "return (yield from taken(e, out, late))",
-           "return (yield from taken(e, out, False))",
+           PROTOCOL, "    return time.monotonic() - c.began >= (d.lease_expires_at - d.now) / 2",
+           "    return False",
            ("tests/integration/test_unsettled_calls.py", "-k", "sqlite and settled_its_call")),
     Mutant("owed-answer-after-undo", "an undone call owes no answer", "poimen/_undo.py",
            "    store.take_answer(it.id)\n", "    pass\n",

@@ -32,6 +32,7 @@ from poimen._core.spec import ToolSpec, safe_name, spec_of
 from poimen._core.tools import Tool, ToolRegistration, build_tool
 from poimen._core.undo import UndoArgs, UndoRule, undo_rule
 from poimen._engine import hooks as _hooks
+from poimen._engine.flat import flat_call
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
 from poimen._engine.protocol import Approval, answer, call_steps, given, orphan_steps
@@ -224,6 +225,9 @@ class Engine:
         self._pools_lock = threading.Lock()
         self.continuations: set[threading.Thread] = set()
         self.observer: ObserverHooks | None = None  # set while the kernel has observers
+        # False: every call takes the generator protocol, never `flat_call` (for the tests
+        # and the soak that run both).
+        self.flat = True
 
     def record(
         self,
@@ -398,11 +402,16 @@ class Engine:
                 tool_id=t.id,
             )
         self.on_call()
-        steps = call_steps(self, t, d, kwargs, CallState(), approval)
+        if approval is None and self.sandbox is None and self.flat:
+            run = functools.partial(flat_call, self, t, d, kwargs)
+        else:
+            run = functools.partial(
+                run_sync, self, call_steps(self, t, d, kwargs, CallState(), approval)
+            )
         obs = self.observer
         if obs is not None and _hooks.calls_wanted(obs):
-            return _hooks.observed_call(obs, d, lambda: run_sync(self, steps))
-        return run_sync(self, steps)
+            return _hooks.observed_call(obs, d, run)
+        return run()
 
     async def arun_call(
         self, tool: str, args: Mapping[str, Any], *, call_id: str, scope: str | None = None

@@ -317,6 +317,13 @@ observed_recovery = _scoped(
 # Transitions, each reported after its commit.
 
 
+def dispatched(e: Engine, d: NewDispatch, intent: Intent) -> None:
+    """A new intent's dispatch committed: the happy path's first transition."""
+    obs = e.observer
+    if obs is not None and obs.wants & TRANSITIONS:
+        obs.dispatched(d, intent)
+
+
 def report(e: Engine, kind: type[ev.IntentEvent], it: Intent, **fields: Any) -> None:
     """An event of intent `it`, made only if an observer wants transitions."""
     obs = e.observer

@@ -109,9 +109,7 @@ def call_steps(
         )
         if not created:
             return (yield from existing_steps(e, t, intent, d, c))
-        obs = e.observer
-        if obs is not None and obs.wants & TRANSITIONS:
-            obs.dispatched(d, intent)
+        _hooks.dispatched(e, d, intent)
         _crashpoints.hit("after_dispatch_commit", d.call_id)
         if c.cancelled:  # cancelled during the dispatch commit: the tool never ran
             return (
@@ -119,16 +117,19 @@ def call_steps(
                     e, intent, Run("failed", error="cancelled before the tool ran")
                 )
             )
-        started = yield from _stamp_deadline(e, t, intent, d.now)
+        started = yield from stamp_deadline(e, t, intent, d.now)
         if not isinstance(started, Intent):
             return started
         out = yield from run_steps(e, t, started, kwargs, c)
-        # Past half its first lease, the lease may have run out (renewals starved) and a
-        # recovery pass seized the call, marking its answer owed: this caller is given it.
-        late = time.monotonic() - c.began >= (d.lease_expires_at - d.now) / 2
-        return (yield from taken(e, out, late))
+        return (yield from taken(e, out, late(d, c)))
     finally:
         e.holds.drop(d.intent_id)
+
+
+def late(d: NewDispatch, c: CallState) -> bool:
+    """Past half its first lease, the lease may have run out (renewals starved) and a recovery
+    pass seized the call, marking its answer owed: then this caller is given it."""
+    return time.monotonic() - c.began >= (d.lease_expires_at - d.now) / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,8 +337,7 @@ def decide_steps(e: Engine, t: Tool, intent: Intent, c: CallState) -> Steps[Outc
                 if ok:
                     _hooks.report(e, ev.CompletedEvent, intent, fence=intent.fence, via="lookup")
                     return Completed(intent.id, None if text is None else json.loads(text))
-                _hooks.fenced(e, intent, intent.fence, "complete_landed")
-                return (yield from answer_current(e, intent.id))
+                return (yield from fenced_out(e, intent, "complete_landed"))
             case Defer(at=at, unknown_count=n, reason=reason):
                 ok = yield Block(
                     _defer,
@@ -399,7 +399,7 @@ def _retry(
         _hooks.fenced(e, intent, intent.fence, "claim")
         return Pending(intent.id, "lost_race")
     _hooks.report(e, ev.RetryEvent, claimed, attempt=claimed.attempts, fence=claimed.fence)
-    return (yield from _stamp_deadline(e, t, claimed, now))
+    return (yield from stamp_deadline(e, t, claimed, now))
 
 
 def indeterminate_steps(e: Engine, intent: Intent, reason: str) -> Steps[Outcome]:
@@ -412,8 +412,7 @@ def indeterminate_steps(e: Engine, intent: Intent, reason: str) -> Steps[Outcome
         _hooks.report(e, ev.IndeterminateEvent, intent, fence=intent.fence, reason=reason)
         e.notify()
         return Indeterminate(intent.id, reason)
-    _hooks.fenced(e, intent, intent.fence, "mark_indeterminate")
-    return (yield from answer_current(e, intent.id))
+    return (yield from fenced_out(e, intent, "mark_indeterminate"))
 
 
 def given(store: Store, out: Outcome) -> Outcome:
@@ -431,6 +430,12 @@ def taken(e: Engine, out: Outcome, ask: bool = True) -> Steps[Outcome]:
     return out
 
 
+def fenced_out(e: Engine, intent: Intent, what: str) -> Steps[Outcome]:
+    """A write on `intent`'s fence refused (someone else drives it now): what the log says."""
+    _hooks.fenced(e, intent, intent.fence, what)
+    return (yield from answer_current(e, intent.id))
+
+
 def answer_current(e: Engine, intent_id: str) -> Steps[Outcome]:
     current = yield Block(e.store.get_intent, (intent_id,))
     if current is None:
@@ -439,7 +444,7 @@ def answer_current(e: Engine, intent_id: str) -> Steps[Outcome]:
 
 
 def _write_outcome(e: Engine, intent: Intent, run: Run) -> Steps[Outcome]:
-    w = _Write.of(run, intent.id)
+    w = Write.of(run, intent.id)
     store = e.store
     ok = yield Block(
         store.record_outcome,
@@ -448,15 +453,11 @@ def _write_outcome(e: Engine, intent: Intent, run: Run) -> Steps[Outcome]:
         {"result": w.result, "error": w.error, "now": store.now()},
     )
     if ok:
-        obs = e.observer
-        if obs is not None and obs.wants & TRANSITIONS:
-            obs.settled(intent, w.state == S.COMPLETED, w.error)
-        return w.outcome(intent.id)
-    _hooks.fenced(e, intent, intent.fence, "outcome")
-    return (yield from answer_current(e, intent.id))
+        return w.settled(e, intent)
+    return (yield from fenced_out(e, intent, "outcome"))
 
 
-def _stamp_deadline(
+def stamp_deadline(
     e: Engine, t: Tool, intent: Intent, stamped_at: float
 ) -> Steps[Intent | Outcome]:
     """A Queryable attempt's deadline counts from when it starts: if its commit took long,
@@ -570,7 +571,7 @@ def _encode_result(value: Any, intent_id: str, what: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Write:
+class Write:
     """What a definite outcome writes, and what the caller gets once it is written."""
 
     state: IntentState
@@ -579,7 +580,7 @@ class _Write:
     value: Any
 
     @classmethod
-    def of(cls, run: Run, intent_id: str) -> _Write:
+    def of(cls, run: Run, intent_id: str) -> Write:
         if run.kind == "failed":
             return cls(S.FAILED, None, printable(run.error or ""), None)
         try:
@@ -588,6 +589,13 @@ class _Write:
             # The call still landed: complete it, and say what was lost.
             return cls(S.COMPLETED, None, printable(f"result not recorded: {exc}"), run.value)
         return cls(S.COMPLETED, text, None, None)
+
+    def settled(self, e: Engine, intent: Intent) -> Outcome:
+        """The caller's outcome, once written (and reported to the observers that want it)."""
+        obs = e.observer
+        if obs is not None and obs.wants & TRANSITIONS:
+            obs.settled(intent, self.state == S.COMPLETED, self.error)
+        return self.outcome(intent.id)
 
     def outcome(self, intent_id: str) -> Outcome:
         if self.state == S.FAILED:
