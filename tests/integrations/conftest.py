@@ -73,11 +73,14 @@ REFUSED = "mail.refused"  # the provider refuses: a definite failure
 SLOW = "mail.slow"  # Unsafe, sends once the test lets it (`slow_kernel`)
 
 
-def slow_kernel(sqlite_url: str, provider: str, release: threading.Event) -> Kernel:
-    """A kernel whose `mail.slow` sends its email once `release` is set."""
+def slow_kernel(
+    sqlite_url: str, provider: str, release: threading.Event, *, gated: bool = False
+) -> Kernel:
+    """A kernel whose `mail.slow` sends its email once `release` is set (`gated`: once an
+    operator approved it too)."""
     k = Kernel(sqlite_url, notifiers=[], wait_bound=0.1)
 
-    @k.tool(id=SLOW, effects=Unsafe(), caps=Caps(), timeout=60)
+    @k.tool(id=SLOW, effects=Unsafe(), caps=Caps(), timeout=60, requires_approval=gated)
     def slow(ctx: ToolContext, to: str, subject: str) -> Any:
         """Send an email over a slow connection."""
         assert release.wait(60)
@@ -87,11 +90,11 @@ def slow_kernel(sqlite_url: str, provider: str, release: threading.Event) -> Ker
 
 
 def in_flight(k: Kernel, args: dict[str, Any], call_id: str, scope: str) -> threading.Thread:
-    """`mail.slow` called in another thread, once its intent is in the log."""
+    """`mail.slow` called in another thread, once its attempt is in the log."""
     first = threading.Thread(target=k.call, args=(SLOW, args),
                              kwargs={"call_id": call_id, "scope": scope})
     first.start()
-    while k.store.get_by_call_id(call_id) is None:
+    while (it := k.store.get_by_call_id(call_id)) is None or not k.store.attempts(it.id):
         first.join(0.01)
     return first
 

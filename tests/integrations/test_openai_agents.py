@@ -327,20 +327,24 @@ def test_a_stale_state_resumed_with_another_decision_is_told_what_the_log_holds(
     assert told.raw_item["output"] == sent
 
 
+@pytest.mark.parametrize("gated", [False, True])
 def test_a_call_still_pending_ends_the_run_with_an_interruption_and_resumes_once(
-    sqlite_url: str, provider: ProviderProcess, ledger: ProviderClient
+    sqlite_url: str, provider: ProviderProcess, ledger: ProviderClient, gated: bool
 ) -> None:
-    # The identical call is in flight in another thread (its owner alive): the model's call
-    # is still Pending after `pending_wait`, so the run ends with an interruption that is no
-    # approval (`decide` refuses it); resumed once the first settled, it gets its result.
-    # One email.
+    # The identical call is in flight in another thread (its owner alive; `gated`: approved
+    # first): the model's call is still Pending after `pending_wait`, so the run ends with an
+    # interruption that is no approval (`decide` refuses it); resumed once the first
+    # settled, it gets its result. One email.
     from agents import RunState
 
     from poimen.integrations.openai_agents import decide, resume_pending
 
     release = threading.Event()
-    with slow_kernel(sqlite_url, provider.url, release) as k:
+    with slow_kernel(sqlite_url, provider.url, release, gated=gated) as k:
         first_id = call_ids.derived("s-1", SLOW, BOB, 1) + "-first"
+        if gated:
+            asked = k.call(SLOW, BOB, call_id=first_id, scope="s-1")
+            k.approve(asked.intent_id, operator="ann", reason="checked")
         first = in_flight(k, BOB, first_id, "s-1")
         script = Script([("mail_slow", BOB, "c1")])
         agent = Agent(name="mailer", model=script.model(),

@@ -113,7 +113,8 @@ def _function_tool(
                 outcome = await kernel.acall(
                     spec.id, params, call_id=call_id, scope=counter.scope
                 )
-                return awaiting(followed(kernel, call_id, outcome))  # edited: more approvers?
+                if awaiting(followed(kernel, call_id, outcome)):  # edited: more approvers?
+                    return True
         except ArgumentError:
             return False  # refused when the tool runs, before anything is recorded
         return await _still_pending(kernel, d, params, pending_wait)
