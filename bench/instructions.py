@@ -1,5 +1,7 @@
 """CPU cost per call in instructions, under valgrind's callgrind: the floor, the store's two
-commits alone, Kernel.call, and Kernel.acall of the async no-op tool, on SQLite WAL with synchronous=OFF (no fsync to wait for).
+commits alone, Kernel.call, and Kernel.acall of the async no-op tool, on SQLite WAL with
+synchronous=OFF (no fsync to wait for); and what the OpenTelemetry SDK observer adds to a
+call, beside the same span and point made by hand (the SDK's floor).
 
     python -m bench.instructions [--calls 500]
 
@@ -15,6 +17,7 @@ wall-clock groups include. Kernel time (the write system calls) is not counted e
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -26,7 +29,7 @@ from pathlib import Path
 
 from bench._util import ROOT
 
-WORKLOADS = ("floor", "store", "call", "acall")
+WORKLOADS = ("floor", "store", "call", "acall", "observed", "otel", "otel_by_hand")
 BASE = 100
 
 
@@ -45,6 +48,9 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
         for i in range(n):
             floor_call(conn, f"c{i}")
         conn.close()
+        return
+    if what in ("observed", "otel", "otel_by_hand"):
+        _observed(what, n, workdir)
         return
     kernel = noop_kernel(workdir / "poimen.db", synchronous="OFF")
     kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
@@ -68,6 +74,31 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
                 kernel.call(TOOL, args(i), call_id=f"c{i}")
     finally:
         kernel.close()
+
+
+def _observed(what: str, n: int, workdir: Path) -> None:
+    """bench.observe's `Kernel.call`: without observers ("observed"), with the OpenTelemetry
+    SDK observer, or wrapped by hand in the same span and point (`bench.observe.ByHand`, the
+    SDK's floor); the differences to "observed" are what each adds."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from bench.observe import TOOL, ByHand, _kernel, _sdk
+    from poimen.otel import OpenTelemetry
+
+    tp, mp = _sdk(processor=SimpleSpanProcessor)  # no thread of its own to count
+    observers = [OpenTelemetry(tracer_provider=tp, meter_provider=mp)] if what == "otel" else []
+    kernel = _kernel(workdir / "poimen.db", "OFF", observers, False)
+    kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
+    hand = ByHand(tp, mp)
+    call = functools.partial(hand.call, kernel) if what == "otel_by_hand" else kernel.call
+    try:
+        call(TOOL, {"n": -1}, call_id="warm")
+        for i in range(n):
+            call(TOOL, {"n": i}, call_id=f"c{i}")
+    finally:
+        kernel.close()
+        tp.shutdown()
+        mp.shutdown()
 
 
 def _instructions(what: str, n: int, total: int) -> int:

@@ -15,7 +15,7 @@ One no-op Idempotent tool, one caller, interleaved in one run:
   poimen's added cost against, one caller and 64 async ones.
 At synchronous=OFF, so that the observers' CPU shows above the disk; and again at FULL,
 poimen's default, as a user sees it; and 64 async callers at FULL, with the SDK and
-without. Ratios compare medians of this run; the one-caller cases take turns every 50 calls.
+without (with ``--sampled``, also with the SDK recording a tenth of the traces). Ratios compare medians of this run; the one-caller cases take turns every 50 calls.
 """
 
 from __future__ import annotations
@@ -135,14 +135,22 @@ class _Drop:
         return True
 
 
-def _sdk() -> tuple[Any, Any]:
+#: The sampled case's share of traces recorded.
+SAMPLED = 0.1
+
+
+def _sdk(ratio: float | None = None, processor: Any = None) -> tuple[Any, Any]:
+    """A tracer provider (recording every trace, or `ratio` of them: ParentBased on a
+    TraceIdRatioBased sampler, as docs/observability.md suggests; a batch span processor
+    unless another is given) and a meter provider."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(_Drop()))  # type: ignore[arg-type]
+    tp = TracerProvider() if ratio is None else TracerProvider(ParentBased(TraceIdRatioBased(ratio)))
+    tp.add_span_processor((processor or BatchSpanProcessor)(_Drop()))
     return tp, MeterProvider(metric_readers=[InMemoryMetricReader()])
 
 
@@ -216,7 +224,7 @@ def available() -> str | None:
     return None
 
 
-def rows(*, reps: int, quick: bool, workdir: Path) -> list[Row]:
+def rows(*, reps: int, quick: bool, workdir: Path, sampled: bool = False) -> list[Row]:
     from poimen.otel import OpenTelemetry
 
     calls, warmup = (20, 5) if quick else (2000, 300)
@@ -224,11 +232,15 @@ def rows(*, reps: int, quick: bool, workdir: Path) -> list[Row]:
     per_round = total // ROUNDS // callers * callers
     tp, mp = _sdk()
     floor_tp, floor_mp = _sdk()
+    sampled_tp, sampled_mp = _sdk(SAMPLED)
     quiet = logging.getLogger("poimen")
     before = quiet.level, quiet.propagate, list(quiet.handlers)
 
     def sdk() -> list[Any]:
         return [OpenTelemetry(tracer_provider=tp, meter_provider=mp)]
+
+    def sampled_observers() -> list[Any]:
+        return [OpenTelemetry(tracer_provider=sampled_tp, meter_provider=sampled_mp)]
 
     def at_info(run: Callable[[int], float]) -> Callable[[int], float]:
         def logged(n: int) -> float:
@@ -282,6 +294,8 @@ def rows(*, reps: int, quick: bool, workdir: Path) -> list[Row]:
         "tasks_sdk": tasks("tasks_sdk", sdk),
         "tasks_floor": tasks("tasks_floor", list, hand=True),
     }
+    if sampled:
+        whole["tasks_sampled"] = tasks("tasks_sampled", sampled_observers)
     chunk = min(CHUNK, calls)
     samples: dict[str, list[float]] = {name: [] for name in (*chunked, *whole)}
     try:
@@ -309,7 +323,7 @@ def rows(*, reps: int, quick: bool, workdir: Path) -> list[Row]:
     finally:
         for k in kernels:
             k.close()
-        for p in (tp, mp, floor_tp, floor_mp):
+        for p in (tp, mp, floor_tp, floor_mp, sampled_tp, sampled_mp):
             p.shutdown()
     return _rows(samples, callers)
 
@@ -404,10 +418,19 @@ def _rows(samples: dict[str, list[float]], callers: int) -> list[Row]:
         ),
         tasks,
     )
-    return [
+    out = [
         *(base, noop, sdk, log, floor, added, full, sdk_full, log_full),
         *(tasks, tasks_sdk, tasks_floor),
     ]
+    if "tasks_sampled" in samples:
+        sampled = row(
+            "tasks_sampled",
+            f"{callers} async callers at FULL, SDK, {SAMPLED:.0%} of traces sampled",
+            "ParentBased(TraceIdRatioBased): the other calls' spans are not recorded",
+            unit="calls/s",
+        )
+        out.append(vs(sampled, tasks))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -415,13 +438,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the bench runs")
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--json", type=Path, help="write the rows here")
+    p.add_argument(
+        "--sampled",
+        action="store_true",
+        help="also the async callers with a tenth of the traces sampled",
+    )
     ns = p.parse_args(argv)
     why = available()
     if why:
         print(f"skipped: {why}", file=sys.stderr)
         return 1
     with tempfile.TemporaryDirectory(prefix="poimen-bench-observe-") as tmp:
-        got = rows(reps=ns.reps or (2 if ns.quick else 5), quick=ns.quick, workdir=Path(tmp))
+        got = rows(
+            reps=ns.reps or (2 if ns.quick else 5),
+            quick=ns.quick,
+            workdir=Path(tmp),
+            sampled=ns.sampled,
+        )
     for r in got:
         ratio = f"  {r.ratio:.3f} {r.ratio_of}" if r.ratio is not None else ""
         met = "" if r.met is None else f"  target {r.target}: {'met' if r.met else 'NOT met'}"

@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
@@ -130,16 +130,13 @@ class Observation:
             self.hooks.after_fork()
 
     # The hooks, each to the observers that want it (in order; finishes in reverse, as
-    # contexts attached in order are detached).
+    # contexts attached in order are detached). A start's token is (observer, its token)
+    # when one observer wants the hook (the usual case: no list to build and walk), else a
+    # list of such pairs: a finish goes to the observers its start went to, whatever was
+    # sorted since.
 
     def call_started(self, d: NewDispatch) -> object:
-        tokens = []
-        for o in self._calls:
-            try:
-                tokens.append((o, o.call_started(d)))
-            except Exception:
-                _failed(o, "call_started")
-        return tokens
+        return _start(self._calls, "call_started", d)
 
     def call_finished(
         self,
@@ -149,25 +146,19 @@ class Observation:
         exc: BaseException | None,
         duration: float,
     ) -> None:
-        for o, t in reversed(cast("list[tuple[ObserverHooks, object]]", token)):
+        for o, t in (token,) if type(token) is tuple else _reversed(token):
             try:
                 o.call_finished(t, d, out, exc, duration)
             except Exception:
                 _failed(o, "call_finished")
 
     def attempt_started(self, it: Intent) -> object:
-        tokens = []
-        for o in self._calls:
-            try:
-                tokens.append((o, o.attempt_started(it)))
-            except Exception:
-                _failed(o, "attempt_started")
-        return tokens
+        return _start(self._calls, "attempt_started", it)
 
     def attempt_finished(
         self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
     ) -> None:
-        for o, t in reversed(cast("list[tuple[ObserverHooks, object]]", token)):
+        for o, t in (token,) if type(token) is tuple else _reversed(token):
             try:
                 o.attempt_finished(t, it, run, exc, duration)
             except Exception:
@@ -209,6 +200,28 @@ class Observation:
                 o.event(event)
             except Exception:
                 _failed(o, event.kind)
+
+
+def _start(observers: tuple[ObserverHooks, ...], hook: str, arg: Any) -> object:
+    """Hook `hook` of each observer: the start's token."""
+    if len(observers) == 1:
+        o = observers[0]
+        try:
+            return (o, getattr(o, hook)(arg))
+        except Exception:
+            _failed(o, hook)
+            return []
+    tokens = []
+    for o in observers:
+        try:
+            tokens.append((o, getattr(o, hook)(arg)))
+        except Exception:
+            _failed(o, hook)
+    return tokens
+
+
+def _reversed(token: object) -> Iterator[tuple[ObserverHooks, object]]:
+    return reversed(cast("list[tuple[ObserverHooks, object]]", token))
 
 
 def _failed(o: ObserverHooks, what: str) -> None:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from poimen import events as ev
-from poimen._core.intents import IntentState
+from poimen._core.intents import Completed, IntentState
 from poimen._core.present import redact_store_url, redact_urls
 from poimen._engine.hooks import EVERYTHING, outcome_kind, raised
 from poimen.errors import MissingExtraError
@@ -109,7 +109,11 @@ def _present(kind: type[ev.KernelEvent], names: tuple[str, ...]) -> tuple[tuple[
 
 otel_trace.get_tracer_provider()
 otel_metrics.get_meter_provider()
-_METRICS_API = sys.modules[otel_metrics.get_meter_provider.__module__]
+# Where the metrics API keeps its global (`get_meter_provider.__module__` names the package
+# that re-exports it, which has no such attribute).
+_METRICS_API = sys.modules.get("opentelemetry.metrics._internal") or sys.modules[
+    otel_metrics.get_meter_provider.__module__
+]
 
 
 def _global_tracer_provider() -> Any:
@@ -208,11 +212,21 @@ class OpenTelemetry(ev.Observer):
         )
         self.wants = 0
         self.watching = True
+        self._seen: tuple[Any, Any] = (_UNKNOWN, _UNKNOWN)
         self.refresh()
 
     def refresh(self) -> None:
         """What to ask for: everything if an SDK traces or measures, else nothing; looked
         at again while the global tracer provider may still be set."""
+        # Asked at each call while watching: the same global providers as last time, the
+        # same answer.
+        seen = (
+            getattr(otel_trace, "_TRACER_PROVIDER", _UNKNOWN),
+            getattr(_METRICS_API, "_METER_PROVIDER", _UNKNOWN),
+        )
+        if seen == self._seen and _UNKNOWN not in seen:
+            return
+        self._seen = seen
         tp, mp = self._providers
         tp = _global_tracer_provider() if tp is None else tp
         mp = _global_meter_provider() if mp is None else mp
@@ -242,7 +256,11 @@ class OpenTelemetry(ev.Observer):
         attrs = t.call.copy()
         attrs["poimen.call_id"] = attrs["gen_ai.tool.call.id"] = d.call_id
         span = self._tracer.start_span(t.call_name, kind=SpanKind.INTERNAL, attributes=attrs)
-        return self._opened(_Call(span))
+        call = _Call(span, t)
+        # `_opened`, written out: this runs once a call.
+        call.ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+        call.open_token = self._open.set(call)
+        return call
 
     def _opened(self, scope: _S) -> _S:
         """`scope`'s span made current, for the caller's code and for this observer's events."""
@@ -265,12 +283,33 @@ class OpenTelemetry(ev.Observer):
         duration: float,
     ) -> None:
         """A call ends: its span's outcome, and its calls and duration points."""
+        counts = self._counts
+        if type(token) is _Call and exc is None and type(out) is Completed and not token.told:
+            # The happy path: the outcome on the span, the call and its first attempt
+            # counted under one lock, the duration point; nothing built but the attributes.
+            span = token.span
+            try:
+                span.set_attributes(
+                    {"poimen.outcome": "completed", "poimen.intent_id": out.intent_id}
+                )
+            finally:
+                self._open.reset(token.open_token)
+                otel_context.detach(token.ctx_token)
+                span.end()
+            t, tried = token.tool, token.attempted
+            cells = t.happy or t.count_happy(counts)
+            # Its first attempt, if it ran under the call's span and completed (or committed).
+            if tried is None or tried == "completed":
+                counts.add(cells[0], None if tried is None else cells[1])
+            else:
+                counts.add(cells[0], t.attempts(counts, tried))
+            self._call_duration.record(duration, cells[2])
+            return
         outcome, reason = raised(exc) if exc is not None else outcome_kind(out)
-        if token is not None:
-            call = cast("_Call", token)
-            span = call.span
+        if type(token) is _Call:
+            span = token.span
             if outcome != "completed":
-                self._tell(call)  # e.g. an exception that left the intent DISPATCHED
+                self._tell(token)  # e.g. an exception that left the intent DISPATCHED
             try:
                 if span.is_recording():
                     attrs: dict[str, Any] = {"poimen.outcome": outcome}
@@ -283,9 +322,15 @@ class OpenTelemetry(ev.Observer):
                         span.set_status(Status(StatusCode.ERROR, _shown(reason)))
                     span.set_attributes(attrs)
             finally:
-                self._closed(call)
-        t = self._tool(d.tool_id, d.effect)
-        self._counts.add(t.calls(self._counts, outcome))
+                self._closed(token)
+            t = token.tool
+            if token.attempted is not None:  # its first attempt completed: counted with it
+                counts.add(t.calls(counts, outcome), t.attempts(counts, token.attempted))
+            else:
+                counts.add(t.calls(counts, outcome))
+        else:
+            t = self._tool(d.tool_id, d.effect)
+            counts.add(t.calls(counts, outcome))
         self._call_duration.record(duration, t.points(outcome))
 
     def attempt_started(self, it: Intent) -> object:
@@ -326,9 +371,11 @@ class OpenTelemetry(ev.Observer):
         )
         done = outcome in _DONE
         if type(token) is _Call:
-            if not done:
-                self._tell(token)
-            if not done and token.span.is_recording():
+            if done:  # the happy path: counted with the call, under one lock
+                token.attempted = outcome
+                return
+            self._tell(token)
+            if token.span.is_recording():
                 # The call's first attempt did not complete: its span, from its start.
                 attrs = self._attempt_attrs(it)
                 attrs["poimen.outcome"] = attrs["error.type"] = outcome
@@ -583,11 +630,15 @@ class _Call(_Scope):
     (a retry, a failure, ...): a call dispatched and completed with nothing between has no
     events."""
 
-    __slots__ = ("attempt_ns", "dispatched", "told")
+    __slots__ = ("attempt_ns", "attempted", "dispatched", "told", "tool")
 
-    def __init__(self, span: Any) -> None:
-        super().__init__(span)
+    def __init__(self, span: Any, tool: _Tool) -> None:
+        self.span = span
+        self.ctx_token: Any = None
+        self.open_token: Any = None
+        self.tool = tool
         self.attempt_ns = 0  # when its first attempt started (0: not yet)
+        self.attempted: str | None = None  # how its first attempt ended, if it completed
         self.dispatched: tuple[Intent, int] | None = None  # the kept event: intent, time
         self.told = False  # an event was added
 
@@ -631,9 +682,11 @@ class _Counts:
                 got = table[key] = _Cell(attrs)
             return got
 
-    def add(self, cell: _Cell) -> None:
+    def add(self, cell: _Cell, other: _Cell | None = None) -> None:
         with self._lock:
             cell.n += 1
+            if other is not None:
+                other.n += 1
 
     def _read(self, table: dict[tuple[str, str], _Cell]) -> list[Observation]:
         with self._lock:
@@ -670,7 +723,15 @@ class _Tool:
     attributes of each outcome."""
 
     __slots__ = (
-        "attempt_name", "call", "call_name", "counted", "effect", "ids", "outcomes", "tool_id"
+        "attempt_name",
+        "call",
+        "call_name",
+        "counted",
+        "effect",
+        "happy",
+        "ids",
+        "outcomes",
+        "tool_id",
     )
 
     def __init__(self, tool_id: str, effect: str) -> None:
@@ -687,6 +748,16 @@ class _Tool:
         }
         self.outcomes: dict[str, dict[str, str]] = {}
         self.counted: dict[tuple[bool, str], _Cell] = {}
+        # The happy path's: its calls cell, its attempts cell, its points' attributes.
+        self.happy: tuple[_Cell, _Cell, dict[str, str]] | None = None
+
+    def count_happy(self, counts: _Counts) -> tuple[_Cell, _Cell, dict[str, str]]:
+        self.happy = (
+            self.calls(counts, "completed"),
+            self.attempts(counts, "completed"),
+            self.points("completed"),
+        )
+        return self.happy
 
     def points(self, outcome: str) -> dict[str, str]:
         a = self.outcomes.get(outcome)

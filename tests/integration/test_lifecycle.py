@@ -230,6 +230,66 @@ def test_a_cancelled_acall_holds_its_sync_tool_until_it_returns_then_settles(
         k.close()
 
 
+@pytest.mark.parametrize("commit", ["dispatch", "outcome"])
+def test_a_cancelled_acall_waits_for_its_commit_in_flight(tmp_path: Path, commit: str) -> None:
+    """The answer of a commit in flight decides what comes next: a caller cancelled while
+    its commit waits for the database gets CancelledError only once that commit is done,
+    and the call is settled (never left DISPATCHED for recovery)."""
+    db = tmp_path / "log.db"
+    k = Kernel(f"sqlite:///{db}", notifiers=[])
+    blocker = sqlite3.connect(db, isolation_level=None)
+    runs: list[int] = []
+    ran = asyncio.Event()
+
+    @k.tool(id="t.noop", effects=Idempotent(key=KeyDerivation.fields("n")), caps=Caps(),
+            timeout=10)
+    async def noop(ctx: ToolContext, n: int) -> int:
+        runs.append(n)
+        if commit == "outcome" and n == 1:  # hold the database: its outcome's commit waits
+            blocker.execute("BEGIN IMMEDIATE")
+            ran.set()
+        return n
+
+    seen_at_end: list[S | None] = []
+
+    def state() -> S | None:  # read beside the writer, which the blocker holds up
+        with sqlite3.connect(db) as conn:
+            row = conn.execute("SELECT state FROM intents WHERE call_id = 'c1'").fetchone()
+        return None if row is None else S(row[0])
+
+    async def caller() -> None:
+        await k.acall("t.noop", {"n": 0}, call_id="warm")  # the writer thread runs
+        if commit == "dispatch":
+            blocker.execute("BEGIN IMMEDIATE")
+        task = asyncio.create_task(k.acall("t.noop", {"n": 1}, call_id="c1"))
+        task.add_done_callback(lambda _: seen_at_end.append(state()))
+        if commit == "outcome":
+            await ran.wait()  # the task went on to its outcome's commit in the same step
+        else:
+            await asyncio.sleep(0)  # the task's first step: its dispatch is submitted
+        task.cancel()
+        for _ in range(20):  # turns of the loop, in which a caller not waiting would end
+            await asyncio.sleep(0)
+        assert not task.done()
+        blocker.execute("COMMIT")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(caller())
+        final = intent_of(k, "c1")
+        if commit == "dispatch":  # cancelled before its tool ran: FAILED, the tool never ran
+            assert final.state == S.FAILED
+            assert runs == [0]
+        else:
+            assert final.state == S.COMPLETED
+            assert runs == [0, 1]
+        assert seen_at_end == [final.state]
+    finally:
+        blocker.close()
+        k.close()
+
+
 def test_a_timed_out_async_tool_is_retried_only_after_its_request_returned(
     store_url: str,
 ) -> None:

@@ -119,6 +119,12 @@ MUTANTS: list[Mutant] = [
     Mutant("cancel-releases-hold", "a cancelled caller leaves its tool held until it returns",
            RUNNERS, "                    _continue_in_thread(e, gen, cf)",
            "                    gen.close()", T_LIFE),
+    # Issue 25: an async caller awaits its SQLite commit's answer without asyncio.shield, the
+    # answer refusing to be cancelled.
+    Mutant("cancel-drops-commit", "a cancelled async caller waits for its commit in flight",
+           "poimen/store/_base.py", "    def cancel(self, msg: Any = None) -> bool:\n        return False",
+           "    def cancel(self, msg: Any = None) -> bool:\n        return super().cancel(msg)",
+           T_LIFE),
     # ctx.http raises NotSent only if nothing went out, but a tool may raise NotSent itself:
     # the rule lives in the classification of the tool's exception, which checks both.
     Mutant("not-sent-after-write", "a request that never left is FAILED only if nothing went "

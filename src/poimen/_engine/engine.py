@@ -33,6 +33,7 @@ from poimen._core.tools import Tool, ToolRegistration, build_tool
 from poimen._core.undo import UndoArgs, UndoRule, undo_rule
 from poimen._engine import hooks as _hooks
 from poimen._engine.flat import flat_call
+from poimen._engine.hooks import CALLS
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
 from poimen._engine.protocol import Approval, answer, call_steps, given, orphan_steps
@@ -402,16 +403,20 @@ class Engine:
                 tool_id=t.id,
             )
         self.on_call()
-        if approval is None and self.sandbox is None and self.flat:
-            run = functools.partial(flat_call, self, t, d, kwargs)
-        else:
-            run = functools.partial(
-                run_sync, self, call_steps(self, t, d, kwargs, CallState(), approval)
-            )
         obs = self.observer
-        if obs is not None and _hooks.calls_wanted(obs):
-            return _hooks.observed_call(obs, d, run)
-        return run()
+        observed = obs is not None and (
+            _hooks.calls_wanted(obs) if obs.watching else obs.wants & CALLS
+        )
+        if approval is None and self.sandbox is None and self.flat:
+            if observed:
+                assert obs is not None
+                return _hooks.observed_call(obs, d, flat_call, self, t, d, kwargs)
+            return flat_call(self, t, d, kwargs)
+        steps = call_steps(self, t, d, kwargs, CallState(), approval)
+        if observed:
+            assert obs is not None
+            return _hooks.observed_call(obs, d, run_sync, self, steps)
+        return run_sync(self, steps)
 
     async def arun_call(
         self, tool: str, args: Mapping[str, Any], *, call_id: str, scope: str | None = None
@@ -431,7 +436,7 @@ class Engine:
         approval = self.approval(t, d)
         run = run_async(self, call_steps(self, t, d, kwargs, c, approval), c)
         obs = self.observer
-        if obs is not None and _hooks.calls_wanted(obs):
+        if obs is not None and (_hooks.calls_wanted(obs) if obs.watching else obs.wants & CALLS):
             return await _hooks.observed_acall(obs, d, run)
         return await run
 

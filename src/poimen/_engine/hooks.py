@@ -131,12 +131,14 @@ def calls_wanted(obs: ObserverHooks) -> bool:
     return bool(obs.wants & CALLS)
 
 
-def observed_call(obs: ObserverHooks, d: NewDispatch, run: Callable[[], Outcome]) -> Outcome:
-    """`run()` as a call's scope, for the observers that want calls."""
+def observed_call(
+    obs: ObserverHooks, d: NewDispatch, run: Callable[P, Outcome], *args: P.args, **kw: P.kwargs
+) -> Outcome:
+    """`run(*args)` as a call's scope, for the observers that want calls."""
     token = obs.call_started(d)
     began = time.perf_counter()
     try:
-        out = run()
+        out = run(*args, **kw)
     except BaseException as exc:
         obs.call_finished(token, d, None, exc, time.perf_counter() - began)
         raise

@@ -41,6 +41,7 @@ from poimen.errors import (
     TransactionalDatabaseError,
     TransactionControlError,
 )
+from poimen.store._base import Answer
 
 if TYPE_CHECKING:
     from poimen._engine.engine import Engine
@@ -369,6 +370,14 @@ async def _invoke_async_step(e: Engine, step: Invoke, c: CallState) -> Run:
 async def _block_async(e: Engine, step: Block, c: CallState) -> Any:
     if step.afn is not None:
         fut: asyncio.Future[Any] = asyncio.ensure_future(step.afn(*step.args, **step.kw))
+        if isinstance(fut, Answer):
+            # It refuses to be cancelled: a cancelled caller is told once the answer is in.
+            try:
+                return await fut
+            except asyncio.CancelledError:
+                c.cancelled = True
+                if fut.done():
+                    return fut.result()
     else:
         ctx = contextvars.copy_context()
         call = functools.partial(step.fn, *step.args, **step.kw)

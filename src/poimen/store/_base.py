@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.resources
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from poimen._core.effects import EFFECT_NAMES
 from poimen._core.intents import (
@@ -27,6 +28,20 @@ if TYPE_CHECKING:
     from poimen._core.audit import Head
     from poimen.store._chain import ChainView
     from poimen.store._retention import History
+
+
+T = TypeVar("T")
+
+
+class Answer(asyncio.Future[T]):
+    """The answer to a write queued by a caller on an event loop (``arecord_*``): resolved
+    once the commit is done. Cancelling it is refused: the write is committed or not
+    whatever its waiter does, and a waiting task that is cancelled is told only once the
+    answer is in, which decides what comes next. This is what `asyncio.shield` gives,
+    without shield's second future and the two turns of the loop its callbacks take."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
 
 
 @dataclass(frozen=True, slots=True)

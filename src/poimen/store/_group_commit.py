@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from poimen.errors import StoreError, StoreUnavailableError
+from poimen.store._base import Answer
 
 T = TypeVar("T")
 log = logging.getLogger("poimen")
@@ -140,7 +141,8 @@ class GroupCommit:
         """`run` for a caller on an event loop: the future resolves once the commit is
         durable, and the loop never blocks on the write."""
         op: Op[T] = Op(fn, merge, payload)
-        op.future = fut = asyncio.get_running_loop().create_future()
+        fut: Answer[T] = Answer(loop=asyncio.get_running_loop())
+        op.future = fut
         try:
             with self._lock:
                 if self._stopped:
