@@ -101,6 +101,14 @@ def test_without_poimen_it_reports_the_doubles_the_witness_ledger_holds(
              for c in report["cases"] for d in c["doubles"]}
     assert needs == {"charges": "Idempotent",  # it sent a key, a new one per attempt
                      "messages": "Unsafe"}
+    if agent == "pydantic-ai":  # the agent `poimen scan` reads too: the same suggestion
+        from poimen.scan import scan
+
+        [charge] = [t for t in scan([ROOT / "examples/shop_agent.py"]).findings
+                    if t.name == "charge"]
+        assert charge.suggestion is not None
+        assert {d["suggestion"]["code"] for c in report["cases"] for d in c["doubles"]
+                if "/charges" in d["write"]} == {charge.suggestion.code}
     valid_junit(report, tmp / "junit.xml")
 
 

@@ -123,6 +123,9 @@ EXPECT: dict[str, tuple[str | tuple[str, int], ...]] = {
     ),
     "openai_agents_agent.py": ("the agent: Bob knows his order shipped.", "emails sent: 1",
                                "the call in poimen's log: session-42/send_email/"),
+    "openai_agents_pending.py": ("the run stopped: ['book_courier'] still Pending",
+                                 'the agent: The tool said: {"entry_id": 1',
+                                 ("bookings the courier took: 1", 1)),
     "postgres.py": ("api-1 calls: Completed(", "api-2 finds it in the log: Completed("),
     "pydantic_ai_agent.py": (
         "agent exit code -9; emails sent: 1",

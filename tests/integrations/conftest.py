@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,35 @@ TWICE = "mail.twice"  # Unsafe, coalesce=False: two identical calls are two emai
 GATED = "mail.gated"  # Unsafe, each call needs an operator's approval
 FOUR_EYES = "mail.four_eyes"  # Unsafe, each call needs two distinct operators' approval
 REFUSED = "mail.refused"  # the provider refuses: a definite failure
+
+
+SLOW = "mail.slow"  # Unsafe, sends once the test lets it (`slow_kernel`)
+
+
+def slow_kernel(
+    sqlite_url: str, provider: str, release: threading.Event, *, gated: bool = False
+) -> Kernel:
+    """A kernel whose `mail.slow` sends its email once `release` is set (`gated`: once an
+    operator approved it too)."""
+    k = Kernel(sqlite_url, notifiers=[], wait_bound=0.1)
+
+    @k.tool(id=SLOW, effects=Unsafe(), caps=Caps(), timeout=60, requires_approval=gated)
+    def slow(ctx: ToolContext, to: str, subject: str) -> Any:
+        """Send an email over a slow connection."""
+        assert release.wait(60)
+        return httpx.post(f"{provider}/plain", json={"to": to, "subject": subject}).json()
+
+    return k
+
+
+def in_flight(k: Kernel, args: dict[str, Any], call_id: str, scope: str) -> threading.Thread:
+    """`mail.slow` called in another thread, once its attempt is in the log."""
+    first = threading.Thread(target=k.call, args=(SLOW, args),
+                             kwargs={"call_id": call_id, "scope": scope})
+    first.start()
+    while (it := k.store.get_by_call_id(call_id)) is None or not k.store.attempts(it.id):
+        first.join(0.01)
+    return first
 
 
 @pytest.fixture

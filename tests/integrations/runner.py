@@ -16,7 +16,8 @@ tool-call id as the call id (the baseline poimen's rule replaces). LangGraph (`l
 agent of LangChain's `create_agent` whose approvals go through `PoimenHumanInTheLoop`) runs on
 a SQLite checkpointer; `--resume` continues the thread from its checkpoint, and a thread stopped by an
 interrupt (a Pending call) is resumed once the call has settled (`--lookup-back`: after the
-provider's lookup is set back to truthful, the test having made it fail).
+provider's lookup is set back to truthful, the test having made it fail); so is an Agents SDK
+run stopped by an interruption for a Pending call (`resume_pending`).
 """
 
 # No `from __future__ import annotations`: PydanticAI reads the naive tool's annotations.
@@ -160,7 +161,22 @@ def run_openai_agents(kernel: Kernel, a: argparse.Namespace, seen: list[str]) ->
     else:
         tools = list(poimen_tools(kernel, scope=a.scope, pending_wait=a.pending_wait))
     agent = Agent(name="mailer", model=model, tools=tools)
-    return str(Runner.run_sync(agent, "email bob").final_output)
+
+    async def go() -> str:
+        result, stops = await Runner.run(agent, "email bob"), []
+        while result.interruptions:  # a call still Pending: resumed once it has settled
+            from poimen.integrations.openai_agents import resume_pending
+
+            stops.append("interrupt: Pending")
+            if a.lookup_back:
+                ProviderClient(a.provider).set_lookup_mode("truthful")
+            state = result.to_state()
+            assert await resume_pending(kernel, state, scope=a.scope, timeout=120) == []
+            result = await Runner.run(agent, state)
+        seen[:0] = stops  # the model's step rewrites `seen` with the outputs it was given
+        return str(result.final_output)
+
+    return asyncio.run(go())
 
 
 def _openai_agents_approval(kernel: Kernel, a: argparse.Namespace, model: Any) -> str:

@@ -33,8 +33,9 @@ def test_a_langgraph_restart_with_inputs_asks_the_model_again_and_sends_one_emai
     assert seen.startswith("The outcome of this action is unknown")
 
 
+# (The Agents SDK's run ends with an interruption instead: the test after the LangGraph one.)
 @KILL_TIMEOUT
-@pytest.mark.parametrize("framework", ["pydantic-ai", "openai-agents"])
+@pytest.mark.parametrize("framework", ["pydantic-ai"])
 def test_a_model_asking_again_after_pending_is_the_same_call(
     framework: str, run_agent: RunAgent, ledger: ProviderClient, sqlite_url: str,
     provider: Any,
@@ -75,6 +76,25 @@ def test_a_langgraph_restart_while_the_call_is_pending_interrupts_and_resumes_on
     assert report is not None and report["output"] == "done"
     assert report["seen"][0].startswith("interrupt:")
     assert '"status"' in report["seen"][-1] or "request_id" in report["seen"][-1]
+    assert ledger.count() == 1
+
+
+@KILL_TIMEOUT
+def test_an_agents_sdk_restart_while_the_call_is_pending_interrupts_and_resumes_once(
+    run_agent: RunAgent, ledger: ProviderClient
+) -> None:
+    # Killed before the request left; restarted, the model asks again (a new id) for the
+    # call still Pending past `pending_wait`: `needs_approval` ends the run with an
+    # interruption, and the state resumed once the call has settled gets its one effect.
+    assert run_agent("openai-agents", "call_first", kill_at="mid_call", tool="ship") is None
+    assert ledger.count() == 0
+    ledger.set_lookup_mode("error")  # Pending however long the restart takes to start
+    report = run_agent("openai-agents", "call_second", tool="ship", pending_wait=0,
+                       wait_bound=0.1, lookup_back=True)
+    assert report is not None and report["output"] == "done"
+    assert report["seen"][0] == "interrupt: Pending"
+    [result] = report["seen"][1:]
+    assert '"status"' in result or "request_id" in result
     assert ledger.count() == 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -11,10 +12,18 @@ from agents import Agent, Runner, set_tracing_disabled
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
 from poimen import Completed, Indeterminate, Kernel, call_ids
-from poimen.errors import PoimenError
+from poimen.errors import NotAwaitingApprovalError, PoimenError
 from poimen.integrations.openai_agents import poimen_tools
 from poimen.testing import EMAIL, ProviderClient, ProviderProcess, register_test_tools
-from tests.integrations.conftest import KILL_TIMEOUT, LOST, REFUSED, RunAgent
+from tests.integrations.conftest import (
+    KILL_TIMEOUT,
+    LOST,
+    REFUSED,
+    SLOW,
+    RunAgent,
+    in_flight,
+    slow_kernel,
+)
 
 set_tracing_disabled(True)  # nothing to export traces to
 BOB = {"to": "bob@example.com", "subject": "hello"}
@@ -93,6 +102,30 @@ def test_refused_arguments_are_told_and_record_nothing(kernel: Kernel) -> None:
     [seen] = script.seen
     assert seen.startswith("The call was refused and had no effect") and "subject" in seen
     assert kernel.outcome(call_ids.derived("s-1", EMAIL, {"to": "bob@example.com"}, 1)) is None
+
+
+@pytest.mark.parametrize("raw", ['{"to": "bob@', '["bob@example.com"]', ""])
+def test_arguments_that_are_no_json_object_are_let_through_and_refused(
+    kernel: Kernel, raw: str
+) -> None:
+    # The SDK stops the run on them before it asks the tools; poimen holds nothing, so
+    # `resume_pending` lets them through and the model is told they were refused.
+    from poimen.integrations.openai_agents import resume_pending
+
+    script = Script([("test_email", raw, "c1")])  # type: ignore[list-item]
+    agent = Agent(name="mailer", model=script.model(), tools=list(poimen_tools(kernel, scope="s-1")))
+
+    async def go() -> Any:
+        first = await Runner.run(agent, "email bob")
+        state = first.to_state()
+        assert len(first.interruptions) == 1
+        assert await resume_pending(kernel, state, scope="s-1", timeout=0) == []
+        return await Runner.run(agent, state)
+
+    assert asyncio.run(go()).final_output == "done"
+    [seen] = script.seen
+    assert seen.startswith("The call was refused and had no effect")
+    assert kernel.store.list_intents() == []
 
 
 def test_the_same_call_twice_in_one_run_is_one_call_while_the_first_is_unsettled(
@@ -292,3 +325,55 @@ def test_a_stale_state_resumed_with_another_decision_is_told_what_the_log_holds(
     [told] = [i for i in result.new_items if i.type == "tool_call_output_item"]
     assert told.output == sent and "entry_id" in sent
     assert told.raw_item["output"] == sent
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_call_still_pending_ends_the_run_with_an_interruption_and_resumes_once(
+    sqlite_url: str, provider: ProviderProcess, ledger: ProviderClient, gated: bool
+) -> None:
+    # The identical call is in flight in another thread (its owner alive; `gated`: approved
+    # first): the model's call is still Pending after `pending_wait`, so the run ends with an
+    # interruption that is no approval (`decide` refuses it); resumed once the first
+    # settled, it gets its result. One email.
+    from agents import RunState
+
+    from poimen.integrations.openai_agents import decide, resume_pending
+
+    release = threading.Event()
+    with slow_kernel(sqlite_url, provider.url, release, gated=gated) as k:
+        first_id = call_ids.derived("s-1", SLOW, BOB, 1) + "-first"
+        if gated:
+            asked = k.call(SLOW, BOB, call_id=first_id, scope="s-1")
+            k.approve(asked.intent_id, operator="ann", reason="checked")
+        first = in_flight(k, BOB, first_id, "s-1")
+        script = Script([("mail_slow", BOB, "c1")])
+        agent = Agent(name="mailer", model=script.model(),
+                      tools=list(poimen_tools(k, scope="s-1", pending_wait=0.2)))
+        try:
+            ended = asyncio.run(Runner.run(agent, "email bob"))
+            [item] = ended.interruptions
+            assert item.tool_name == "mail_slow" and script.seen == []
+            assert ledger.count(kind="plain") == 0
+            saved = ended.to_state().to_string()
+
+            async def approve() -> None:
+                state = await RunState.from_string(agent, saved)
+                await decide(k, state, item, scope="s-1", decision="approve",
+                             operator="ann", reason="checked")
+
+            with pytest.raises(NotAwaitingApprovalError, match="Pending call"):
+                asyncio.run(approve())
+        finally:
+            release.set()
+            first.join(60)
+
+        async def resumed() -> Any:
+            state = await RunState.from_string(agent, saved)
+            assert await resume_pending(k, state, scope="s-1", timeout=30) == []
+            return await Runner.run(agent, state)
+
+        assert asyncio.run(resumed()).final_output == "done"
+        [seen] = script.seen
+        done = k.outcome(first_id)
+        assert isinstance(done, Completed) and json.loads(seen) == done.result
+    assert ledger.count(kind="plain") == 1

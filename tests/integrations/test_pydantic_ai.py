@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
-import httpx
 import pytest
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import (
@@ -23,19 +21,24 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from poimen import (
-    Caps,
     Completed,
     Indeterminate,
     Kernel,
     Resolved,
-    ToolContext,
-    Unsafe,
     call_ids,
 )
 from poimen.errors import PoimenError
 from poimen.integrations.pydantic_ai import PoimenToolset, deferred_results
 from poimen.testing import EMAIL, ProviderClient
-from tests.integrations.conftest import KILL_TIMEOUT, LOST, REFUSED, RunAgent
+from tests.integrations.conftest import (
+    KILL_TIMEOUT,
+    LOST,
+    REFUSED,
+    SLOW,
+    RunAgent,
+    in_flight,
+    slow_kernel,
+)
 
 BOB = {"to": "bob@example.com", "subject": "hello"}
 
@@ -191,22 +194,10 @@ def test_a_call_still_pending_ends_the_run_deferred_and_resumes_with_its_one_eff
     # waits `pending_wait`, is still Pending, and ends the run through PydanticAI's deferral;
     # once the first settles, the resumed run gets its result. One email.
     release = threading.Event()
-    k = Kernel(sqlite_url, notifiers=[], wait_bound=0.1)
-
-    @k.tool(id="mail.slow", effects=Unsafe(), caps=Caps(), timeout=60)
-    def slow(ctx: ToolContext, to: str, subject: str) -> Any:
-        """Send an email over a slow connection."""
-        assert release.wait(60)
-        return httpx.post(f"{provider.url}/plain", json={"to": to, "subject": subject}).json()
-
-    with k:
-        call_id = call_ids.derived("conv-1", "mail.slow", BOB, 1)
-        first = threading.Thread(target=k.call, args=("mail.slow", BOB),
-                                 kwargs={"call_id": call_id, "scope": "conv-1"})
-        first.start()
+    with slow_kernel(sqlite_url, provider.url, release) as k:
+        call_id = call_ids.derived("conv-1", SLOW, BOB, 1)
+        first = in_flight(k, BOB, call_id, "conv-1")
         try:
-            while k.store.get_by_call_id(call_id) is None:
-                time.sleep(0.01)
             script = Script([("mail_slow", BOB, "t1")])
             a = agent(k, script, defer=True, pending_wait=0.2)
             ended = run(a, "email bob")

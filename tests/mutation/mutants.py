@@ -224,6 +224,13 @@ MUTANTS: list[Mutant] = [
            "        return name\n",
            ("tests/unit/test_registration.py", "tests/integrations/test_mcp.py", "-k",
             "model_facing or filter_by_id")),
+    # Integrations: a Pending call ends in the framework's own deferral.
+    Mutant("agents-sdk-pending-told", "a call still Pending stops an Agents SDK run with an "
+           "interruption", "poimen/integrations/openai_agents.py",
+           "        return await _still_pending(kernel, d, params, pending_wait)",
+           "        return False",
+           ("tests/integrations/test_openai_agents.py", "tests/integrations/test_agent_restarts.py",
+            "-k", "still_pending or agents_sdk_restart")),
     Mutant("hold-taken-twice", "a kernel never holds one intent twice", "poimen/_engine/steps.py",
            "            if intent_id in self._ids:\n                return False\n", "",
            ("tests/integration/test_in_process_races.py", "-k", "run_it_once and sqlite")),

@@ -327,7 +327,8 @@ def _doubles(effects: Counter[str], clean: Counter[str], writes: Sequence[Write]
 
 def _suggestion(writes: Sequence[Write]) -> _suggest.Suggestion:
     first = writes[0]
-    fields = sorted(first.body) if isinstance(first.body, dict) else []
+    # In the order the body was sent, mostly the tool's parameters' (what `poimen scan` names).
+    fields = list(first.body) if isinstance(first.body, dict) else []
     return _suggest.for_http(first.method, fields,
                              has_key=any(w.key for w in writes),
                              has_request_id=any(w.request_id for w in writes))

@@ -13,7 +13,12 @@ is no result: the model asking again is the same call. The session is the call's
 an identical call while one is unsettled gets its outcome.
 
 The model gets the text of `Outcome.for_model()`: for Completed, the result as JSON. A Pending
-call is waited for up to `pending_wait` seconds first.
+call is waited for up to `pending_wait` seconds first. A call the log holds already (a
+restarted run's, or an identical one unsettled in the session) that is still Pending then
+ends the run with an interruption, through `needs_approval`, before the tool runs:
+`resume_pending(kernel, state, scope=...)` waits for it to settle and lets it through in the
+`RunState` (no approval is recorded: the resumed tool answers from the log) and returns the
+interruptions that are approvals; `decide` refuses a Pending one.
 
 A tool registered with `requires_approval` asks through the SDK's own `needs_approval`: the
 call is recorded awaiting approval and the run stops with an interruption
@@ -44,7 +49,7 @@ except ImportError as exc:  # the extra is missing: say which one
 
 from poimen import Failed, Indeterminate, Intent, Kernel, Outcome, Pending, ToolSpec, call_ids
 from poimen._runtime import engine_of
-from poimen.errors import ArgumentError, PoimenError
+from poimen.errors import ArgumentError, NotAwaitingApprovalError, PoimenError
 from poimen.integrations._outcomes import (
     PENDING_WAIT,
     apply_decision,
@@ -53,9 +58,11 @@ from poimen.integrations._outcomes import (
     refusal,
     settle,
     unsettled,
+    waitable,
 )
+from poimen.store import NewDispatch
 
-__all__ = ["decide", "poimen_tools"]
+__all__ = ["decide", "poimen_tools", "resume_pending"]
 
 
 def poimen_tools(
@@ -98,16 +105,20 @@ def _function_tool(
     async def needs_approval(
         ctx: RunContextWrapper[Any], params: dict[str, Any], sdk_call_id: str
     ) -> bool:
-        """True while poimen holds the call for an operator: recorded now if its rule asks."""
+        """True while poimen holds the call: for an operator (recorded now if its rule asks),
+        or Pending after `pending_wait` (the run ends; `resume_pending` resumes it)."""
         try:
             call_id = counter.call_id(ctx, spec.name, sdk_call_id, spec.id, params)
             _, d, _ = engine_of(kernel).prepare(spec.id, params, call_id, counter.scope)
-            if rule is None or not rule.needed(spec.id, json.loads(d.args)):
-                return False
-            outcome = await kernel.acall(spec.id, params, call_id=call_id, scope=counter.scope)
+            if rule is not None and rule.needed(spec.id, json.loads(d.args)):
+                outcome = await kernel.acall(
+                    spec.id, params, call_id=call_id, scope=counter.scope
+                )
+                if awaiting(followed(kernel, call_id, outcome)):  # edited: more approvers?
+                    return True
         except ArgumentError:
             return False  # refused when the tool runs, before anything is recorded
-        return awaiting(followed(kernel, call_id, outcome))  # edited: awaiting more approvers?
+        return await _still_pending(kernel, d, params, pending_wait)
 
     schema, strict = _schema(spec.parameters)
     return FunctionTool(
@@ -116,8 +127,23 @@ def _function_tool(
         params_json_schema=schema,
         on_invoke_tool=invoke,
         strict_json_schema=strict,
-        needs_approval=needs_approval if rule is not None else False,
+        needs_approval=needs_approval,
     )
+
+
+async def _still_pending(
+    kernel: Kernel, d: NewDispatch, params: dict[str, Any], wait: float
+) -> bool:
+    """The call is in the log already (a restarted run's, or an identical one unsettled in
+    its scope) and still Pending after `wait` seconds: the run ends with an interruption
+    instead of telling the model. A call the log has not seen runs, and is answered there."""
+    outcome = kernel.outcome(d.call_id)
+    if outcome is None and d.scope is not None:
+        if kernel.store.unsettled_call(d.scope, d.tool_id, d.args_hash) is None:
+            return False
+        # Made an alias of the unsettled call: answered by it, now and once it has settled.
+        outcome = await kernel.acall(d.tool_id, params, call_id=d.call_id, scope=d.scope)
+    return outcome is not None and waitable(await settle(kernel, d.call_id, outcome, wait))
 
 
 def _args(raw: str) -> dict[str, Any]:
@@ -146,13 +172,16 @@ async def decide(
     the next operator decides (on the edited call, after an edit); the same operator again is
     `SameApproverError`. A call decided already (a stale saved state) keeps its decision,
     whatever this one: the resumed run answers from the log."""
-    raw = item.raw_item
-    name = item.tool_name or _field(raw, "name")
-    params = _args(_field(raw, "arguments") or "")
-    intent = _asked(kernel, scope, kernel.tool_id(str(name)), params)
+    intent = _asked(kernel, scope, item)
     if intent is None:  # decided already (a stale state): the tool answers from the log
         state.approve(item)
         return
+    now = kernel.outcome(intent.call_id)
+    if now is not None and waitable(now):
+        raise NotAwaitingApprovalError(
+            f"the interruption for call {intent.call_id!r} is a Pending call, not an approval "
+            "asked for: nobody approves it; resume_pending resumes it once it has settled"
+        )
     choice = {"decision": decision, "operator": operator, "reason": reason, "args": args}
     await asyncio.to_thread(apply_decision, kernel, intent.id, choice)
     outcome = kernel.outcome(intent.call_id)
@@ -164,11 +193,45 @@ async def decide(
         state.approve(item)
 
 
-def _asked(kernel: Kernel, scope: str, tool_id: str, params: dict[str, Any]) -> Intent | None:
+async def resume_pending(
+    kernel: Kernel, state: RunState[Any], *, scope: str, timeout: float | None = None
+) -> list[ToolApprovalItem]:
+    """Resume the interruptions of the session `scope` that stand for a Pending call:
+    each is waited for (up to `timeout` seconds; None: until it settles) and let through in
+    `state`, whose resumed run gets the call's outcome from the log. Nothing is recorded as
+    an approval: the item is approved in the `RunState` only so that the SDK runs the tool,
+    which answers from the log. A call still Pending after `timeout` is left undecided (the
+    resumed run stops on it again). Returns the interruptions that ask an operator's
+    approval, for `decide`. An interruption whose arguments are no JSON object (the SDK
+    stops on those before asking the tools) is let through too: the tool refuses them."""
+    asked: list[ToolApprovalItem] = []
+    for item in state.get_interruptions():
+        intent = _asked(kernel, scope, item)
+        outcome = None if intent is None else kernel.outcome(intent.call_id)
+        if awaiting(outcome):
+            asked.append(item)
+            continue
+        if intent is not None and outcome is not None and waitable(outcome):
+            outcome = await kernel.wait(intent.call_id, timeout=timeout)
+            if waitable(outcome):
+                continue
+        state.approve(item)
+    return asked
+
+
+def _asked(kernel: Kernel, scope: str, item: ToolApprovalItem) -> Intent | None:
     """The call an interruption asks about: the unsettled call of this tool with these
-    arguments in the session, or the edited call an approver made of it, awaiting the
-    other approvers of a four-eyes tool."""
-    _, d, _ = engine_of(kernel).prepare(tool_id, params, "poimen-decide", scope)
+    arguments in the session (awaiting approval, or Pending), or the edited call an
+    approver made of it, awaiting the other approvers of a four-eyes tool. None for
+    arguments that are no JSON object: the SDK stops on those before asking the tools, and
+    the tool refuses them, recording nothing."""
+    raw = item.raw_item
+    tool_id = kernel.tool_id(str(item.tool_name or _field(raw, "name")))
+    try:
+        params = _args(_field(raw, "arguments") or "")
+        _, d, _ = engine_of(kernel).prepare(tool_id, params, "poimen-decide", scope)
+    except (ArgumentError, ValueError):
+        return None
     intent = kernel.store.unsettled_call(scope, tool_id, d.args_hash)
     if intent is not None:
         return intent
@@ -178,7 +241,6 @@ def _asked(kernel: Kernel, scope: str, tool_id: str, params: dict[str, Any]) -> 
         if awaiting(now) and now is not None and now.intent_id != earlier.id:
             return kernel.store.get_intent(now.intent_id)
     return None
-
 
 
 def _schema(parameters: dict[str, Any]) -> tuple[dict[str, Any], bool]:
