@@ -321,8 +321,10 @@ def kill_when_held(
 
 
 def _hook_points(on_point: Any) -> None:
-    # Child processes only: every crash point goes through `on_point` instead.
+    # Child processes only: every crash point goes through `on_point` instead; the call path
+    # asks `ACTIVE` before it calls `hit`.
     setattr(_crashpoints, "hit", on_point)  # noqa: B010
+    setattr(_crashpoints, "ACTIVE", True)  # noqa: B010
 
 
 def _hold(run: Callable[[str, str, dict[str, Any]], object], calls: Sequence[HeldCall],
