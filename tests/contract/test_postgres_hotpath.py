@@ -14,7 +14,7 @@ import pytest
 from poimen._core.intents import IntentState
 from poimen.errors import NotIndeterminateError
 from poimen.store import NewDispatch, open_store
-from poimen.store.postgres import Cursor, PostgresStore
+from poimen.store.postgres import Connection, PostgresStore
 from tests.contract.test_store_contract import A, dispatch
 
 S = IntentState
@@ -52,12 +52,12 @@ class _LosesFirstAnswer(PostgresStore):
 
     to_lose = 0
 
-    def _one_trip(self, cur: Cursor, name: str, params: Sequence[Any]) -> Any:
-        row = super()._one_trip(cur, name, params)
+    def _one_trip(self, conn: Connection, name: str, params: Sequence[Any]) -> bool:
+        found = super()._one_trip(conn, name, params)
         if self.to_lose:
             self.to_lose -= 1
             raise psycopg.OperationalError("answer lost")
-        return row
+        return found
 
 
 @pytest.mark.postgres

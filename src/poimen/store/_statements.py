@@ -425,6 +425,40 @@ def dispatch_params(d: NewDispatch) -> tuple[Any, ...]:
     )
 
 
+def dispatched(d: NewDispatch) -> Intent:
+    """The row record_dispatch just inserted, as reading it back would decode it (the same
+    values, converted as the columns convert them), without the read."""
+    return Intent(
+        id=d.intent_id,
+        call_id=d.call_id,
+        tool_id=d.tool_id,
+        effect=d.effect,
+        args=d.args,
+        args_hash=d.args_hash,
+        key=d.key,
+        request_id=d.request_id,
+        state=S.DISPATCHED,
+        fence=1,
+        owner=stored_owner(d.owner),
+        lease_expires_at=float(d.lease_expires_at),
+        timeout_s=float(d.timeout_s),
+        deadline_at=float(d.deadline_at),
+        next_check_at=None,
+        unknown_count=0,
+        attempts=1,
+        result=None,
+        error=None,
+        reason=None,
+        created_at=float(d.now),
+        updated_at=float(d.now),
+    )
+
+
+def stored_owner(o: Owner) -> Owner:
+    """An owner as the log returns it (the columns' conversions applied)."""
+    return Owner(str(o.worker_id), str(o.host or ""), int(o.pid or 0), str(o.pid_start or ""))
+
+
 def retry_attempt_params(it: Intent, owner: Owner, now: float) -> tuple[Any, ...]:
     """The parameters of `Sql.insert_attempt` for the attempt a claim opens; `it` is the row
     after the claim."""

@@ -36,6 +36,9 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import conninfo as _conninfo
+from psycopg import errors as _errors
+from psycopg import generators as _generators
+from psycopg import pq
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from poimen._core.backoff import RECONNECT
@@ -58,6 +61,7 @@ from poimen.store._statements import (
     Sql,
     claim_params,
     dispatch_params,
+    dispatched,
     too_new,
 )
 
@@ -65,6 +69,7 @@ T = TypeVar("T")
 S = IntentState
 SQL = Sql(POSTGRES)
 Cursor = psycopg.Cursor[Any]
+Connection = psycopg.Connection[Any]
 log = logging.getLogger("poimen.store.postgres")
 
 # Connection-level failures worth another try: a dropped or terminated connection, a server
@@ -76,6 +81,9 @@ _INHERITED: list[Any] = []
 # program limits exceeded (54, e.g. an index row too large). psycopg raises class 54 as an
 # OperationalError, but no retry can succeed and the session is sound.
 _REFUSED = ("22", "54")
+_ACTIVE = pq.TransactionStatus.ACTIVE
+_IDLE = pq.TransactionStatus.IDLE
+_FATAL = pq.ExecStatus.FATAL_ERROR
 # Seconds the wall clock may run ahead of the monotonic one before the server is asked again.
 _STALL = 1.0
 
@@ -249,6 +257,7 @@ class PostgresStore(SqlStore):
         *,
         transaction: bool = True,
         snapshot: bool = False,
+        session: bool = False,
     ) -> T:
         """Run `fn` in one transaction; retry it while the database is unreachable.
 
@@ -256,7 +265,8 @@ class PostgresStore(SqlStore):
         recognise its own earlier commit whose answer the lost connection swallowed. With
         `transaction=False` statements run in autocommit: for reads, and for writes that bring
         their own BEGIN and COMMIT (`_one_trip`). `snapshot=True` reads in one read-only
-        transaction whose statements all see the log as of its first one.
+        transaction whose statements all see the log as of its first one. `session=True` (with
+        `transaction=False`) hands `fn` the connection instead of a cursor.
         """
         if self._closed:
             raise StoreUnavailableError("the store is closed")
@@ -278,6 +288,8 @@ class PostgresStore(SqlStore):
                             if snapshot:
                                 cur.execute(_SNAPSHOT)
                             return fn(cur, retrying)
+                    if session:
+                        return fn(conn, retrying)  # type: ignore[arg-type]
                     with conn.cursor() as cur:
                         return fn(cur, retrying)
             except _TRANSIENT as exc:
@@ -317,8 +329,17 @@ class PostgresStore(SqlStore):
         pool = self._pool_open()
         conn = pool.getconn(timeout=wait)
         try:
-            with conn:
+            # What `with conn:` does for a pooled session, without its commit()'s round of
+            # psycopg's machinery when nothing is open (the common case: autocommit).
+            try:
                 yield conn
+            except BaseException:
+                if conn.pgconn.transaction_status != _IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.rollback()
+                raise
+            if conn.pgconn.transaction_status != _IDLE:
+                conn.commit()
         except psycopg.OperationalError as exc:
             # A terminated session can still look IDLE to the pool: close it, so the pool
             # replaces it instead of handing the dead socket to the next retry.
@@ -424,8 +445,12 @@ class PostgresStore(SqlStore):
 
     def server_facts(self) -> dict[str, Any]:
         out = {}
-        for name in ("server_version", "synchronous_commit", "default_transaction_isolation",
-                     "TimeZone"):
+        for name in (
+            "server_version",
+            "synchronous_commit",
+            "default_transaction_isolation",
+            "TimeZone",
+        ):
             out[name.lower()] = self._read(f"SHOW {name}")[0][0]
         out["current_schema"] = self._read("SELECT current_schema()")[0][0]
         return out
@@ -467,11 +492,15 @@ class PostgresStore(SqlStore):
 
     # The call path: each commit is one round trip (see `_one_trip`).
 
-    def _one_trip(self, cur: Cursor, name: str, params: Sequence[Any]) -> Any:
+    def _one_trip(self, conn: Connection, name: str, params: Sequence[Any]) -> bool:
         """BEGIN, EXECUTE `name`, COMMIT in one simple-protocol message: one round trip per
-        commit (the extended protocol takes one per statement). Returns EXECUTE's first row."""
-        conn = cur.connection
-        prepare, message = _ONE_TRIP[name]
+        commit (the extended protocol takes one per statement). True if EXECUTE returned a row.
+
+        Sent on the connection's libpq handle: psycopg's cursors (their adaptation, row makers
+        and result sets) cost the call path three times its own Python (docs/performance.md).
+        """
+        pg = conn.pgconn
+        prepare, head = _ONE_TRIP[name]
         done = self._prepared.setdefault(conn, set())
         for last in (False, True):
             if name not in done:  # once per session: a plan, not a parse, per call
@@ -479,20 +508,31 @@ class PostgresStore(SqlStore):
                 with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):
                     conn.execute(prepare)
                 done.add(name)
-            # Parameters are quoted client-side: a multi-statement message cannot carry them.
-            try:
-                with psycopg.ClientCursor(conn) as cc:
-                    cc.execute(message, params)
-                    cc.nextset()
-                    return cc.fetchone()
-            except psycopg.errors.InvalidSqlStatementName:
+            # Parameters are quoted here: a multi-statement message cannot carry them.
+            args = ", ".join(map(_literal, params))
+            message = f"{head}({args}); COMMIT".encode(pg._encoding)
+            with conn.lock:
+                try:
+                    pg.send_query(message)
+                    results = conn.wait(_generators.execute(pg))
+                finally:
+                    # An interrupt between the send and the answer: read the answer, so the
+                    # session is not left with one pending (the commit lands or not, the
+                    # caller was not told either way).
+                    if pg.transaction_status == _ACTIVE:
+                        conn.wait(_generators.fetch_many(pg))
+            failed = next((r for r in results if r.status == _FATAL), None)
+            if failed is None:
+                return bool(results[1].ntuples)
+            # The EXECUTE failed inside its BEGIN, and the COMMIT never ran: undo the BEGIN.
+            conn.execute("ROLLBACK")
+            error = _errors.error_from_result(failed, encoding=conn.info.encoding)
+            if isinstance(error, psycopg.errors.InvalidSqlStatementName) and not last:
                 # The session lost its statements: psycopg sends DEALLOCATE ALL after a
                 # rollback once it has prepared statements of its own (as DISCARD ALL does).
-                # Nothing ran: the EXECUTE failed inside its BEGIN, which is undone here.
-                conn.execute("ROLLBACK")
                 done.clear()
-                if last:
-                    raise
+                continue
+            raise error
         raise AssertionError("unreachable")
 
     def record_dispatch(self, d: NewDispatch) -> tuple[Intent, bool]:
@@ -500,15 +540,16 @@ class PostgresStore(SqlStore):
             return self._record_scoped(d, None)
         params = dispatch_params(d)
 
-        def op(cur: Cursor, retrying: bool) -> tuple[Intent, bool]:
-            row = self._one_trip(cur, "dispatch", params)
-            if row is None:  # the call id exists: nothing was written
+        def op(conn: Connection, retrying: bool) -> tuple[Intent, bool]:
+            if self._one_trip(conn, "dispatch", params):
+                return dispatched(d), True  # the one row is the whole write
+            # The call id exists: nothing was written.
+            with conn.cursor() as cur:
                 existing = _intent_where(cur, SQL.intent_by_call_id, "call_id", d.call_id)
-                # Our own earlier try, committed before the connection dropped: still ours.
-                return existing, retrying and existing.id == d.intent_id
-            return intent_from_row(row), True
+            # Our own earlier try, committed before the connection dropped: still ours.
+            return existing, retrying and existing.id == d.intent_id
 
-        return self._run("record_dispatch", op, transaction=False)
+        return self._run("record_dispatch", op, transaction=False, session=True)  # type: ignore[arg-type]
 
     def record_outcome(
         self,
@@ -522,17 +563,17 @@ class PostgresStore(SqlStore):
     ) -> bool:
         o = Settlement(intent_id, fence, state, result, error, now)
         shared = self._outcome_op(o)
-        params = (*o.settle_params(), *o.end_attempt_params(), *o.event_params())
+        params = o.settle_params()
 
-        def op(cur: Cursor, retrying: bool) -> bool:
-            if self._one_trip(cur, "settle", params) is not None:
-                return True
-            # Our own earlier try, or a stale owner: the shared write tells which (its settle
-            # matches nothing now, nor ever will) and keeps a stale outcome as evidence.
-            with cur.connection.transaction():
+        def op(conn: Connection, retrying: bool) -> bool:
+            if self._one_trip(conn, "settle", params):
+                return True  # the happy path: the intent row holds the whole history
+            # History in the tables (after a claim), our own earlier try, or a stale owner:
+            # the shared write tells which and writes what each needs.
+            with conn.transaction(), conn.cursor() as cur:
                 return shared(cur, retrying)
 
-        return self._run("record_outcome", op, transaction=False)
+        return self._run("record_outcome", op, transaction=False, session=True)  # type: ignore[arg-type]
 
     # Recovery.
 
@@ -666,6 +707,22 @@ class PostgresStore(SqlStore):
         return self._run("record_denial", op)
 
 
+def _literal(value: Any) -> str:
+    """`value` as a SQL literal of unknown type, which the prepared statement's parameter
+    types convert: an escaped string (``E''`` when it holds a backslash, right whatever
+    ``standard_conforming_strings`` says), a number's text, or NULL."""
+    if value is None:
+        return "NULL"
+    text = value if isinstance(value, str) else str(value)
+    if "'" not in text and "\\" not in text and "\x00" not in text:
+        return f"'{text}'"  # the common case: nothing to escape
+    if "\x00" in text:
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    if "\\" in text:
+        return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -707,32 +764,20 @@ _INSERT_EVENT = "INSERT INTO events (intent_id, at, kind, from_state, to_state, 
 _EVENT = "%s, %s::float8, %s, %s, %s, %s, %s"  # the event's values, as `event_params` gives them
 # The intent, whose row holds its attempt 1 and events (store/_inline.py), or nothing at all
 # when the call id exists.
-_DISPATCH = f"{SQL.insert_intent} RETURNING {INTENT_COLUMNS}"
-# The compare-and-set on the fence; its attempt and event only if it matched an intent whose
-# history is in the tables already (written before version 7, or after a claim). It matches
-# only where this statement's snapshot put the history: a spill (a deferral on the same fence)
-# that committed while the settle waited for the row wrote attempt 1 where this snapshot cannot
-# see it. The settle then matches nothing, and the shared write, each statement with a snapshot
-# of its own, settles it.
-_SETTLE = (
-    f"WITH s AS ({SQL.settle} AND inline_history = "
-    "(SELECT h.inline_history FROM intents h WHERE h.id = intents.id) "
-    "RETURNING id, inline_history), "
-    f"a AS ({SQL.end_attempt} AND EXISTS (SELECT FROM s WHERE inline_history = 0)), "
-    f"e AS ({_INSERT_EVENT} SELECT {_EVENT} FROM s WHERE inline_history = 0) "
-    "SELECT id FROM s"
-)
+_DISPATCH = f"{SQL.insert_intent} RETURNING 1"
+# The compare-and-set on the fence, for an intent whose row holds its whole history. It
+# matches nothing for one whose history is in the tables (written before version 7, after a
+# claim, or by a spill that committed while the settle waited for the row: the UPDATE reads
+# the row's newest version again), and the shared write settles that one.
+_SETTLE = f"{SQL.settle_inline} RETURNING 1"
 
 
 def _prepared(name: str, sql: str) -> tuple[str, str]:
-    """PREPARE for `sql` as ``poimen_<name>``, and the one-trip message that executes it."""
+    """PREPARE for `sql` as ``poimen_<name>``, and the head of the one-trip message that
+    executes it (its arguments and the COMMIT follow)."""
     parts = sql.split("%s")
     numbered = parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
-    args = ", ".join(["%s"] * (len(parts) - 1))
-    return (
-        f"PREPARE poimen_{name} AS {numbered}",
-        f"BEGIN; EXECUTE poimen_{name}({args}); COMMIT",
-    )
+    return f"PREPARE poimen_{name} AS {numbered}", f"BEGIN; EXECUTE poimen_{name}"
 
 
 # Every statement of the transaction sees the snapshot its first one took.

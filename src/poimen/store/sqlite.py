@@ -41,6 +41,8 @@ from poimen.store._statements import (
     retry_attempt_params,
     too_new,
 )
+from poimen.store._statements import dispatched as _dispatched
+from poimen.store._statements import stored_owner as _stored
 
 T = TypeVar("T")
 S = IntentState
@@ -747,35 +749,6 @@ _CLAIM = (
 )
 
 
-def _dispatched(d: NewDispatch) -> Intent:
-    """The row record_dispatch just inserted, as reading it back would decode it (the same
-    values, converted as the columns convert them), without the read."""
-    return Intent(
-        id=d.intent_id,
-        call_id=d.call_id,
-        tool_id=d.tool_id,
-        effect=d.effect,
-        args=d.args,
-        args_hash=d.args_hash,
-        key=d.key,
-        request_id=d.request_id,
-        state=S.DISPATCHED,
-        fence=1,
-        owner=_stored(d.owner),
-        lease_expires_at=float(d.lease_expires_at),
-        timeout_s=float(d.timeout_s),
-        deadline_at=float(d.deadline_at),
-        next_check_at=None,
-        unknown_count=0,
-        attempts=1,
-        result=None,
-        error=None,
-        reason=None,
-        created_at=float(d.now),
-        updated_at=float(d.now),
-    )
-
-
 def prefix_end(prefix: str) -> str | None:
     """The least text above every text that starts with `prefix` (SQLite compares UTF-8
     bytes, in code point order), or None when there is none (the prefix is all U+10FFFF)."""
@@ -784,11 +757,6 @@ def prefix_end(prefix: str) -> str | None:
         return None
     n = ord(head[-1]) + 1
     return head[:-1] + chr(0xE000 if n == 0xD800 else n)  # surrogates are not text
-
-
-def _stored(o: Owner) -> Owner:
-    """An owner as the log returns it (the columns' conversions applied)."""
-    return Owner(str(o.worker_id), str(o.host or ""), int(o.pid or 0), str(o.pid_start or ""))
 
 
 def _statements(sql: str) -> list[str]:
