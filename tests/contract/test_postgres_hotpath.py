@@ -129,3 +129,15 @@ def test_the_settled_rows_bytes_are_inlined_into_the_chains_update(postgres_url:
         )
     assert "convert_to" in plan
     assert "poimen_audit_" not in plan, plan
+
+
+@pytest.mark.postgres
+def test_the_chains_trigger_plans_its_update_once_per_session(postgres_url: str) -> None:
+    # The plan cache's default makes a custom plan of the head's UPDATE on every settle, which
+    # inlines the row's bytes again each time (migration 13; docs/performance.md).
+    open_store(postgres_url).close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT proconfig FROM pg_proc WHERE proname = 'poimen_audit_link'"
+        ).fetchone()
+    assert row is not None and "plan_cache_mode=force_generic_plan" in (row[0] or []), row
