@@ -346,9 +346,7 @@ MUTANTS: list[Mutant] = [
            '"DISPATCHED")', ("tests/integration/test_retention.py", "-k", "sqlite")),
     # PostgreSQL's settle, the history readers, the server clock, lost claims.
     Mutant("settle-stale-snapshot", "a settle ends the attempt a concurrent spill wrote", PG,
-           'f"WITH s AS ({SQL.settle} AND inline_history = "\n'
-           '    "(SELECT h.inline_history FROM intents h WHERE h.id = intents.id) "\n',
-           'f"WITH s AS ({SQL.settle} "\n',
+           '_SETTLE = f"{SQL.settle_inline} RETURNING 1"', '_SETTLE = f"{SQL.settle} RETURNING 1"',
            ("tests/contract/test_spill_races.py", "-k", "settle")),
     Mutant("history-read-unsnapshotted-sqlite", "a history is read in one snapshot",
            "poimen/store/sqlite.py", '            conn.execute("BEGIN")\n', "",

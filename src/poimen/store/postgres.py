@@ -510,17 +510,17 @@ class PostgresStore(SqlStore):
                 done.add(name)
             # Parameters are quoted here: a multi-statement message cannot carry them.
             args = ", ".join(map(_literal, params))
-            message = f"{head}({args}); COMMIT".encode(pg._encoding)
+            message = f"{head}({args}); COMMIT".encode(conn.info.encoding)
             with conn.lock:
                 try:
                     pg.send_query(message)
                     results = conn.wait(_generators.execute(pg))
                 finally:
-                    # An interrupt between the send and the answer: read the answer, so the
-                    # session is not left with one pending (the commit lands or not, the
-                    # caller was not told either way).
+                    # An interrupt between the send and the answer: finish sending, read the
+                    # answer, so the session is not left with one pending (the commit lands or
+                    # not, the caller was not told either way).
                     if pg.transaction_status == _ACTIVE:
-                        conn.wait(_generators.fetch_many(pg))
+                        conn.wait(_generators.execute(pg))
             failed = next((r for r in results if r.status == _FATAL), None)
             if failed is None:
                 return bool(results[1].ntuples)
