@@ -95,6 +95,21 @@ class Side:
         def readonly(ctx: ToolContext, n: int, note: str) -> Any:
             return self._run(ctx, n)
 
+        # The same tools, async: `acall` takes `flat_acall` or the protocol on `run_async`.
+        for effect, fn in (("idempotent", idempotent), ("queryable", queryable),
+                           ("unsafe", unsafe), ("readonly", readonly)):
+            reg = k.registered()[effect]
+            k.tool(id=f"a{effect}", effects=reg.effects, caps=Caps(), timeout=reg.timeout,
+                   retry=fast)(self._async(fn))
+
+    @staticmethod
+    def _async(fn: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(ctx: ToolContext, n: int, note: str) -> Any:
+            await asyncio.sleep(0)  # a turn of the loop, as a tool's request takes
+            return fn(ctx, n, note)
+
+        return run
+
     def _run(self, ctx: ToolContext, n: int) -> Any:
         runs, _ = self.script[ctx.call_id]
         i = self.runs[ctx.call_id] = self.runs.get(ctx.call_id, -1) + 1
@@ -116,6 +131,12 @@ class Side:
              answer: str) -> tuple[Any, ...]:
         self.script = {call_id: (runs, answer)}
         out = self.kernel.call(tool, args, call_id=call_id)
+        return (type(out).__name__, *(v for k, v in vars_of(out).items() if k != "intent_id"))
+
+    def acall(self, tool: str, args: dict[str, Any], call_id: str, runs: list[str],
+              answer: str) -> tuple[Any, ...]:
+        self.script = {call_id: (runs, answer)}
+        out = asyncio.run(self.kernel.acall(f"a{tool}", args, call_id=call_id))
         return (type(out).__name__, *(v for k, v in vars_of(out).items() if k != "intent_id"))
 
     def rows(self, call_id: str) -> dict[str, list[Any]]:
@@ -165,16 +186,22 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side
 calls = iter(range(1_000_000))
 
 
-# No explain phase: its tracer, beside the kernels' threads, crashed CPython 3.11 (SIGSEGV).
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
-@given(
-    effect=st.sampled_from(EFFECTS),
-    runs=st.lists(st.sampled_from(RUNS), min_size=1, max_size=3),
-    answer=st.sampled_from(sorted(ANSWERS)),
-    n=st.integers(-(2**40), 2**40),
-    note=st.text(max_size=20),
-)
+def examples(n: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    # No explain phase: its tracer, beside the kernels' threads, crashed CPython 3.11 (SIGSEGV).
+    return settings(max_examples=n, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+
+
+SCRIPTS = {
+    "effect": st.sampled_from(EFFECTS),
+    "runs": st.lists(st.sampled_from(RUNS), min_size=1, max_size=3),
+    "answer": st.sampled_from(sorted(ANSWERS)),
+    "n": st.integers(-(2**40), 2**40),
+}
+
+
+@examples(100)
+@given(note=st.text(max_size=20), **SCRIPTS)
 def test_the_flat_path_records_what_the_protocol_records(
     sides: tuple[Side, Side], effect: str, runs: list[str], answer: str, n: int, note: str
 ) -> None:
@@ -183,6 +210,22 @@ def test_the_flat_path_records_what_the_protocol_records(
     args = {"n": n, "note": note}
     got = flat_side.call(effect, args, call_id, runs, answer)
     want = protocol_side.call(effect, args, call_id, runs, answer)
+    assert got == want
+    assert flat_side.rows(call_id) == protocol_side.rows(call_id)
+    assert flat_side.events.get(call_id) == protocol_side.events.get(call_id)
+
+
+@examples(60)
+@given(**SCRIPTS)
+def test_the_async_flat_path_records_what_the_protocol_records(
+    sides: tuple[Side, Side], effect: str, runs: list[str], answer: str, n: int
+) -> None:
+    """`acall` of an async tool: `flat_acall` against the protocol on `run_async`."""
+    flat_side, protocol_side = sides
+    call_id = f"c{next(calls)}"
+    args = {"n": n, "note": ""}
+    got = flat_side.acall(effect, args, call_id, runs, answer)
+    want = protocol_side.acall(effect, args, call_id, runs, answer)
     assert got == want
     assert flat_side.rows(call_id) == protocol_side.rows(call_id)
     assert flat_side.events.get(call_id) == protocol_side.events.get(call_id)
@@ -202,18 +245,24 @@ def test_the_flat_path_decides_with_the_protocols_own_functions() -> None:
     the decision functions the protocol uses, and no others of its own."""
     assert flat.failure_is_final is _decide.failure_is_final is protocol.failure_is_final
     for shared in ("Write", "existing_steps", "fenced_out", "given", "late", "run_steps",
-                   "stamp_deadline"):
+                   "stamp_deadline", "taken", "untried"):
         assert getattr(flat, shared) is getattr(protocol, shared)
     from poimen._engine import runners
 
     assert flat.invoke_sync is runners.invoke_sync  # the tool's context, its send gate
+    # An async call's steps are run_async's own: what a cancelled caller finds is the same.
+    for shared in ("block_async", "drive_async", "invoke_async_step"):
+        assert getattr(flat, shared) is getattr(runners, shared)
     names = set(flat_call.__code__.co_names)
     assert {"failure_is_final", "invoke_sync", "late", "record_dispatch",
             "record_outcome"} <= names
+    anames = set(flat.flat_acall.__code__.co_names) | set(flat._dispatched.__code__.co_names)
+    assert {"failure_is_final", "invoke_async_step", "block_async", "late", "record_dispatch",
+            "record_outcome", "untried"} <= anames
     # Only these are called by the flat path itself: every other rule is the protocol's.
     defined = {n for n, v in vars(flat).items() if callable(v) and getattr(v, "__module__", "")
                == flat.__name__}
-    assert defined == {"flat_call", "resumed"}
+    assert defined == {"flat_call", "resumed", "flat_acall", "_dispatched", "_then_taken"}
 
 
 @pytest.mark.parametrize("flat_path", [True, False], ids=["flat", "protocol"])
@@ -260,6 +309,52 @@ def test_a_caller_whose_outcome_is_refused_on_its_fence_answers_what_the_log_say
         release.set()
         t.join(30)
         recoverer.close()
+        caller.close()
+
+
+@pytest.mark.parametrize("flat_path", [True, False], ids=["flat", "protocol"])
+def test_an_acall_whose_outcome_is_refused_on_its_fence_answers_what_the_log_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flat_path: bool
+) -> None:
+    """An async tool's call taken over by another worker while its tool runs (its lease
+    taken as run out): its outcome commit is refused on its fence and `acall` answers with
+    what the log says, on both paths; the tool's own result stays on its attempt."""
+    from poimen import Indeterminate
+
+    monkeypatch.setattr(Kernel, "_renew", lambda self: None)
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    caller = Kernel(url, notifiers=[])
+    other = Kernel(url, notifiers=[])
+    caller._engine.flat = flat_path
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def mail(ctx: ToolContext, to: str) -> str:
+        started.set()
+        await release.wait()
+        return "sent"
+
+    for k in (caller, other):
+        k.tool(id="mail", effects=Unsafe(), caps=Caps(), timeout=30)(mail)
+
+    async def run() -> Any:
+        task = asyncio.create_task(caller.acall("mail", {"to": "a"}, call_id="m"))
+        await started.wait()
+        it = other.store.get_by_call_id("m")
+        assert it is not None  # its lease as if run out, then a recovery pass takes it
+        assert await asyncio.to_thread(other.store.seize, it.id, it.fence, it.lease_expires_at)
+        await asyncio.to_thread(other.recover)  # unknown outcome, Unsafe: Indeterminate
+        release.set()
+        return await task
+
+    try:
+        out = asyncio.run(run())
+        it = other.store.get_by_call_id("m")
+        assert it is not None and it.state == IntentState.INDETERMINATE
+        assert out == Indeterminate(it.id, "unsafe_unknown_outcome")
+        [attempt] = caller.store.attempts(it.id)
+        assert attempt.late_outcome == "completed"
+    finally:
+        other.close()
         caller.close()
 
 

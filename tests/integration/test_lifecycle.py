@@ -42,6 +42,7 @@ from poimen import (
     Unsafe,
     WebhookNotifier,
 )
+from poimen import events as ev
 from poimen._core.intents import Intent, Owner
 from poimen._core.keys import args_digest, canonical
 from poimen._engine.recovery import drive_orphan
@@ -230,6 +231,17 @@ def test_a_cancelled_acall_holds_its_sync_tool_until_it_returns_then_settles(
         k.close()
 
 
+async def _told_once_committed(task: asyncio.Task[Any], blocker: sqlite3.Connection) -> None:
+    """A cancelled task whose commit `blocker` holds up is not done, however many turns the
+    loop takes; once the commit goes through, it raises CancelledError."""
+    for _ in range(20):  # turns of the loop, in which a caller not waiting would end
+        await asyncio.sleep(0)
+    assert not task.done()
+    blocker.execute("COMMIT")
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 @pytest.mark.parametrize("commit", ["dispatch", "outcome"])
 def test_a_cancelled_acall_waits_for_its_commit_in_flight(tmp_path: Path, commit: str) -> None:
     """The answer of a commit in flight decides what comes next: a caller cancelled while
@@ -268,12 +280,7 @@ def test_a_cancelled_acall_waits_for_its_commit_in_flight(tmp_path: Path, commit
         else:
             await asyncio.sleep(0)  # the task's first step: its dispatch is submitted
         task.cancel()
-        for _ in range(20):  # turns of the loop, in which a caller not waiting would end
-            await asyncio.sleep(0)
-        assert not task.done()
-        blocker.execute("COMMIT")
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await _told_once_committed(task, blocker)
 
     try:
         asyncio.run(caller())
@@ -285,6 +292,88 @@ def test_a_cancelled_acall_waits_for_its_commit_in_flight(tmp_path: Path, commit
             assert final.state == S.COMPLETED
             assert runs == [0, 1]
         assert seen_at_end == [final.state]
+    finally:
+        blocker.close()
+        k.close()
+
+
+class _CancelAtStart(ev.Observer):
+    """Cancels the caller's task as its call starts: the cancel lands at the call's first
+    await, its dispatch commit (nothing of a call awaits before it)."""
+
+    def event(self, event: ev.KernelEvent) -> None:
+        if isinstance(event, ev.CallStartedEvent) and event.call_id == "c1":
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+
+
+@pytest.mark.parametrize("flat_path", [True, False], ids=["flat", "protocol"])
+@pytest.mark.parametrize("point", ["before_dispatch", "dispatch", "tool", "outcome"])
+def test_an_acall_cancelled_at_each_await_leaves_the_log_settled_and_one_effect(
+    tmp_path: Path, provider: ProviderProcess, ledger: ProviderClient, point: str,
+    flat_path: bool,
+) -> None:
+    """A cancel landing at each await of an async tool's call, on the flat path
+    (`flat_acall`) and on the generator protocol: the caller gets CancelledError only once
+    the commit in flight is done, the hold is released, and the log says what happened: the
+    tool never ran (FAILED), its write landed once (COMPLETED), or its outcome is unknown
+    (DISPATCHED, for recovery, which settles it under the same key: one effect)."""
+    db = tmp_path / "log.db"
+    observers = [_CancelAtStart()] if point == "before_dispatch" else []
+    k = Kernel(f"sqlite:///{db}", notifiers=[], lease_ttl=0.2, observers=observers,
+               log_events=False)
+    k._engine.flat = flat_path
+    blocker = sqlite3.connect(db, isolation_level=None)
+    sent, release = asyncio.Event(), asyncio.Event()
+    port = httpx.URL(provider.url).port
+
+    @k.tool(id="pay", effects=Idempotent(key=KeyDerivation.fields("order")),
+            caps=Caps(hosts=(f"127.0.0.1:{port}",)), timeout=0.5)
+    async def pay(ctx: ToolContext, order: str) -> Any:
+        r = await ctx.ahttp.post(f"{provider.url}/keyed", json={"order": order})
+        if order == "o1" and ctx.attempt == 1:
+            if point == "outcome":  # hold the database: its outcome's commit waits
+                blocker.execute("BEGIN IMMEDIATE")
+            sent.set()
+            if point == "tool":
+                await release.wait()  # cancelled here, its write landed
+        return r.json()
+
+    async def caller() -> None:
+        await k.acall("pay", {"order": "warm"}, call_id="warm")  # the writer thread runs
+        if point == "dispatch":
+            blocker.execute("BEGIN IMMEDIATE")
+        task = asyncio.create_task(k.acall("pay", {"order": "o1"}, call_id="c1"))
+        if point == "dispatch":
+            await asyncio.sleep(0)  # the task's first step: its dispatch is submitted
+            task.cancel()
+        elif point in ("tool", "outcome"):
+            await sent.wait()
+            task.cancel()
+        if point in ("dispatch", "outcome"):
+            await _told_once_committed(task, blocker)
+        else:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    try:
+        asyncio.run(caller())
+        it = intent_of(k, "c1")
+        assert it.id not in k._engine.holds
+        if point in ("before_dispatch", "dispatch"):  # the tool never ran
+            assert (it.state, it.error) == (S.FAILED, "cancelled before the tool ran")
+            assert ledger.count(kind="keyed") == 1  # the warm call's
+            return
+        if point == "outcome":
+            assert it.state == S.COMPLETED
+        else:  # its outcome unknown: recovery settles it once the lease has run out
+            assert (it.state, it.attempts) == (S.DISPATCHED, 1)
+            wait_for(lambda: k.store.now() > it.lease_expires_at, "the lease to run out")
+            k.recover()
+            it = intent_of(k, "c1")
+            assert (it.state, it.attempts) == (S.COMPLETED, 2)
+        assert ledger.count(kind="keyed") == 2  # the warm call's and c1's, once
     finally:
         blocker.close()
         k.close()

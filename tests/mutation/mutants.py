@@ -56,6 +56,8 @@ T_OWED = ("tests/integration/test_unsettled_calls.py", "-k",
           "sqlite and (recovery_settled or given_once or operator_decided)")
 T_FENCED = ("tests/integration/test_flat_path.py", "-k", "refused_on_its_fence")
 T_FLAT_RAISED = ("tests/integration/test_flat_path.py", "-k", "interrupt_after or log_closed")
+T_AFENCED = ("tests/integration/test_flat_path.py", "-k", "acall_whose")
+T_ACANCEL = ("tests/integration/test_lifecycle.py", "-k", "each_await")
 T_LATE = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite and settled_its_call")
 T_TX = ("tests/integration/test_transactional.py",)
 T_TX_CRASH = ("tests/crash/test_transactional_crash.py", "-k", "sqlite")
@@ -116,6 +118,28 @@ MUTANTS: list[Mutant] = [
            "what the log says", FLAT,
            'out = w.settled(e, intent) if ok else run_sync(e, fenced_out(e, intent, "outcome"))',
            "out = w.settled(e, intent)", T_FENCED),
+    # Issue 25: `acall` of an async tool takes the flat path too (`flat_acall`), each await a
+    # step of `run_async`: a cancelled caller is treated as the protocol treats it.
+    Mutant("aflat-unknown-completed", "the async flat path settles only a definite outcome; an "
+           "unknown one goes on in the protocol", FLAT,
+           '        run.kind == "completed"\n        or (run.kind == "failed"',
+           '        run.kind in ("completed", "unknown")\n        or (run.kind == "failed"',
+           ("tests/integration/test_flat_path.py", "-k", "async_flat")),
+    Mutant("aflat-fenced-settled", "the async flat path's outcome commit refused on its fence "
+           "answers what the log says", FLAT,
+           '        out = await drive_async(e, fenced_out(e, intent, "outcome"), c)',
+           "        out = w.settled(e, intent)", T_AFENCED),
+    Mutant("aflat-cancel-untold", "a cancelled acall raises CancelledError once its steps are "
+           "done, on the async flat path", FLAT,
+           "    if c.cancelled:  # told once the call's steps are done",
+           "    if False:  # told once the call's steps are done", T_ACANCEL),
+    Mutant("aflat-untried-run", "a call cancelled during its dispatch commit never runs its "
+           "tool, on the async flat path", FLAT,
+           "        return await drive_async(e, untried(e, intent), c)\n", "        pass\n",
+           T_ACANCEL),
+    Mutant("aflat-hold-kept", "an acall that ends, cancelled or not, holds its intent no more",
+           FLAT, "        e.holds.drop(d.intent_id)  # an async tool", "        pass  #",
+           T_ACANCEL),
     Mutant("tx-interrupt-kept-open", "an interrupt out of a sync Transactional tool rolls its "
            "transaction back at once", RUNNERS, '            tx._abort("the call was interrupted")',
            "            pass", ("tests/integration/test_transactional.py", "-k", "interrupt_out")),

@@ -32,7 +32,7 @@ from poimen._core.spec import ToolSpec, safe_name, spec_of
 from poimen._core.tools import Tool, ToolRegistration, build_tool
 from poimen._core.undo import UndoArgs, UndoRule, undo_rule
 from poimen._engine import hooks as _hooks
-from poimen._engine.flat import flat_call
+from poimen._engine.flat import flat_acall, flat_call
 from poimen._engine.hooks import CALLS
 from poimen._engine.liveness import owner_alive
 from poimen._engine.notify import Notifier
@@ -226,8 +226,8 @@ class Engine:
         self._pools_lock = threading.Lock()
         self.continuations: set[threading.Thread] = set()
         self.observer: Observers | None = None  # set while the kernel has observers
-        # False: every call takes the generator protocol, never `flat_call` (for the tests
-        # and the soak that run both).
+        # False: every call takes the generator protocol, never `flat_call` or `flat_acall`
+        # (for the tests and the soak that run both).
         self.flat = True
 
     def record(
@@ -432,9 +432,12 @@ class Engine:
         if self.sandbox is not None and not self.sandbox.runs(t, d):
             return await asyncio.to_thread(self.sandbox.answer, t, d)
         self.on_call()
-        c = CallState()
         approval = self.approval(t, d)
-        run = run_async(self, call_steps(self, t, d, kwargs, c, approval), c)
+        if approval is None and self.sandbox is None and self.flat and t.is_async:
+            run = flat_acall(self, t, d, kwargs)
+        else:
+            c = CallState()
+            run = run_async(self, call_steps(self, t, d, kwargs, c, approval), c)
         obs = self.observer
         if obs is not None and (_hooks.calls_wanted(obs) if obs.watching else obs.wants & CALLS):
             return await _hooks.observed_acall(obs, d, run)

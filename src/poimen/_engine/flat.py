@@ -7,10 +7,15 @@ completed or FAILED for good, its outcome committed on its fence) takes the step
 the tool's handles (`runners.invoke_sync` makes its context), `failure_is_final`, `Write.of`,
 `late`. At the first deviation the protocol takes over at that point: the generator that
 would have run next, driven by `run_sync`.
+
+`flat_acall` is the same for `Kernel.acall` of an async tool: each await is a step of
+`run_async` (`block_async`, `invoke_async_step`), so a cancelled caller is treated exactly as
+the protocol treats it, and the protocol's generators that take over are driven on the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from poimen._core.decide import failure_is_final
@@ -26,9 +31,17 @@ from poimen._engine.protocol import (
     late,
     run_steps,
     stamp_deadline,
+    taken,
+    untried,
 )
-from poimen._engine.runners import invoke_sync, run_sync
-from poimen._engine.steps import CallState, Invoke, Run, Steps
+from poimen._engine.runners import (
+    block_async,
+    drive_async,
+    invoke_async_step,
+    invoke_sync,
+    run_sync,
+)
+from poimen._engine.steps import Block, CallState, Invoke, Run, Steps
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
@@ -77,3 +90,74 @@ def resumed(e: Engine, steps: Steps[Outcome], run: Run) -> Outcome:
     """`steps`, whose first step (an invocation) was done already and ended as `run`."""
     next(steps)
     return run_sync(e, steps, run, started=True)
+
+
+async def flat_acall(e: Engine, t: Tool, d: NewDispatch, kwargs: dict[str, Any]) -> Outcome:
+    """`run_async(call_steps(e, t, d, kwargs, c), c)` for an async tool's call that awaits no
+    approval."""
+    store, c = e.store, CallState()
+    e.holds.take(d.intent_id)
+    try:
+        if _crashpoints.ACTIVE:
+            _crashpoints.hit("before_dispatch_commit", d.call_id)
+        dispatch = Block(store.record_dispatch, (d,), getattr(store, "arecord_dispatch", None))
+        intent, created = await block_async(e, dispatch, c)
+        if not created:  # the call id is in the log
+            out = await drive_async(e, existing_steps(e, t, intent, d, c), c)
+        else:
+            _hooks.dispatched(e, d, intent)
+            if _crashpoints.ACTIVE:
+                _crashpoints.hit("after_dispatch_commit", d.call_id)
+            out = await _dispatched(e, t, d, intent, kwargs, c)
+    finally:
+        e.holds.drop(d.intent_id)  # an async tool ends with its caller's task
+    if c.cancelled:  # told once the call's steps are done, as by `run_async`
+        raise asyncio.CancelledError
+    return out
+
+
+async def _dispatched(
+    e: Engine, t: Tool, d: NewDispatch, intent: Intent, kwargs: dict[str, Any], c: CallState
+) -> Outcome:
+    if c.cancelled:  # cancelled during the dispatch commit: the tool never ran
+        return await drive_async(e, untried(e, intent), c)
+    if t.registration.effects.has_deadline:
+        started = await drive_async(e, stamp_deadline(e, t, intent, d.now), c)
+        if not isinstance(started, Intent):
+            return started
+        intent = started
+    rest = _then_taken(e, d, c, run_steps(e, t, intent, kwargs, c))
+    if c.cancelled:  # cancelled during the deadline's commit
+        return await drive_async(e, rest, c)
+    step = next(rest)  # the protocol's own first step: its invocation
+    assert isinstance(step, Invoke)
+    run = await invoke_async_step(e, step, c)
+    if not (
+        run.kind == "completed"
+        or (run.kind == "failed" and failure_is_final(t.registration.effects, intent))
+    ):  # never sent, unknown, committed with its transaction: the protocol goes on
+        return await drive_async(e, rest, c, run, started=True)
+    rest.close()
+    if _crashpoints.ACTIVE:
+        _crashpoints.hit("after_effect", intent.call_id)
+    w = Write.of(run, intent.id)
+    store = e.store
+    outcome = Block(
+        store.record_outcome,
+        (intent.id, intent.fence, w.state),
+        getattr(store, "arecord_outcome", None),
+        {"result": w.result, "error": w.error, "now": store.now()},
+    )
+    if await block_async(e, outcome, c):
+        out = w.settled(e, intent)
+    else:
+        out = await drive_async(e, fenced_out(e, intent, "outcome"), c)
+    if late(d, c):
+        out = await block_async(e, Block(given, (store, out)), c)
+    return out
+
+
+def _then_taken(e: Engine, d: NewDispatch, c: CallState, steps: Steps[Outcome]) -> Steps[Outcome]:
+    """`steps`, then the answer taken if the caller is late: the rest of `call_steps`."""
+    out = yield from steps
+    return (yield from taken(e, out, late(d, c)))

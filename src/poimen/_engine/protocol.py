@@ -112,11 +112,7 @@ def call_steps(
         _hooks.dispatched(e, d, intent)
         _crashpoints.hit("after_dispatch_commit", d.call_id)
         if c.cancelled:  # cancelled during the dispatch commit: the tool never ran
-            return (
-                yield from _write_outcome(
-                    e, intent, Run("failed", error="cancelled before the tool ran")
-                )
-            )
+            return (yield from untried(e, intent))
         started = yield from stamp_deadline(e, t, intent, d.now)
         if not isinstance(started, Intent):
             return started
@@ -124,6 +120,13 @@ def call_steps(
         return (yield from taken(e, out, late(d, c)))
     finally:
         e.holds.drop(d.intent_id)
+
+
+def untried(e: Engine, intent: Intent) -> Steps[Outcome]:
+    """A call whose caller was cancelled during its dispatch commit: FAILED, the tool never
+    ran (nothing goes to recovery that nobody waits for)."""
+    never = Run("failed", error="cancelled before the tool ran")
+    return (yield from _write_outcome(e, intent, never))
 
 
 def late(d: NewDispatch, c: CallState) -> bool:

@@ -313,20 +313,30 @@ def run_sync(e: Engine, gen: Steps[T], first: Any = None, *, started: bool = Fal
 
 async def run_async(e: Engine, gen: Steps[T], c: CallState) -> T:
     """Execute a protocol's steps on the running loop: commits without a thread where the
-    store can, blocking steps on the kernel's pools, async tools in the caller's task."""
-    value: Any = None
+    store can, blocking steps on the kernel's pools, async tools in the caller's task. A
+    cancelled caller is told once the steps are done."""
+    out = await drive_async(e, gen, c)
+    if c.cancelled:
+        raise asyncio.CancelledError from None
+    return out
+
+
+async def drive_async(
+    e: Engine, gen: Steps[T], c: CallState, first: Any = None, *, started: bool = False
+) -> T:
+    """`run_async` without telling a cancelled caller: for a part of a call's steps.
+    `started`: the generator waits at a step whose result is `first`."""
+    value: Any = first if started else None
     exc: BaseException | None = None
     while True:
         try:
             step = gen.send(value) if exc is None else gen.throw(exc)
         except StopIteration as stop:
-            if c.cancelled:
-                raise asyncio.CancelledError from None
             return stop.value  # type: ignore[no-any-return]
         value, exc = None, None
         try:
             if isinstance(step, Invoke) and step.tool.is_async:
-                value = await _invoke_async_step(e, step, c)
+                value = await invoke_async_step(e, step, c)
             elif isinstance(step, Invoke):
                 cf = e.pool("tool", 256).submit(
                     contextvars.copy_context().run, invoke_sync, e, step
@@ -354,14 +364,14 @@ async def run_async(e: Engine, gen: Steps[T], c: CallState) -> T:
                     c.cancelled = True  # the answer is only evidence: not needed any more
                     value = Unknown("cancelled")
             else:
-                value = await _block_async(e, step, c)
+                value = await block_async(e, step, c)
         except asyncio.CancelledError:
             raise
         except BaseException as err:
             exc = err
 
 
-async def _invoke_async_step(e: Engine, step: Invoke, c: CallState) -> Run:
+async def invoke_async_step(e: Engine, step: Invoke, c: CallState) -> Run:
     try:
         return await invoke_async(e, step)
     except asyncio.CancelledError:
@@ -372,7 +382,7 @@ async def _invoke_async_step(e: Engine, step: Invoke, c: CallState) -> Run:
         return Run("unknown", error="CancelledError: the caller was cancelled")
 
 
-async def _block_async(e: Engine, step: Block, c: CallState) -> Any:
+async def block_async(e: Engine, step: Block, c: CallState) -> Any:
     if step.afn is not None:
         fut: asyncio.Future[Any] = asyncio.ensure_future(step.afn(*step.args, **step.kw))
         if isinstance(fut, Answer):
