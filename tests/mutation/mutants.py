@@ -60,6 +60,7 @@ T_AFENCED = ("tests/integration/test_flat_path.py", "-k", "acall_whose")
 T_ACANCEL = ("tests/integration/test_lifecycle.py", "-k", "each_await")
 T_LATE = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite and settled_its_call")
 T_TX = ("tests/integration/test_transactional.py",)
+T_HOT = ("tests/unit/test_hot_path_equivalence.py",)
 T_TX_CRASH = ("tests/crash/test_transactional_crash.py", "-k", "sqlite")
 # The crash tests of the provider-backed classes (Transactional's have mutants of their own).
 T_RECOVERY = ("tests/integration/test_effect_recovery.py", "tests/crash/test_crash_points.py",
@@ -723,6 +724,14 @@ MUTANTS: list[Mutant] = [
            OTEL, '            failed(self, "call_started")\n            return None',
            "            raise",
            ("tests/integration/test_observe_direct.py", "-k", "raises and sqlite")),
+    # Issue 25: prepare's one pass for plain arguments records what validation records (a
+    # changed byte is a key that drifts on recovery).
+    Mutant("plain-args-subtype", "plain arguments are recorded as validation records them",
+           ENGINE, "                if type(args.get(name)) is not kind:",
+           "                if not isinstance(args.get(name), kind):", T_HOT),
+    Mutant("key-of-text-partial", "a key of the arguments' own text only where it covers them",
+           ENGINE, "            if set(d.paths) == set(t.params):",
+           "            if set(d.paths) <= set(t.params):", T_HOT),
     # The checkers themselves (verification/, outside the wheel): a check that cannot fail.
     Mutant("model-unsafe-sends-unseen", "the model check sees an Unsafe call sent twice", MODEL,
            'if kind == "unsafe" and g.sends > 1:', 'if kind == "unsafe" and g.sends > 2:',

@@ -5,13 +5,21 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from poimen import Caps, Idempotent, Kernel, KeyDerivation, ToolContext
-from poimen._core.keys import KEY_DOMAIN, KEY_PREFIX, canonical, hash_key, to_json_value
+from poimen._core.keys import (
+    KEY_DOMAIN,
+    KEY_PREFIX,
+    canonical,
+    encode_args,
+    hash_key,
+    to_json_value,
+)
 from poimen._runtime import engine_of
 from poimen.errors import ArgumentError
 from poimen.store.sqlite import SqliteStore
@@ -110,10 +118,79 @@ def test_a_tools_call_plan_gives_the_key_its_derivation_gives(tmp_path: Path) ->
                 plan = kernel._engine.plans[tid]
                 assert plan.key is not None
                 assert plan.key(data) == kd.derive(tid, data), tid
-                assert engine_of(kernel).prepare(tid, args, f"c-{tid}")[1].key == kd.derive(tid, data)
+                assert engine_of(kernel).prepare(tid, args, f"c-{tid}")[1].key == kd.derive(
+                    tid, data
+                )
         top = kernel._engine.plans["top"].key
         assert top is not None
         with pytest.raises(ArgumentError, match="key field 'b' is missing"):
             top({"a": 1})
+    finally:
+        kernel.close()
+
+
+def _perturbed(rng: random.Random, args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as given, or with one wrong: a near type, one missing, one more."""
+    out = dict(args)
+    match rng.randrange(8):
+        case 0:
+            out[rng.choice(list(out))] = rng.choice([1.0, "1", True, 0, None, [1], "\ud800"])
+        case 1:
+            del out[rng.choice(list(out))]
+        case 2:
+            out["extra"] = 1
+        case 3:
+            out["s"] = "x" * (1 << 20)  # over the size limit
+    return out
+
+
+def test_plain_arguments_record_what_validation_records(tmp_path: Path) -> None:
+    # Engine.prepare's one pass for a tool whose arguments are all plain str, int and bool
+    # (CallPlan.plain) and its key from the arguments' own text (CallPlan.key_of_text): the
+    # same text, digest, key, tool arguments and refusals as encoding, pydantic's validation
+    # and the key's derivation give; the dispatch holds every field.
+    from dataclasses import fields
+
+    from poimen.errors import PoimenError
+    from poimen.store import NewDispatch
+
+    kernel = Kernel(SqliteStore(tmp_path / "log.db"), notifiers=[])
+    derivations = {
+        "all": KeyDerivation.fields("s", "n", "b"),
+        "some": KeyDerivation.fields("s"),
+    }
+    for tid, kd in derivations.items():
+
+        @kernel.tool(id=tid, effects=Idempotent(key=kd), caps=Caps(), timeout=3)
+        def t(ctx: ToolContext, s: str, n: int, b: bool = False) -> None:
+            return None
+
+    e = engine_of(kernel)
+    assert e.plans["all"].plain is not None and e.plans["all"].key_of_text is not None
+    assert e.plans["some"].plain is not None and e.plans["some"].key_of_text is None
+    rng = random.Random(8)
+    try:
+        for i in range(400):
+            text = "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(6)))
+            n = rng.randrange(-(10**30), 10**30)
+            given = _perturbed(rng, {"s": text, "n": n, "b": rng.random() < 0.5})
+            for tid, kd in derivations.items():
+                tool = e.tools[tid]
+                try:
+                    recorded, kwargs = tool.validate(encode_args(given)[0])
+                except PoimenError as exc:  # the same refusal, word for word
+                    with pytest.raises(type(exc), match=re.escape(str(exc))):
+                        e.prepare(tid, given, f"c{i}")
+                    continue
+                want = plain_canonical(recorded)
+                _, d, got = e.prepare(tid, given, f"c{i}")
+                assert d.args == want
+                assert d.args_hash == hashlib.sha256(want.encode()).hexdigest()
+                assert d.key == kd.derive(tid, recorded)
+                assert d.key == plain_hash_key(tid, 1, {p: recorded[p] for p in kd.paths})
+                assert got == kwargs and [type(v) for v in got.values()] == [
+                    type(kwargs[k]) for k in got
+                ]
+                assert d == NewDispatch(**{f.name: getattr(d, f.name) for f in fields(d)})
     finally:
         kernel.close()

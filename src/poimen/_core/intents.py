@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, assert_never
 
+from poimen._core.slots import slot_init
 from poimen.errors import IllegalTransitionError
 
 
@@ -163,6 +164,7 @@ def _json(value: Any) -> str:
         return repr(value)
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Completed:
     intent_id: str
@@ -176,6 +178,7 @@ class Completed:
         return _json(self.result)
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Failed:
     """The call had no effect: the provider refused it, or it was never sent."""

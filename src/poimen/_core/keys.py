@@ -231,6 +231,11 @@ def encode_args(args: Mapping[str, Any]) -> tuple[dict[str, JSONValue], str]:
             if t is str or t is int or t is bool or value is None
             else to_json_value(value, name)
         )
+    return data, checked_text(data)
+
+
+def checked_text(data: dict[str, JSONValue]) -> str:
+    """The canonical text of arguments already in JSON form, refused over `MAX_ARGS_BYTES`."""
     # Paths start at the argument names; the mapping itself is not a level of nesting.
     text, size = _encode(data, "", -1)
     if size > MAX_ARGS_BYTES:
@@ -242,7 +247,7 @@ def encode_args(args: Mapping[str, Any]) -> tuple[dict[str, JSONValue], str]:
             size=size,
             limit=MAX_ARGS_BYTES,
         )
-    return data, text
+    return text
 
 
 def check_call_id(call_id: object) -> None:
@@ -304,6 +309,22 @@ def key_hasher(tool_id: str, version: int) -> Callable[[JSONValue], str]:
     def hasher(selected: JSONValue) -> str:  # _keyed, inlined: one frame a call
         h = copy()
         part = _encode(selected, "<key>")[0].encode()
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+        digest: str = h.hexdigest()
+        return KEY_PREFIX + digest[:48]
+
+    return hasher
+
+
+def key_of_text(tool_id: str, version: int) -> Callable[[bytes], str]:
+    """The key of values whose canonical text is known, given as its UTF-8 bytes: a call
+    plan's, when the key's fields are all the arguments, so the arguments' own text is the
+    selected values' text (one encoding a call, not two)."""
+    copy = _key_prefix(tool_id, version).copy
+
+    def hasher(part: bytes) -> str:
+        h = copy()
         h.update(len(part).to_bytes(8, "big"))
         h.update(part)
         digest: str = h.hexdigest()

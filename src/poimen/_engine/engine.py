@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import hashlib
 import os
 import random
 import secrets
@@ -26,7 +27,15 @@ from poimen._core.backoff import seconds
 from poimen._core.decide import Policy, claimability
 from poimen._core.effects import Idempotent, Transactional, effect_name
 from poimen._core.intents import Intent, IntentState, Outcome, Owner
-from poimen._core.keys import args_digest, canonical, check_call_id, encode_args, key_hasher
+from poimen._core.keys import (
+    MAX_CALL_ID_BYTES,
+    canonical,
+    check_call_id,
+    checked_text,
+    encode_args,
+    key_hasher,
+    key_of_text,
+)
 from poimen._core.retry import Retry as RetryPolicy
 from poimen._core.spec import ToolSpec, safe_name, spec_of
 from poimen._core.tools import Tool, ToolRegistration, build_tool
@@ -132,16 +141,45 @@ class CallPlan:
     asks_provider: bool
     """Each call gets a new request id (the effect's trait)."""
     coalesce: bool
+    plain: tuple[tuple[str, type], ...] | None
+    """Each argument's name and type where every one is a plain `str`, `int` or `bool`
+    without constraints: arguments given as exactly these are their own recorded form."""
+    key_of_text: Callable[[bytes], str] | None
+    """Idempotent on fields that are all the arguments: the key of the arguments' own text."""
+    needle: str
+    """``/<tool id>/``: only a call id holding it can be a rule-2 id of this tool's calls."""
+
+
+_PLAIN: tuple[type, ...] = (str, int, bool)
+
+
+def _plain(t: Tool) -> tuple[tuple[str, type], ...] | None:
+    """`CallPlan.plain`: pydantic, in the model `build_tool` makes (``extra="forbid"``, no
+    validators), gives such a value back as it is, in Python and JSON form alike."""
+    if set(t.model.model_config) != {"extra"} or t.model.__pydantic_decorators__.validators:
+        return None
+    out: list[tuple[str, type]] = []
+    for name, f in t.model.model_fields.items():
+        ann: Any = f.annotation
+        if not any(ann is k for k in _PLAIN) or f.metadata or f.alias is not None:
+            return None
+        out.append((name, ann))
+    return tuple(out)
 
 
 def call_plan(record: ToolRecord) -> CallPlan:
     t = record.tool
     effects = t.registration.effects
     key: Callable[[Mapping[str, Any]], str] | None = None
+    of_text = None
     if isinstance(effects, Idempotent):
         d = effects.key
         if d.mode == "fields" and not any("." in p for p in d.paths):
             key = _top_level_key(t.id, d.paths, key_hasher(t.id, d.version), d.derive)
+            # The recorded arguments hold every parameter (defaults filled, extras refused):
+            # a key of them all selects the recorded arguments themselves.
+            if set(d.paths) == set(t.params):
+                of_text = key_of_text(t.id, d.version)
         else:
             key = functools.partial(d.derive, t.id)
     return CallPlan(
@@ -151,6 +189,9 @@ def call_plan(record: ToolRecord) -> CallPlan:
         key_twice=isinstance(effects, Idempotent) and effects.key.mode == "custom",
         asks_provider=effects.asks_provider,
         coalesce=record.coalesce,
+        plain=_plain(t),
+        key_of_text=of_text,
+        needle=f"/{t.id}/",
     )
 
 
@@ -512,13 +553,37 @@ class Engine:
         if p is None or self.tools.get(tool) is not p.tool:
             raise UnknownToolError(f"no tool is registered as {tool!r}", tool_id=tool)
         t = p.tool
-        check_call_id(call_id)
-        check_not_reserved(call_id)
-        data, given = encode_args(args)
-        recorded, kwargs = t.validate(data)
-        text = given if _same_scalars(data, recorded) else canonical(recorded)
+        # The common call id (ASCII, no NUL, short enough, no reserved prefix) is judged here;
+        # any other goes through the checks that name what is wrong with it.
+        if not (
+            type(call_id) is str
+            and call_id.isascii()
+            and 0 < len(call_id) <= MAX_CALL_ID_BYTES
+            and "\x00" not in call_id
+        ):
+            check_call_id(call_id)
+        if call_id.startswith(("undo", "edit/")):
+            check_not_reserved(call_id)
+        data = None
+        plain = p.plain
+        if plain is not None and type(args) is dict and len(args) == len(plain):
+            for name, kind in plain:
+                if type(args.get(name)) is not kind:
+                    break
+            else:  # validation would give each back as it is: one pass, no pydantic
+                data = dict(args)
+        if data is not None:
+            text = checked_text(data)
+            recorded = kwargs = data
+        else:
+            data, given = encode_args(args)
+            recorded, kwargs = t.validate(data)
+            text = given if _same_scalars(data, recorded) else canonical(recorded)
+        part = text.encode()
         key = request_id = None
-        if p.key is not None:
+        if p.key_of_text is not None:
+            key = p.key_of_text(part)
+        elif p.key is not None:
             key = p.key(recorded)
             if p.key_twice and p.key(recorded) != key:
                 raise NondeterministicKeyError(
@@ -528,22 +593,27 @@ class Engine:
         elif p.asks_provider:
             request_id = _new_request_id()
         now = self.store.now()
-        timeout = t.registration.timeout
-        d = NewDispatch(
-            intent_id=_new_id(),
-            call_id=call_id,
-            tool_id=t.id,
-            effect=p.effect,
-            args=text,
-            args_hash=args_digest(text),
-            key=key,
-            request_id=request_id,
-            owner=self.owner,
-            lease_expires_at=now + max(self.lease_ttl, timeout),
-            timeout_s=timeout,
-            deadline_at=now + timeout + self.deadline_margin,
-            now=now,
-            scope=call_ids.scope_for(call_id, t.id, args, scope, p.coalesce),
+        reg = t.registration
+        timeout = reg.timeout
+        d = new_dispatch(
+            # The intent id: time-ordered, so recovery scans the oldest unfinished first.
+            f"in_{_time_ns():016x}{_ids.getrandbits(40):010x}",
+            call_id,
+            reg.id,
+            p.effect,
+            text,
+            _sha256(part).hexdigest(),  # args_digest(text)
+            key,
+            request_id,
+            self.owner,
+            now + max(self.lease_ttl, timeout),
+            timeout,
+            now + timeout + self.deadline_margin,
+            now,
+            # No scope given and no rule-2 id of this tool: scope_for's answer is None.
+            None
+            if scope is None and p.needle not in call_id
+            else call_ids.scope_for(call_id, t.id, args, scope, p.coalesce),
         )
         return t, d, kwargs
 
@@ -559,6 +629,47 @@ class Engine:
         if rule is None or not rule.needed(t.id, _recorded(d)):
             return None
         return Approval(None if rule.ttl is None else d.now + rule.ttl, rule.approvers)
+
+
+def _dispatch_maker() -> Callable[..., NewDispatch]:
+    """`NewDispatch(...)` by position, its fields set through their slots: the frozen
+    dataclass's `__init__` sets each of its 14 through `object.__setattr__` (a third of the
+    time). Made for the fields as they are: a field added later fails here, at import."""
+    names = tuple(f.name for f in fields(NewDispatch))
+    assert names == (
+        "intent_id", "call_id", "tool_id", "effect", "args", "args_hash", "key",
+        "request_id", "owner", "lease_expires_at", "timeout_s", "deadline_at", "now", "scope",
+    ), names  # fmt: skip
+    (s_in, s_call, s_tool, s_eff, s_args, s_hash, s_key, s_rq, s_own, s_lease, s_to, s_dl,
+     s_now, s_scope) = (getattr(NewDispatch, n).__set__ for n in names)  # fmt: skip
+    new = object.__new__
+
+    def make(
+        intent_id: str, call_id: str, tool_id: str, effect: str, args: str, args_hash: str,
+        key: str | None, request_id: str | None, owner: Owner, lease_expires_at: float,
+        timeout_s: float, deadline_at: float, now: float, scope: str | None,
+    ) -> NewDispatch:  # fmt: skip
+        d = new(NewDispatch)
+        s_in(d, intent_id)
+        s_call(d, call_id)
+        s_tool(d, tool_id)
+        s_eff(d, effect)
+        s_args(d, args)
+        s_hash(d, args_hash)
+        s_key(d, key)
+        s_rq(d, request_id)
+        s_own(d, owner)
+        s_lease(d, lease_expires_at)
+        s_to(d, timeout_s)
+        s_dl(d, deadline_at)
+        s_now(d, now)
+        s_scope(d, scope)
+        return d
+
+    return make
+
+
+new_dispatch = _dispatch_maker()
 
 
 def _same_scalars(given: Mapping[str, Any], recorded: Mapping[str, Any]) -> bool:
@@ -634,9 +745,8 @@ _ids = random.Random(os.urandom(32))
 os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
 
 
-def _new_id() -> str:
-    # Time-ordered, so recovery scans the oldest unfinished intents first.
-    return f"in_{time.time_ns():016x}{_ids.getrandbits(40):010x}"
+_time_ns = time.time_ns
+_sha256 = hashlib.sha256
 
 
 def _new_request_id() -> str:

@@ -55,6 +55,7 @@ from poimen._core.intents import (
 )
 from poimen._core.keys import encode_value
 from poimen._core.retry import Retry as RetryPolicy
+from poimen._core.slots import slot_init
 from poimen._core.tools import Tool
 from poimen._engine import crashpoints as _crashpoints
 from poimen._engine import hooks as _hooks
@@ -573,6 +574,7 @@ def _encode_result(value: Any, intent_id: str, what: str) -> str | None:
         return None
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Write:
     """What a definite outcome writes, and what the caller gets once it is written."""

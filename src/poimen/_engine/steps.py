@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from poimen._core.intents import Intent
+from poimen._core.slots import slot_init
 
 if TYPE_CHECKING:
     from poimen._core.tools import Tool
@@ -30,6 +31,7 @@ class Block:
     kw: dict[str, Any] = field(default_factory=dict)
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Invoke:
     tool: Tool
@@ -56,6 +58,7 @@ Step = Block | Invoke | Lookup | Sleep
 Steps = Generator[Step, Any, T]
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Run:
     """How one invocation of a tool ended; `reason` says why one ended "indeterminate" (an
