@@ -29,7 +29,10 @@ from pathlib import Path
 
 from bench._util import ROOT
 
-WORKLOADS = ("floor", "store", "call", "acall", "observed", "otel", "otel_by_hand")
+WORKLOADS = (
+    *("floor", "store", "call", "acall"),
+    *("observed", "otel", "otel_by_hand", "otel_no_sdk", "logged"),
+)
 BASE = 100
 
 
@@ -50,7 +53,7 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
             floor_call(conn, f"c{i}")
         conn.close()
         return
-    if what in ("observed", "otel", "otel_by_hand"):
+    if what in ("observed", "otel", "otel_by_hand", "otel_no_sdk", "logged"):
         _observed(what, n, workdir)
         return
     kernel = noop_kernel(workdir / "poimen.db", synchronous="OFF")
@@ -79,16 +82,27 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
 
 def _observed(what: str, n: int, workdir: Path) -> None:
     """bench.observe's `Kernel.call`: without observers ("observed"), with the OpenTelemetry
-    SDK observer, or wrapped by hand in the same span and point (`bench.observe.ByHand`, the
-    SDK's floor); the differences to "observed" are what each adds."""
+    SDK observer, wrapped by hand in the same span and point (`bench.observe.ByHand`, the
+    SDK's floor), with the OpenTelemetry observer and no SDK, or with the transitions logged
+    at INFO; the differences to "observed" are what each adds."""
+    import logging
+
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     from bench.observe import TOOL, ByHand, _kernel, _sdk
     from poimen.otel import OpenTelemetry
 
     tp, mp = _sdk(processor=SimpleSpanProcessor)  # no thread of its own to count
-    observers = [OpenTelemetry(tracer_provider=tp, meter_provider=mp)] if what == "otel" else []
-    kernel = _kernel(workdir / "poimen.db", "OFF", observers, False)
+    observers = {
+        "otel": [OpenTelemetry(tracer_provider=tp, meter_provider=mp)],
+        "otel_no_sdk": [OpenTelemetry()],
+    }.get(what, [])
+    if what == "logged":  # as bench.observe's: INFO, to a handler that drops the records
+        quiet = logging.getLogger("poimen")
+        quiet.setLevel(logging.INFO)
+        quiet.propagate = False
+        quiet.handlers[:] = [logging.NullHandler()]
+    kernel = _kernel(workdir / "poimen.db", "OFF", observers, what == "logged")
     kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
     hand = ByHand(tp, mp)
     call = functools.partial(hand.call, kernel) if what == "otel_by_hand" else kernel.call

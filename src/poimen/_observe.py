@@ -35,7 +35,13 @@ E = TypeVar("E", bound=ev.KernelEvent)
 
 
 class Observation:
-    """A kernel's observers, as one `ObserverHooks` for its engine."""
+    """A kernel's observers, as the engine's `Observers`."""
+
+    # Each bound by `_sort` to the one guarded observer that wants it, else to the fan-out.
+    calls: tuple[Callable[..., object], Callable[..., None]]
+    attempts: tuple[Callable[..., object], Callable[..., None]]
+    dispatched: Callable[[NewDispatch, Intent], None]
+    settled: Callable[[Intent, bool, str | None], None]
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -49,6 +55,7 @@ class Observation:
         self.wants = 0
         self.watching = False
         self._lock = threading.Lock()
+        self._sort()
 
     def add(self, observer: ev.Observer) -> None:
         hooks = (
@@ -93,6 +100,16 @@ class Observation:
         self._watched = tuple(o for o in everyone if o.watching)
         self.wants = functools.reduce(lambda a, o: a | o.wants, everyone, 0)
         self.watching = bool(self._watched)
+        one = _alone(self._calls)
+        if one is None:
+            self.calls = (self.call_started, self.call_finished)
+            self.attempts = (self.attempt_started, self.attempt_finished)
+        else:
+            self.calls = (one.call_started, one.call_finished)
+            self.attempts = (one.attempt_started, one.attempt_finished)
+        one = _alone(self._transitions)
+        self.dispatched = self._dispatched if one is None else one.dispatched
+        self.settled = self._settled if one is None else one.settled
 
     def refresh(self) -> None:
         changed = False
@@ -122,10 +139,10 @@ class Observation:
             self.hooks.after_fork()
 
     # The hooks, each to the observers that want it (in order; finishes in reverse, as
-    # contexts attached in order are detached). A start's token is (observer, its token)
-    # when one observer wants the hook (the usual case: no list to build and walk), else a
-    # list of such pairs: a finish goes to the observers its start went to, whatever was
-    # sorted since.
+    # contexts attached in order are detached), where `_sort` bound none directly. A start's
+    # token is (observer, its token) when one observer wants the hook, else a list of such
+    # pairs; the engine takes a start and its finish together (`calls`, `attempts`), so a
+    # finish goes where its start went, whatever was sorted since.
 
     def call_started(self, d: NewDispatch) -> object:
         return _start(self._calls, "call_started", d)
@@ -172,14 +189,14 @@ class Observation:
             except Exception:
                 _failed(o, event.kind)
 
-    def dispatched(self, d: NewDispatch, intent: Intent) -> None:
+    def _dispatched(self, d: NewDispatch, intent: Intent) -> None:
         for o in self._transitions:
             try:
                 o.dispatched(d, intent)
             except Exception:
                 _failed(o, "dispatched")
 
-    def settled(self, it: Intent, completed: bool, error: str | None) -> None:
+    def _settled(self, it: Intent, completed: bool, error: str | None) -> None:
         for o in self._transitions:
             try:
                 o.settled(it, completed, error)
@@ -192,6 +209,13 @@ class Observation:
                 o.event(event)
             except Exception:
                 _failed(o, event.kind)
+
+
+def _alone(observers: tuple[ObserverHooks, ...]) -> ObserverHooks | None:
+    """The one observer of `observers`, if there is one and it guards its own hooks."""
+    if len(observers) == 1 and getattr(observers[0], "guarded", False):
+        return observers[0]
+    return None
 
 
 def _start(observers: tuple[ObserverHooks, ...], hook: str, arg: Any) -> object:
@@ -217,8 +241,7 @@ def _reversed(token: object) -> Iterator[tuple[ObserverHooks, object]]:
 
 
 def _failed(o: ObserverHooks, what: str) -> None:
-    name = type(o.observer if isinstance(o, _Events) else o).__name__
-    log.exception("poimen: observer %s failed on %s", name, what)
+    _hooks.failed(o.observer if isinstance(o, _Events) else o, what)
 
 
 # The happy path's transitions as events, for the observers that take events.
@@ -477,12 +500,30 @@ _WATCHED = tuple(logging.getLogger(n) for n in sorted(LOGGER_NAMES))
 _CALL_LOG = logging.getLogger("poimen.call")  # the happy path's two transitions
 
 
+#: Kept in a watched logger's level cache while none of poimen's loggers would write INFO
+#: (a key no level is): the logging module empties every logger's cache at each change of a
+#: level (`setLevel`, `disable`, `basicConfig`, `dictConfig`), so while it is there, the
+#: answer stands, as each logger's own cached answer would.
+_NO_INFO = "poimen: no INFO"
+_LOGGING_LOCK = getattr(logging, "_lock", None)  # the lock the caches are cleared under
+
+
 def logging_wanted() -> bool:
-    """Whether any logger poimen's events go to would write an INFO record (the loggers'
-    own cached answers: a few dictionary lookups)."""
-    for logger in _WATCHED:  # noqa: SIM110 - a loop: no generator on the call path
-        if logger.isEnabledFor(logging.INFO):
-            return True
+    """Whether any logger poimen's events go to would write an INFO record: at each call of
+    a kernel that looks for logging configured later, so one dictionary lookup while no
+    level changed since it last said no."""
+    cache = _CALL_LOG._cache  # type: ignore[attr-defined]
+    if _NO_INFO in cache:
+        return False
+    if _LOGGING_LOCK is None:  # pragma: no cover - another logging module
+        return any(logger.isEnabledFor(logging.INFO) for logger in _WATCHED)
+    with _LOGGING_LOCK:  # no cache is cleared between the answer and its mark
+        for logger in _WATCHED:
+            if logger.isEnabledFor(logging.INFO):
+                return True
+        # A disabled logger may be enabled again without a level changing: not kept then.
+        if not any(logger.disabled for logger in _WATCHED):
+            cache[_NO_INFO] = False
     return False
 
 
@@ -539,6 +580,7 @@ class LogObserver(ev.Observer):
 
     wants = TRANSITIONS | RECOVERY  # the lookups' and passes' ends are logged
     watching = False
+    guarded = True  # its happy path's hooks log their own exceptions
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine  # its owner (new after a fork) names each event's worker
@@ -572,11 +614,17 @@ class LogObserver(ev.Observer):
 
     def dispatched(self, d: NewDispatch, intent: Intent) -> None:
         if _CALL_LOG.isEnabledFor(logging.DEBUG):
-            self.event(dispatched_event(self._worker(), intent))
+            try:
+                self.event(dispatched_event(self._worker(), intent))
+            except Exception:
+                _hooks.failed(self, "dispatched")
 
     def settled(self, it: Intent, completed: bool, error: str | None) -> None:
         if _CALL_LOG.isEnabledFor(logging.DEBUG):
-            self.event(settled_event(self._worker(), it, completed, error))
+            try:
+                self.event(settled_event(self._worker(), it, completed, error))
+            except Exception:
+                _hooks.failed(self, "completed" if completed else "failed")
 
     def event(self, event: ev.KernelEvent) -> None:
         level = _LEVELS.get(event.kind)

@@ -204,7 +204,8 @@ class Runtime:
         self._engine.renew()
 
     def _before_call(self) -> None:
-        self._watch_logging()
+        if self._log_watch and _observe.logging_wanted():  # _watch_logging's test, inline
+            self._watch_logging()
         self._upkeep.held()
 
     def _watch_logging(self) -> None:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from poimen import events as ev
 from poimen._core.intents import Completed, IntentState
 from poimen._core.present import redact_store_url, redact_urls
-from poimen._engine.hooks import EVERYTHING, outcome_kind, raised
+from poimen._engine.hooks import EVERYTHING, failed, outcome_kind, raised
 from poimen._runtime import engine_of
 from poimen.errors import MissingExtraError
 from poimen.operator import _metrics
@@ -134,6 +134,8 @@ def _global_meter_provider() -> Any:
 
 
 _UNKNOWN = object()
+#: Whether the API keeps its globals where `refresh` reads them (else it asks each time).
+_KEPT = hasattr(otel_trace, "_TRACER_PROVIDER") and hasattr(_METRICS_API, "_METER_PROVIDER")
 
 
 def _inject(headers: dict[str, str]) -> None:
@@ -161,6 +163,9 @@ class OpenTelemetry(ev.Observer):
     the SDK collects). With neither an SDK's tracer nor its meter, the observer asks for
     nothing and the kernel calls none of its hooks (it looks again at each call until global
     providers are set)."""
+
+    #: Its hooks log their own exceptions: the engine may call them with no fan-out between.
+    guarded = True
 
     def __init__(
         self,
@@ -221,13 +226,11 @@ class OpenTelemetry(ev.Observer):
         at again while the global tracer provider may still be set."""
         # Asked at each call while watching: the same global providers as last time, the
         # same answer.
-        seen = (
-            getattr(otel_trace, "_TRACER_PROVIDER", _UNKNOWN),
-            getattr(_METRICS_API, "_METER_PROVIDER", _UNKNOWN),
-        )
-        if seen == self._seen and _UNKNOWN not in seen:
-            return
-        self._seen = seen
+        if _KEPT:  # read where the API keeps them: no function call
+            seen = (otel_trace._TRACER_PROVIDER, _METRICS_API._METER_PROVIDER)
+            if seen[0] is self._seen[0] and seen[1] is self._seen[1]:
+                return
+            self._seen = seen
         tp, mp = self._providers
         tp = _global_tracer_provider() if tp is None else tp
         mp = _global_meter_provider() if mp is None else mp
@@ -253,15 +256,21 @@ class OpenTelemetry(ev.Observer):
         and, while its first attempt runs, for the tool's."""
         if not self._tracing:
             return None
-        t = self._tool(d.tool_id, d.effect)
-        attrs = t.call.copy()
-        attrs["poimen.call_id"] = attrs["gen_ai.tool.call.id"] = d.call_id
-        span = self._tracer.start_span(t.call_name, kind=SpanKind.INTERNAL, attributes=attrs)
-        call = _Call(span, t)
-        # `_opened`, written out: this runs once a call.
-        call.ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
-        call.open_token = self._open.set(call)
-        return call
+        try:
+            t = self._tools.get(d.tool_id)
+            if t is None or t.effect != d.effect:
+                t = self._tool(d.tool_id, d.effect)
+            attrs = t.call.copy()
+            attrs["poimen.call_id"] = attrs["gen_ai.tool.call.id"] = d.call_id
+            span = self._tracer.start_span(t.call_name, kind=SpanKind.INTERNAL, attributes=attrs)
+            call = _Call(span, t)
+            # `_opened`, written out: this runs once a call.
+            call.ctx_token = otel_context.attach(otel_trace.set_span_in_context(span))
+            call.open_token = self._open.set(call)
+            return call
+        except Exception:
+            failed(self, "call_started")
+            return None
 
     def _opened(self, scope: _S) -> _S:
         """`scope`'s span made current, for the caller's code and for this observer's events."""
@@ -284,29 +293,41 @@ class OpenTelemetry(ev.Observer):
         duration: float,
     ) -> None:
         """A call ends: its span's outcome, and its calls and duration points."""
-        counts = self._counts
-        if type(token) is _Call and exc is None and type(out) is Completed and not token.told:
-            # The happy path: the outcome on the span, the call and its first attempt
-            # counted under one lock, the duration point; nothing built but the attributes.
-            span = token.span
-            try:
-                span.set_attributes(
-                    {"poimen.outcome": "completed", "poimen.intent_id": out.intent_id}
-                )
-            finally:
-                self._open.reset(token.open_token)
-                otel_context.detach(token.ctx_token)
-                span.end()
-            t, tried = token.tool, token.attempted
-            cells = t.happy or t.count_happy(counts)
-            # Its first attempt, if it ran under the call's span and completed (or committed).
-            if tried is None or tried == "completed":
-                counts.add(cells[0], None if tried is None else cells[1])
+        try:
+            if type(token) is _Call and exc is None and type(out) is Completed and not token.told:
+                # The happy path: the outcome on the span, the call and its first attempt
+                # counted under one lock, the duration point; nothing built but the attributes.
+                counts = self._counts
+                span = token.span
+                try:
+                    span.set_attributes(
+                        {"poimen.outcome": "completed", "poimen.intent_id": out.intent_id}
+                    )
+                finally:
+                    self._open.reset(token.open_token)
+                    otel_context.detach(token.ctx_token)
+                    span.end()
+                t, tried = token.tool, token.attempted
+                cells = t.happy or t.count_happy(counts)
+                # Its first attempt, if it ran under the call's span and completed (or committed).
+                if tried is None or tried == "completed":
+                    counts.add(cells[0], None if tried is None else cells[1])
+                else:
+                    counts.add(cells[0], t.attempts(counts, tried))
+                self._call_duration.record(duration, cells[2])
             else:
-                counts.add(cells[0], t.attempts(counts, tried))
-            self._call_duration.record(duration, cells[2])
-            return
-        outcome, reason = raised(exc) if exc is not None else outcome_kind(out)
+                outcome, reason = raised(exc) if exc is not None else outcome_kind(out)
+                self._call_ended(token, d, out, (outcome, reason), duration)
+        except Exception:
+            failed(self, "call_finished")
+
+    def _call_ended(
+        self, token: object, d: NewDispatch, out: Outcome | None, how: tuple[str, str | None],
+        duration: float,
+    ) -> None:  # fmt: skip
+        """A call off the happy path ends: `how` is its outcome and reason."""
+        counts = self._counts
+        outcome, reason = how
         if type(token) is _Call:
             span = token.span
             if outcome != "completed":
@@ -338,18 +359,22 @@ class OpenTelemetry(ev.Observer):
         """An attempt begins: its span, under the call's (or the recovery's); the intent's
         first attempt, run by its call, has none yet (the call's span is current while it
         runs): one is made when it ends, if it did not complete."""
-        if _PASS.get() is not None:
-            self._materialize()
-        if not self._tracing:
+        try:
+            if _PASS.get() is not None:
+                self._materialize()
+            if not self._tracing:
+                return None
+            scope = self._open.get()
+            if type(scope) is _Call and scope.attempt_ns == 0 and it.attempts == 1:
+                scope.attempt_ns = time.time_ns()
+                return scope
+            span = self._tracer.start_span(
+                self._tool(it.tool_id, it.effect).attempt_name, attributes=self._attempt_attrs(it)
+            )
+            return self._opened(_Scope(span))
+        except Exception:
+            failed(self, "attempt_started")
             return None
-        scope = self._open.get()
-        if type(scope) is _Call and scope.attempt_ns == 0 and it.attempts == 1:
-            scope.attempt_ns = time.time_ns()
-            return scope
-        span = self._tracer.start_span(
-            self._tool(it.tool_id, it.effect).attempt_name, attributes=self._attempt_attrs(it)
-        )
-        return self._opened(_Scope(span))
 
     def _attempt_attrs(self, it: Intent) -> dict[str, Any]:
         attrs = self._tool(it.tool_id, it.effect).ids.copy()
@@ -363,6 +388,17 @@ class OpenTelemetry(ev.Observer):
         self, token: object, it: Intent, run: Run | None, exc: BaseException | None, duration: float
     ) -> None:
         """An attempt ends: its span's outcome, and its attempts point."""
+        if type(token) is _Call and run is not None and run.kind in _DONE:
+            token.attempted = run.kind  # the happy path: counted with the call, under one lock
+            return
+        try:
+            self._attempt_ended(token, it, run, exc)
+        except Exception:
+            failed(self, "attempt_finished")
+
+    def _attempt_ended(
+        self, token: object, it: Intent, run: Run | None, exc: BaseException | None
+    ) -> None:
         outcome, error = (
             (run.kind, run.error)
             if run is not None
@@ -371,10 +407,7 @@ class OpenTelemetry(ev.Observer):
             else ("error", None)
         )
         done = outcome in _DONE
-        if type(token) is _Call:
-            if done:  # the happy path: counted with the call, under one lock
-                token.attempted = outcome
-                return
+        if type(token) is _Call:  # not done (attempt_finished counted that with the call)
             self._tell(token)
             if token.span.is_recording():
                 # The call's first attempt did not complete: its span, from its start.
@@ -410,25 +443,31 @@ class OpenTelemetry(ev.Observer):
         scope = self._open.get()
         if type(scope) is _Call and not scope.told:
             scope.dispatched = (intent, time.time_ns())
-        else:
+            return
+        try:
             self._transition("poimen.dispatched", intent, intent.fence, None)
+        except Exception:
+            failed(self, "dispatched")
 
     def settled(self, it: Intent, completed: bool, error: str | None) -> None:
         """The intent is settled by its call: an event on the call's span, unless it is the
         happy path's end (dispatched, then completed, nothing between)."""
-        if _PASS.get() is not None:
-            self._materialize()
-        if not self._tracing:
-            return
-        if completed:
-            scope = self._open.get()
-            if type(scope) is _Call and not scope.told:
-                scope.dispatched = None
+        try:
+            if _PASS.get() is not None:
+                self._materialize()
+            if not self._tracing:
                 return
-            self._transition("poimen.completed", it, it.fence, ("poimen.via", "call"))
-        else:
-            shown = None if error is None else ("poimen.error", redact_urls(error))
-            self._transition("poimen.failed", it, it.fence, shown)
+            if completed:
+                scope = self._open.get()
+                if type(scope) is _Call and not scope.told:
+                    scope.dispatched = None
+                    return
+                self._transition("poimen.completed", it, it.fence, ("poimen.via", "call"))
+            else:
+                shown = None if error is None else ("poimen.error", redact_urls(error))
+                self._transition("poimen.failed", it, it.fence, shown)
+        except Exception:
+            failed(self, "settled")
 
     def _target(self) -> Any:
         """The span a transition's event goes on: this observer's innermost, whose call's

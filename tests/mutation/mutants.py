@@ -40,6 +40,7 @@ AUDIT_OP = "poimen/operator/_audit.py"
 RETENTION = "poimen/store/_retention.py"
 TX = "poimen/_engine/transactional.py"
 TX_TOOL = "poimen/_capability/tx.py"
+OTEL = "poimen/otel.py"
 MODEL = "verification/model/_system.py"
 SOAK_CHECK = "verification/soak_check.py"
 T_DECIDE = ("tests/unit/test_decide.py",)
@@ -717,6 +718,10 @@ MUTANTS: list[Mutant] = [
     Mutant("tx-tool-commit-ignored", "a transaction the tool ended is an operator's", TX,
            "        if ended:\n            s.rollback()", "        if False:\n            s.rollback()",
            (*T_TX, "-k", "sql_that_ends and postgres")),
+    Mutant("otel-hook-unguarded", "an observer cannot break a call (one called directly too)",
+           OTEL, '            failed(self, "call_started")\n            return None',
+           "            raise",
+           ("tests/integration/test_observe_direct.py", "-k", "raises and sqlite")),
     # Issue 25: prepare's one pass for plain arguments records what validation records (a
     # changed byte is a key that drifts on recovery).
     Mutant("plain-args-subtype", "plain arguments are recorded as validation records them",

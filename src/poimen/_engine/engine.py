@@ -64,7 +64,7 @@ from poimen.store import Store
 from poimen.store._base import NewDispatch
 
 if TYPE_CHECKING:
-    from poimen._engine.hooks import ObserverHooks
+    from poimen._engine.hooks import Observers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,7 +266,7 @@ class Engine:
         self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._pools_lock = threading.Lock()
         self.continuations: set[threading.Thread] = set()
-        self.observer: ObserverHooks | None = None  # set while the kernel has observers
+        self.observer: Observers | None = None  # set while the kernel has observers
         # False: every call takes the generator protocol, never `flat_call` or `flat_acall`
         # (for the tests and the soak that run both).
         self.flat = True

@@ -13,13 +13,15 @@ An observer says what it `wants`, and the engine calls only those hooks:
 
 Nothing wraps the store: the engine reports each of its writes itself, after the commit, in
 the caller's context. Without observers `engine.observer` is None, and each hook below costs
-one attribute test.
+one attribute test. A call's hooks go straight to the one observer that wants them when it
+is `guarded` (it logs its own exceptions, as poimen's do): no fan-out between.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, runtime_checkable
@@ -92,6 +94,30 @@ class ObserverHooks(Protocol):
     def close(self) -> None: ...
 
 
+class Observers(ObserverHooks, Protocol):
+    """A kernel's observers as the engine calls them (`poimen._observe.Observation`): the
+    start and finish of a call and of an attempt as pairs, taken together at the start (the
+    finish goes where its start went), each bound to the one observer that wants it when
+    that observer is guarded, else to the fan-out; `dispatched` and `settled` likewise."""
+
+    calls: tuple[
+        Callable[[NewDispatch], object],
+        Callable[[object, NewDispatch, Outcome | None, BaseException | None, float], None],
+    ]
+    attempts: tuple[
+        Callable[[Intent], object],
+        Callable[[object, Intent, Run | None, BaseException | None, float], None],
+    ]
+
+
+log = logging.getLogger("poimen.observe")
+
+
+def failed(observer: object, what: str) -> None:
+    """An observer's hook raised: logged, never the caller's."""
+    log.exception("poimen: observer %s failed on %s", type(observer).__name__, what)
+
+
 # Outcomes as the events name them.
 
 
@@ -123,7 +149,7 @@ def ids(it: Intent) -> dict[str, Any]:
 # Calls.
 
 
-def calls_wanted(obs: ObserverHooks) -> bool:
+def calls_wanted(obs: Observers) -> bool:
     """At a call's start: whether an observer wants calls (looked at again first, while what
     one wants may change)."""
     if obs.watching:
@@ -132,29 +158,31 @@ def calls_wanted(obs: ObserverHooks) -> bool:
 
 
 def observed_call(
-    obs: ObserverHooks, d: NewDispatch, run: Callable[P, Outcome], *args: P.args, **kw: P.kwargs
+    obs: Observers, d: NewDispatch, run: Callable[P, Outcome], *args: P.args, **kw: P.kwargs
 ) -> Outcome:
     """`run(*args)` as a call's scope, for the observers that want calls."""
-    token = obs.call_started(d)
+    started, finished = obs.calls
+    token = started(d)
     began = time.perf_counter()
     try:
         out = run(*args, **kw)
     except BaseException as exc:
-        obs.call_finished(token, d, None, exc, time.perf_counter() - began)
+        finished(token, d, None, exc, time.perf_counter() - began)
         raise
-    obs.call_finished(token, d, out, None, time.perf_counter() - began)
+    finished(token, d, out, None, time.perf_counter() - began)
     return out
 
 
-async def observed_acall(obs: ObserverHooks, d: NewDispatch, run: Awaitable[Outcome]) -> Outcome:
-    token = obs.call_started(d)
+async def observed_acall(obs: Observers, d: NewDispatch, run: Awaitable[Outcome]) -> Outcome:
+    started, finished = obs.calls
+    token = started(d)
     began = time.perf_counter()
     try:
         out = await run
     except BaseException as exc:
-        obs.call_finished(token, d, None, exc, time.perf_counter() - began)
+        finished(token, d, None, exc, time.perf_counter() - began)
         raise
-    obs.call_finished(token, d, out, None, time.perf_counter() - began)
+    finished(token, d, out, None, time.perf_counter() - began)
     return out
 
 
@@ -167,14 +195,15 @@ def observed_invoke(fn: Callable[[Engine, Invoke], Run]) -> Callable[[Engine, In
         if obs is None or not obs.wants & CALLS:
             return fn(e, step)
         it = step.intent
-        token = obs.attempt_started(it)
+        started, finished = obs.attempts
+        token = started(it)
         began = time.perf_counter()
         try:
             run = fn(e, step)
         except BaseException as exc:
-            obs.attempt_finished(token, it, None, exc, time.perf_counter() - began)
+            finished(token, it, None, exc, time.perf_counter() - began)
             raise
-        obs.attempt_finished(token, it, run, None, time.perf_counter() - began)
+        finished(token, it, run, None, time.perf_counter() - began)
         return run
 
     return invoke
@@ -191,14 +220,15 @@ def observed_ainvoke(
         if obs is None or not obs.wants & CALLS:
             return await fn(e, step)
         it = step.intent
-        token = obs.attempt_started(it)
+        started, finished = obs.attempts
+        token = started(it)
         began = time.perf_counter()
         try:
             run = await fn(e, step)
         except BaseException as exc:
-            obs.attempt_finished(token, it, None, exc, time.perf_counter() - began)
+            finished(token, it, None, exc, time.perf_counter() - began)
             raise
-        obs.attempt_finished(token, it, run, None, time.perf_counter() - began)
+        finished(token, it, run, None, time.perf_counter() - began)
         return run
 
     return invoke
