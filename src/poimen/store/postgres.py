@@ -509,8 +509,9 @@ class PostgresStore(SqlStore):
                     conn.execute(prepare)
                 done.add(name)
             # Parameters are quoted here: a multi-statement message cannot carry them.
-            args = ", ".join(map(_literal, params))
-            message = f"{head}({args}); COMMIT".encode(conn.info.encoding)
+            encoding = conn.info.encoding
+            args = ", ".join([_literal(p, pg, encoding) for p in params])
+            message = f"{head}({args}); COMMIT".encode(encoding)
             with conn.lock:
                 try:
                     pg.send_query(message)
@@ -707,10 +708,11 @@ class PostgresStore(SqlStore):
         return self._run("record_denial", op)
 
 
-def _literal(value: Any) -> str:
+def _literal(value: Any, pg: pq.abc.PGconn, encoding: str) -> str:
     """`value` as a SQL literal of unknown type, which the prepared statement's parameter
-    types convert: an escaped string (``E''`` when it holds a backslash, right whatever
-    ``standard_conforming_strings`` says), a number's text, or NULL."""
+    types convert: a quoted text, a number's text, or NULL. A text with anything to escape
+    goes through libpq's own quoting (`PQescapeLiteral`, which knows the session's encoding
+    and `standard_conforming_strings`)."""
     if value is None:
         return "NULL"
     text = value if isinstance(value, str) else str(value)
@@ -718,9 +720,7 @@ def _literal(value: Any) -> str:
         return f"'{text}'"  # the common case: nothing to escape
     if "\x00" in text:
         raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
-    if "\\" in text:
-        return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
-    return "'" + text.replace("'", "''") + "'"
+    return pq.Escaping(pg).escape_literal(text.encode(encoding)).decode(encoding)
 
 
 def _first_line(exc: BaseException) -> str:
