@@ -194,3 +194,49 @@ def test_plain_arguments_record_what_validation_records(tmp_path: Path) -> None:
                 assert d == NewDispatch(**{f.name: getattr(d, f.name) for f in fields(d)})
     finally:
         kernel.close()
+
+
+def test_field_options_that_change_validation_or_recording_keep_pydantics_pass(
+    tmp_path: Path,
+) -> None:
+    # A parameter declared with a pydantic Field option that changes what is accepted or what
+    # is recorded (excluded from the record, another name to validate by) is not a plain one:
+    # the call records what pydantic's pass records and refuses what it refuses.
+    from pydantic import AliasChoices, Field
+
+    from poimen.errors import PoimenError
+
+    kernel = Kernel(SqliteStore(tmp_path / "log.db"), notifiers=[])
+    options: dict[str, Any] = {
+        "excluded": Field("d", exclude=True),
+        "excluded_if": Field("d", exclude_if=lambda v: v == "y"),
+        "validated_as": Field("d", validation_alias="B"),
+        "validated_as_any": Field("d", validation_alias=AliasChoices("B", "bee")),
+        "serialized_as": Field("d", serialization_alias="B"),
+        "described": Field("d", description="schema only"),
+    }
+    for tid, default in options.items():
+
+        @kernel.tool(id=tid, effects=Idempotent(key=KeyDerivation.fields("a", "b")), caps=Caps(),
+                     timeout=3)
+        def t(ctx: ToolContext, a: str, b: str = default) -> None:
+            return None
+
+    e = engine_of(kernel)
+    assert e.plans["described"].plain is not None  # schema-only options keep the one pass
+    try:
+        for i, given in enumerate([{"a": "x", "b": "y"}, {"a": "x", "B": "y"}, {"a": "x"}]):
+            for tid in options:
+                tool = e.tools[tid]
+                try:
+                    recorded, kwargs = tool.validate(encode_args(given)[0])
+                    want = plain_canonical(recorded)
+                    key = KeyDerivation.fields("a", "b").derive(tid, recorded)
+                except PoimenError as exc:
+                    with pytest.raises(type(exc), match=re.escape(str(exc))):
+                        e.prepare(tid, given, f"c{i}")
+                    continue
+                _, d, got = e.prepare(tid, given, f"c{i}")
+                assert (d.args, d.key, got) == (want, key, kwargs), (tid, given)
+    finally:
+        kernel.close()

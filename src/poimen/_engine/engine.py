@@ -153,15 +153,37 @@ class CallPlan:
 _PLAIN: tuple[type, ...] = (str, int, bool)
 
 
+# Field options that change neither what pydantic accepts nor what it records.
+_SCHEMA_ONLY = frozenset(
+    {"annotation", "default", "description", "title", "examples", "json_schema_extra", "repr",
+     "deprecated"}
+)
+
+
+def _as_declared(t: Tool) -> bool:
+    """Each parameter is validated by its own name and recorded under it: no field option
+    beyond its type, default and schema text (an alias, a field left out of the record), no
+    serializer. Unknown to pydantic's field (a future version): treated as not."""
+    found = t.model.__pydantic_decorators__
+    if found.field_serializers or found.model_serializers or found.computed_fields:
+        return False
+    return all(
+        _SCHEMA_ONLY.issuperset(getattr(f, "_attributes_set", ("?",)))
+        for f in t.model.model_fields.values()
+    )
+
+
 def _plain(t: Tool) -> tuple[tuple[str, type], ...] | None:
     """`CallPlan.plain`: pydantic, in the model `build_tool` makes (``extra="forbid"``, no
     validators), gives such a value back as it is, in Python and JSON form alike."""
     if set(t.model.model_config) != {"extra"} or t.model.__pydantic_decorators__.validators:
         return None
+    if not _as_declared(t):
+        return None
     out: list[tuple[str, type]] = []
     for name, f in t.model.model_fields.items():
         ann: Any = f.annotation
-        if not any(ann is k for k in _PLAIN) or f.metadata or f.alias is not None:
+        if not any(ann is k for k in _PLAIN) or f.metadata:
             return None
         out.append((name, ann))
     return tuple(out)
@@ -176,9 +198,9 @@ def call_plan(record: ToolRecord) -> CallPlan:
         d = effects.key
         if d.mode == "fields" and not any("." in p for p in d.paths):
             key = _top_level_key(t.id, d.paths, key_hasher(t.id, d.version), d.derive)
-            # The recorded arguments hold every parameter (defaults filled, extras refused):
-            # a key of them all selects the recorded arguments themselves.
-            if set(d.paths) == set(t.params):
+            # The recorded arguments hold every parameter (defaults filled, extras refused,
+            # none left out of the record): a key of them all selects the recorded arguments.
+            if set(d.paths) == set(t.params) and _as_declared(t):
                 of_text = key_of_text(t.id, d.version)
         else:
             key = functools.partial(d.derive, t.id)
