@@ -57,6 +57,7 @@ T_OWED = ("tests/integration/test_unsettled_calls.py", "-k",
 T_FENCED = ("tests/integration/test_flat_path.py", "-k", "refused_on_its_fence")
 T_FLAT_RAISED = ("tests/integration/test_flat_path.py", "-k", "interrupt_after or log_closed")
 T_AFENCED = ("tests/integration/test_flat_path.py", "-k", "acall_whose")
+T_GROUP = ("tests/unit/test_group_commit.py",)
 T_ACANCEL = ("tests/integration/test_lifecycle.py", "-k", "each_await")
 T_LATE = ("tests/integration/test_unsettled_calls.py", "-k", "sqlite and settled_its_call")
 T_TX = ("tests/integration/test_transactional.py",)
@@ -168,6 +169,14 @@ MUTANTS: list[Mutant] = [
            "poimen/store/_base.py", "    def cancel(self, msg: Any = None) -> bool:\n        return False",
            "    def cancel(self, msg: Any = None) -> bool:\n        return super().cancel(msg)",
            T_LIFE),
+    # Issue 25: a caller that finds nobody leading commits its own write at once, no batch.
+    Mutant("lone-commit-beside-leader", "a lone caller commits at once only when nobody leads",
+           "poimen/store/_group_commit.py", "lone = self._holder is None and not self._queue",
+           "lone = not self._queue", T_GROUP),
+    Mutant("lone-commit-drops-error", "a lone caller's failed write is rolled back and its "
+           "error raised, as a batch's", "poimen/store/_group_commit.py",
+           "                error = exc\n            if error is None:",
+           "                pass\n            if error is None:", T_GROUP),
     # ctx.http raises NotSent only if nothing went out, but a tool may raise NotSent itself:
     # the rule lives in the classification of the tool's exception, which checks both.
     Mutant("not-sent-after-write", "a request that never left is FAILED only if nothing went "

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+from _thread import get_ident
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -104,6 +105,39 @@ class GroupCommit:
         merge: Merge | None = None,
         payload: Any = None,
     ) -> T:
+        # A caller that finds nobody leading commits its own write at once, with no Op and no
+        # batch: nobody can have queued yet. Its token while it leads is its thread's id, an
+        # int object no other call holds (`is` tells it from any other holder).
+        me = get_ident()
+        try:
+            with self._lock:
+                if self._stopped:
+                    raise StoreUnavailableError("the store is closed")
+                lone = self._holder is None and not self._queue
+                if lone:
+                    self._holder = me
+            if lone:
+                try:
+                    value, error = self._commit_one(fn)
+                finally:
+                    with self._lock:
+                        self._pass_role(me)  # to whoever queued meanwhile
+        except BaseException:
+            self._abandon(me)
+            raise
+        if not lone:
+            return self._run_queued(fn, merge, payload)
+        if error is not None:
+            raise error
+        return value  # type: ignore[return-value]
+
+    def _run_queued(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        merge: Merge | None,
+        payload: Any,
+    ) -> T:
+        """`run` behind a leader: wait for the batch that commits this write, or to lead it."""
         op: Op[T] = Op(fn, merge, payload)
         alone = threading.current_thread() is threading.main_thread()
         try:
@@ -173,8 +207,10 @@ class GroupCommit:
 
     def _kick(self) -> None:
         if self._thread is not None:
-            with contextlib.suppress(RuntimeError):  # released already: it wakes all the same
+            try:  # noqa: SIM105 (suppress() is three calls more, on every commit)
                 self._go.release()
+            except RuntimeError:  # released already: it wakes all the same
+                pass
 
     def _thread_main(self) -> None:
         while True:
@@ -240,9 +276,11 @@ class GroupCommit:
         if h is _THREAD:
             if self._thread_leads:
                 self._kick()
-        elif h is not None and h.wake is not None and not h.woken:
-            with contextlib.suppress(RuntimeError):  # released by an interrupted try
+        elif isinstance(h, Op) and h.wake is not None and not h.woken:
+            try:  # noqa: SIM105 (as in _kick)
                 h.wake.release()
+            except RuntimeError:  # released by an interrupted try
+                pass
             h.woken = True
 
     def _abandon(self, op: Op[Any]) -> None:
@@ -274,18 +312,24 @@ class GroupCommit:
 
     @staticmethod
     def _wake(batch: list[Op[Any]], me: Any) -> None:
-        if len(batch) == 1 and batch[0] is me:  # a lone caller's own write (never a future's)
-            return
+        if len(batch) == 1:
+            op = batch[0]
+            if op is me:  # a lone caller's own write (never a future's)
+                return
+            if op.future is not None:  # one async write: its loop without a dict
+                _answer(op.future.get_loop(), batch)
+                return
         by_loop: dict[asyncio.AbstractEventLoop, list[Op[Any]]] = {}
         for op in batch:
             if op.future is not None:
                 by_loop.setdefault(op.future.get_loop(), []).append(op)
             elif op is not me and op.wake is not None:
-                with contextlib.suppress(RuntimeError):  # its caller was interrupted
+                try:  # noqa: SIM105 (as in _kick)
                     op.wake.release()
+                except RuntimeError:  # its caller was interrupted
+                    pass
         for loop, ops in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
-                loop.call_soon_threadsafe(_resolve, ops)
+            _answer(loop, ops)
 
     def _commit(self, batch: list[Op[Any]]) -> None:
         """Write and commit `batch`. Each op ends with an error, or with a value only if its
@@ -302,7 +346,10 @@ class GroupCommit:
                     op.value = op.fn(conn)
                 except BaseException as exc:
                     op.error = exc
-            elif not _run_all(conn, batch):
+                failed = op.error is not None
+            elif _run_all(conn, batch):
+                failed = False
+            else:
                 # One op raised: undo the whole batch, then run it again with each op in its
                 # own savepoint, so one caller's failure does not sink the others. An op
                 # touches nothing but the connection, so running it twice is safe.
@@ -319,23 +366,15 @@ class GroupCommit:
                         op.error = exc
                         conn.execute("ROLLBACK TO op")
                         conn.execute("RELEASE op")
-            if all(op.error is not None for op in batch):
+                failed = all(op.error is not None for op in batch)
+            if failed:
                 conn.execute("ROLLBACK")
             else:
                 committing = True
                 conn.execute("COMMIT")
         except BaseException as exc:
-            # A transaction still open never committed; a COMMIT that ran and raised nothing
-            # did, whatever was interrupted after it.
-            committed = False
-            with contextlib.suppress(sqlite3.Error):  # a closed store: nothing is committed
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                else:
-                    committed = committing and not isinstance(exc, sqlite3.Error)
-            if not committed:
-                err = StoreError(f"commit failed: {exc!r}")
-                err.__cause__ = exc
+            err = self._failed(exc, committing)
+            if err is not None:
                 for op in batch:
                     if op.error is None:
                         op.error, op.value = err, None
@@ -344,6 +383,56 @@ class GroupCommit:
         finally:
             for op in batch:
                 op.done = True
+
+    def _commit_one(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[T | None, Any]:
+        """`_commit` of a lone caller's own write: its value, or the error it ends with. An
+        interrupt is raised to that caller, its write's fate unknown to it."""
+        conn = self._conn
+        committing = False
+        value = error = None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                value = fn(conn)
+            except BaseException as exc:
+                error = exc
+            if error is None:
+                committing = True
+                conn.execute("COMMIT")
+            else:
+                conn.execute("ROLLBACK")
+        except BaseException as exc:
+            err = self._failed(exc, committing)
+            if err is not None and error is None:
+                value, error = None, err
+            if not isinstance(exc, sqlite3.Error):
+                raise
+        return value, error
+
+    def _failed(self, exc: BaseException, committing: bool) -> StoreError | None:
+        """After `exc` stopped a commit: roll back the transaction it left open, and the error
+        the ops without one end with, or None if their writes are committed all the same. A
+        transaction still open never committed; a COMMIT that ran and raised nothing did,
+        whatever was interrupted after it."""
+        conn = self._conn
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            elif committing and not isinstance(exc, sqlite3.Error):
+                return None
+        except sqlite3.Error:  # a closed store: nothing is committed
+            pass
+        err = StoreError(f"commit failed: {exc!r}")
+        err.__cause__ = exc
+        return err
+
+
+def _answer(loop: asyncio.AbstractEventLoop, ops: list[Op[Any]]) -> None:
+    """Resolve `ops`' futures on their `loop`, from the thread that committed them."""
+    try:  # noqa: SIM105 (as in GroupCommit._kick)
+        loop.call_soon_threadsafe(_resolve, ops)
+    except RuntimeError:  # its loop is closed: nobody waits
+        pass
 
 
 def _resolve(ops: list[Op[Any]]) -> None:
