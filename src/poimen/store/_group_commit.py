@@ -66,11 +66,11 @@ _THREAD: Any = _Thread()
 class GroupCommit:
     """Many callers' writes in one transaction; each caller returns only after that commit.
 
-    A caller that finds no leader becomes the leader and commits whatever is queued, its
-    own write included; callers arriving meanwhile queue, each waiting on its own lock. The
-    leader wakes exactly the callers of the batch it committed and hands the role to the
-    first caller still queued, so no caller is woken for nothing. A single caller therefore
-    commits inline, with no thread hop.
+    A caller that finds no leader (then nothing is queued either) leads and commits its own
+    write at once, inline, with no thread hop and no batch; callers arriving meanwhile queue,
+    each waiting on its own lock. A leader wakes exactly the callers of the batch it
+    committed and hands the role to the first caller still queued, which commits whatever
+    is queued then, its own write included, so no caller is woken for nothing.
 
     An async caller cannot lead (its loop must not block): it queues a future, and when the
     role falls to it, the store's writer thread leads instead and resolves the futures of
@@ -283,10 +283,11 @@ class GroupCommit:
                 pass
             h.woken = True
 
-    def _abandon(self, op: Op[Any]) -> None:
-        """After an exception anywhere in `op`'s caller: drop its write if no leader took it
-        (then it is never committed), roll back a transaction it left open, and see the role
-        handed on. Repeated until done: a second interrupt must not leave half of it."""
+    def _abandon(self, op: Op[Any] | int) -> None:
+        """After an exception anywhere in `op`'s caller (`op`: its Op, or the token it leads
+        alone by): drop its write if no leader took it (then it is never committed), roll
+        back a transaction it left open, and see the role handed on. Repeated until done: a
+        second interrupt must not leave half of it."""
         for _ in range(8):
             try:
                 with self._lock:
