@@ -180,8 +180,8 @@ MUTANTS: list[Mutant] = [
            "lone = not self._queue", T_GROUP),
     Mutant("lone-commit-drops-error", "a lone caller's failed write is rolled back and its "
            "error raised, as a batch's", "poimen/store/_group_commit.py",
-           "                error = exc\n            if error is None:",
-           "                pass\n            if error is None:", T_GROUP),
+           "                        error = exc\n                    if error is None:",
+           "                        pass\n                    if error is None:", T_GROUP),
     # ctx.http raises NotSent only if nothing went out, but a tool may raise NotSent itself:
     # the rule lives in the classification of the tool's exception, which checks both.
     Mutant("not-sent-after-write", "a request that never left is FAILED only if nothing went "

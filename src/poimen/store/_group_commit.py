@@ -116,9 +116,27 @@ class GroupCommit:
                 lone = self._holder is None and not self._queue
                 if lone:
                     self._holder = me
-            if lone:
+            if lone:  # `_commit` of this one write, inline (a call fewer on every commit)
+                conn = self._conn
+                committing = False
+                value = error = None
                 try:
-                    value, error = self._commit_one(fn)
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        value = fn(conn)
+                    except BaseException as exc:
+                        error = exc
+                    if error is None:
+                        committing = True
+                        conn.execute("COMMIT")
+                    else:
+                        conn.execute("ROLLBACK")
+                except BaseException as exc:
+                    err = self._failed(exc, committing)
+                    if err is not None and error is None:
+                        value, error = None, err
+                    if not isinstance(exc, sqlite3.Error):
+                        raise  # an interrupt: this caller gets it, its write's fate unknown
                 finally:
                     with self._lock:
                         self._pass_role(me)  # to whoever queued meanwhile
@@ -384,31 +402,6 @@ class GroupCommit:
         finally:
             for op in batch:
                 op.done = True
-
-    def _commit_one(self, fn: Callable[[sqlite3.Connection], T]) -> tuple[T | None, Any]:
-        """`_commit` of a lone caller's own write: its value, or the error it ends with. An
-        interrupt is raised to that caller, its write's fate unknown to it."""
-        conn = self._conn
-        committing = False
-        value = error = None
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                value = fn(conn)
-            except BaseException as exc:
-                error = exc
-            if error is None:
-                committing = True
-                conn.execute("COMMIT")
-            else:
-                conn.execute("ROLLBACK")
-        except BaseException as exc:
-            err = self._failed(exc, committing)
-            if err is not None and error is None:
-                value, error = None, err
-            if not isinstance(exc, sqlite3.Error):
-                raise
-        return value, error
 
     def _failed(self, exc: BaseException, committing: bool) -> StoreError | None:
         """After `exc` stopped a commit: roll back the transaction it left open, and the error
