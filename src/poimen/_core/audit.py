@@ -8,10 +8,11 @@ link follows `GENESIS`. The database makes the links, whatever code writes the r
 copy of `row_bytes`), under one head row (``audit_head``) that every chained write moves in
 its own transaction: one linear chain, whatever number of writers.
 
-`row_bytes` is the one definition of a row's canonical bytes; `walk` checks a chain and
-names the first row edited, deleted, inserted or reordered. Pure: reading the rows is the
-store's (`poimen.store._chain`), checking a log and exporting it the operator's
-(`poimen.operator._audit`, `poimen.operator._audit_export`).
+`row_bytes` is the one definition of a row's canonical bytes (`_value`, column by column;
+the code that runs is generated from `COLUMNS`, and tests hold it to `_value`); `walk`
+checks a chain and names the first row edited, deleted, inserted or reordered. Pure: reading
+the rows is the store's (`poimen.store._chain`), checking a log and exporting it the
+operator's (`poimen.operator._audit`, `poimen.operator._audit_export`).
 """
 
 from __future__ import annotations
