@@ -32,7 +32,10 @@ from bench._util import ROOT
 WORKLOADS = (
     *("floor", "store", "call", "acall"),
     *("observed", "otel", "otel_by_hand", "otel_no_sdk", "logged"),
+    *("aobserved", "aotel", "aotel_by_hand"),
 )
+#: The async workloads' concurrent callers, as bench.observe's.
+CALLERS = 64
 BASE = 100
 
 
@@ -55,6 +58,9 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
         return
     if what in ("observed", "otel", "otel_by_hand", "otel_no_sdk", "logged"):
         _observed(what, n, workdir)
+        return
+    if what in ("aobserved", "aotel", "aotel_by_hand"):
+        _aobserved(what, n, workdir)
         return
     kernel = noop_kernel(workdir / "poimen.db", synchronous="OFF")
     kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
@@ -110,6 +116,44 @@ def _observed(what: str, n: int, workdir: Path) -> None:
         call(TOOL, {"n": -1}, call_id="warm")
         for i in range(n):
             call(TOOL, {"n": i}, call_id=f"c{i}")
+    finally:
+        kernel.close()
+        tp.shutdown()
+        mp.shutdown()
+
+
+def _aobserved(what: str, n: int, workdir: Path) -> None:
+    """bench.observe's 64 async callers, `n` acalls in all: without observers ("aobserved"),
+    with the OpenTelemetry SDK observer, or each acall wrapped by hand in the same span and
+    point; the writer thread's instructions are counted with the loop's."""
+    import asyncio
+
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from bench.observe import TOOL, ByHand, _kernel, _sdk
+    from poimen.otel import OpenTelemetry
+
+    tp, mp = _sdk(processor=SimpleSpanProcessor)
+    observers = [OpenTelemetry(tracer_provider=tp, meter_provider=mp)] if what == "aotel" else []
+    kernel = _kernel(workdir / "poimen.db", "OFF", observers, False)
+    kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
+    hand = ByHand(tp, mp) if what == "aotel_by_hand" else None
+    tool = TOOL + ".async"
+    left = iter(range(n))
+
+    async def caller() -> None:
+        for i in left:  # the callers share the calls: `n` in all
+            if hand is not None:
+                await hand.acall(kernel, tool, {"n": i}, f"c{i}")
+            else:
+                await kernel.acall(tool, {"n": i}, call_id=f"c{i}")
+
+    async def main() -> None:
+        await kernel.acall(tool, {"n": -1}, call_id="warm")
+        await asyncio.gather(*(caller() for _ in range(CALLERS)))
+
+    try:
+        asyncio.run(main())
     finally:
         kernel.close()
         tp.shutdown()
