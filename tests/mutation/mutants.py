@@ -153,6 +153,11 @@ MUTANTS: list[Mutant] = [
     Mutant("flat-late-untaken", "a caller seized after its lease ran out takes its answer, on "
            "the flat path", FLAT, "        return given(store, out) if late(d, c) else out",
            "        return out", T_LATE),
+    Mutant("aflat-late-untaken", "a caller seized after its lease ran out takes its answer, on "
+           "the async flat path", FLAT,
+           "    if late(d, c):\n        out = await block_async(e, Block(given, (store, out)), c)",
+           "    if False:\n        out = await block_async(e, Block(given, (store, out)), c)",
+           T_LATE),
     Mutant("protocol-late-untaken", "a caller seized after its lease ran out takes its answer, "
            "on the generator protocol", PROTOCOL,
            "        return (yield from taken(e, out, late(d, c)))", "        return out", T_LATE),
