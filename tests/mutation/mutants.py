@@ -644,6 +644,10 @@ MUTANTS: list[Mutant] = [
     Mutant("audit-hash-unchecked", "each link is the hash of the one before and its row",
            AUDIT, "    good = [x for x in at if link(prev, x.kind, x.values) == x.hash]\n",
            "    good = list(at)\n", (*T_AUDIT, "-k", "edited and sqlite")),
+    Mutant("audit-link-fast-bytes", "the triggers' link hashes the definition's bytes of every "
+           "value (the generated fast path: an integer's tag)", AUDIT,
+           "h{i} = INT(2, v{i})", "h{i} = INT(3, v{i})",
+           ("tests/unit/test_audit_bytes.py", "-k", "sqlite_link_is_the_definitions")),
     Mutant("audit-gap-unnamed", "a position missing from the chain is a deleted row", AUDIT,
            "        while expect < to:\n", "        while False:\n",
            (*T_AUDIT, "-k", "deleted and sqlite")),
