@@ -23,7 +23,9 @@ not reproducible: the same seed gives the same plan, not the same interleaving.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import functools
 import json
 import math
 import multiprocessing
@@ -39,7 +41,7 @@ import time
 import uuid
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +149,7 @@ class WorkerPlan:
     recover_first: bool = False  # one recovery pass before any call
     break_rule: str | None = None
     flat: bool = True  # Kernel.call's flat path (False: the generator protocol only)
+    asynchronous: bool = False  # calls by `acall` of async tools (the sync ones stay sync)
 
 
 @dataclass(slots=True)
@@ -238,12 +241,28 @@ def instrument(kernel: Kernel, side: Side) -> None:
 # --------------------------------------------------------------------------- the tools
 
 
+@dataclass(frozen=True, slots=True)
+class _Req:
+    """What a soak tool sends: through the kernel's keyed handle or a plain client."""
+
+    method: str
+    path: str
+    kw: dict[str, Any]
+    keyed: bool = False
+    status: bool = False  # the answer is the status code (a read), not the provider's body
+
+
+Build = Callable[..., _Req]
+
+
 def register_soak_tools(
-    kernel: Kernel, url: str, side: Side, timeout: float, approval_ttl: float = 1.0
+    kernel: Kernel, url: str, side: Side, timeout: float, approval_ttl: float = 1.0,
+    *, asynchronous: bool = False,
 ) -> None:
     """One tool per effect class against the provider, an Unsafe one whose calls await
     approval, the charge's undo (a refund) and a Transactional one writing the application's
-    table; each logs its runs to `side`."""
+    table; each logs its runs to `side`. `asynchronous`: the provider's tools are coroutines
+    (`acall` takes the async flat path), the same ids and effects as the others'."""
     # Imported here: a worker's process runs `poimen.testing` as its main module first, when
     # the soak was started with `python -m poimen.testing`.
     from poimen.testing import provider_lookup, provider_result
@@ -253,8 +272,6 @@ def register_soak_tools(
     u = httpx.URL(url)
     caps = Caps(hosts=(f"{u.host}:{u.port}",))
 
-    body = provider_result
-
     @contextlib.contextmanager
     def run(ctx: ToolContext) -> Iterator[None]:
         side.log(e="run", i=ctx.intent_id, a=ctx.attempt, t=time.time())
@@ -263,43 +280,66 @@ def register_soak_tools(
         finally:
             side.log(e="ran", i=ctx.intent_id, a=ctx.attempt, t=time.time())
 
-    @kernel.tool(id=REFUND, effects=Unsafe(), caps=caps, timeout=timeout)
-    def refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
-        with run(ctx):
-            return body(client.post("/plain", json={"to": ctx.call_id, "refund_of": order_id,
-                                                    "amount_cents": amount_cents}))
+    def answer(req: _Req, r: httpx.Response) -> Any:
+        return r.status_code if req.status else provider_result(r)
 
-    @kernel.tool(id="soak.charge", caps=caps, timeout=timeout, undo=REFUND,
-                 effects=Idempotent(key=KeyDerivation.fields("order_id", "amount_cents")))
-    def charge(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
-        with run(ctx):
-            return body(ctx.http.post(f"{url}/keyed", json={
-                "order_id": order_id, "amount_cents": amount_cents}))
+    def tool(**registration: Any) -> Callable[[Build], Build]:
+        """Registers `build` (the tool's arguments, what it sends) as a sync or async tool."""
 
-    lookup = provider_lookup(url, client)
+        def register(build: Build) -> Build:
+            fn: Callable[..., Any]
+            if asynchronous:
+                @functools.wraps(build)
+                async def fn(ctx: ToolContext, **kw: Any) -> Any:
+                    req = build(ctx, **kw)
+                    with run(ctx):
+                        if req.keyed:
+                            r = await ctx.ahttp.request(req.method, url + req.path, **req.kw)
+                        else:
+                            async with httpx.AsyncClient(timeout=timeout, verify=False) as plain:
+                                r = await plain.request(req.method, url + req.path, **req.kw)
+                        return answer(req, r)
+            else:
+                @functools.wraps(build)
+                def fn(ctx: ToolContext, **kw: Any) -> Any:
+                    req = build(ctx, **kw)
+                    with run(ctx):
+                        handle = ctx.http if req.keyed else client
+                        return answer(req, handle.request(req.method, url + req.path, **req.kw))
 
-    @kernel.tool(id="soak.ship", effects=Queryable(lookup=lookup), caps=caps, timeout=timeout)
-    def ship(ctx: ToolContext, order_id: str, address: str) -> dict[str, Any]:
+            kernel.tool(caps=caps, timeout=timeout, **registration)(fn)
+            return build
+
+        return register
+
+    @tool(id=REFUND, effects=Unsafe())
+    def refund(ctx: ToolContext, order_id: str, amount_cents: int) -> _Req:
+        return _Req("POST", "/plain", {"json": {"to": ctx.call_id, "refund_of": order_id,
+                                                 "amount_cents": amount_cents}})
+
+    @tool(id="soak.charge", undo=REFUND,
+          effects=Idempotent(key=KeyDerivation.fields("order_id", "amount_cents")))
+    def charge(ctx: ToolContext, order_id: str, amount_cents: int) -> _Req:
+        return _Req("POST", "/keyed", {"json": {"order_id": order_id,
+                                                 "amount_cents": amount_cents}}, keyed=True)
+
+    @tool(id="soak.ship", effects=Queryable(lookup=provider_lookup(url, client)))
+    def ship(ctx: ToolContext, order_id: str, address: str) -> _Req:
         assert ctx.request_id is not None
-        with run(ctx):
-            return body(client.post("/requests", json={"order_id": order_id, "address": address},
-                                    headers={"X-Request-Id": ctx.request_id}))
+        return _Req("POST", "/requests", {"json": {"order_id": order_id, "address": address},
+                                          "headers": {"X-Request-Id": ctx.request_id}})
 
-    @kernel.tool(id="soak.email", effects=Unsafe(), caps=caps, timeout=timeout)
-    def email(ctx: ToolContext, to: str, subject: str) -> dict[str, Any]:
-        with run(ctx):
-            return body(client.post("/plain", json={"to": to, "subject": subject}))
+    @tool(id="soak.email", effects=Unsafe())
+    def email(ctx: ToolContext, to: str, subject: str) -> _Req:
+        return _Req("POST", "/plain", {"json": {"to": to, "subject": subject}})
 
-    @kernel.tool(id="soak.read", effects=ReadOnly(), caps=caps, timeout=timeout)
-    def read(ctx: ToolContext, order_id: str) -> int:
-        with run(ctx):
-            return ctx.http.get(f"{url}/requests/{order_id}").status_code
+    @tool(id="soak.read", effects=ReadOnly())
+    def read(ctx: ToolContext, order_id: str) -> _Req:
+        return _Req("GET", f"/requests/{order_id}", {}, keyed=True, status=True)
 
-    @kernel.tool(id=APPROVED, effects=Unsafe(), caps=caps, timeout=timeout,
-                 requires_approval=True, approval_ttl=approval_ttl)
-    def wire(ctx: ToolContext, to: str, subject: str) -> dict[str, Any]:
-        with run(ctx):
-            return body(client.post("/plain", json={"to": to, "subject": subject}))
+    @tool(id=APPROVED, effects=Unsafe(), requires_approval=True, approval_ttl=approval_ttl)
+    def wire(ctx: ToolContext, to: str, subject: str) -> _Req:
+        return _Req("POST", "/plain", {"json": {"to": to, "subject": subject}})
 
     # Its witness is the application's own table (`app_db`): a row per landed write.
     @kernel.tool(id="soak.note", effects=Transactional(database=app_db(kernel.store.url)),
@@ -338,14 +378,15 @@ def make_app_table(log_url: str) -> None:
 
 
 def soak_kernel(db: str, provider: str, worker_id: str, side: Side, *, timeout: float,
-                margin: float, lease_ttl: float, approval_ttl: float = 1.0) -> Kernel:
+                margin: float, lease_ttl: float, approval_ttl: float = 1.0,
+                asynchronous: bool = False) -> Kernel:
     """A kernel as the soak runs it: short back-offs (a deferral waits no longer than the soak
     needs), no notifiers, every hold and write logged."""
     kernel = Kernel(db, worker_id=worker_id, lease_ttl=lease_ttl, deadline_margin=margin,
                     lookup_backoff=0.05, max_backoff=0.5, max_attempts=4, wait_bound=0.5,
                     notifiers=[], log_events=False)
     instrument(kernel, side)
-    register_soak_tools(kernel, provider, side, timeout, approval_ttl)
+    register_soak_tools(kernel, provider, side, timeout, approval_ttl, asynchronous=asynchronous)
     return kernel
 
 
@@ -360,10 +401,10 @@ def worker_main(plan: WorkerPlan, up: Any) -> None:
     os.close(err)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     side = Side(plan.side)
-    side.log(e="start", t=time.time(), flat=plan.flat)
+    side.log(e="start", t=time.time(), flat=plan.flat, aio=plan.asynchronous)
     kernel = soak_kernel(plan.db, plan.provider, plan.worker_id, side, timeout=plan.timeout,
                          margin=plan.margin, lease_ttl=plan.lease_ttl,
-                         approval_ttl=plan.approval_ttl)
+                         approval_ttl=plan.approval_ttl, asynchronous=plan.asynchronous)
     engine = engine_of(kernel)
     engine.flat = plan.flat
     if plan.break_rule == "claimable":
@@ -380,6 +421,7 @@ def worker_main(plan: WorkerPlan, up: Any) -> None:
 
     def one(n: int) -> None:
         rng = random.Random(f"{plan.seed}/{n}")
+        loop = asyncio.new_event_loop() if plan.asynchronous else None  # one per thread
         i = 0
         while True:
             if n == 0 and rng.random() < plan.prune_share:
@@ -415,7 +457,10 @@ def worker_main(plan: WorkerPlan, up: Any) -> None:
             tool, args = call_of(call_id)
             side.log(e="call", c=call_id, t=time.time(), again=again is not None)
             try:
-                out = kernel.call(tool, args, call_id=call_id)
+                if loop is not None:
+                    out = loop.run_until_complete(kernel.acall(tool, args, call_id=call_id))
+                else:
+                    out = kernel.call(tool, args, call_id=call_id)
                 side.log(e="called", c=call_id, t=time.time(), o=type(out).__name__)
             except Exception as exc:  # reported by the driver: a harness or a poimen bug
                 side.log(e="err", c=call_id, t=time.time(), m=f"{type(exc).__name__}: {exc}")
@@ -576,7 +621,8 @@ def drive(cfg: SoakConfig, base: Path, db_url: str, provider_url: str) -> SoakRu
                           undo_share=cfg.undo_share,
                           archive=str(base / "sides" / f"{wid}.archive.jsonl"), reuse=again,
                           recover_first=first, break_rule=cfg.break_rule,
-                          flat=spawned % 2 == 0)  # w1, w3, ...: flat; w0, w2, ...: not
+                          # w1, w3, ...: flat, w0, w2, ...: not; w1, w2, w5, w6, ...: acall
+                          flat=spawned % 2 == 0, asynchronous=spawned // 2 % 2 == 1)
         rec = WorkerRecord(wid, started=time.time(), reused=len(again))
         up, tell = ctx.Pipe(duplex=False)
         p = ctx.Process(target=worker_main, args=(plan, tell), daemon=True)

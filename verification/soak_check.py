@@ -571,17 +571,18 @@ def _stats(
     for _kind, _body, fault in received:
         faults[fault or "none"] += 1
     at_kill = {"a tool running": 0, "a recovery pass running": 0, "a call in flight": 0,
-               "a call in flight on the flat path": 0}
+               "a call in flight on the flat path": 0, "an acall in flight": 0,
+               "an acall in flight on the async flat path": 0}
     again = errors = takeovers = late = 0
     for w in workers:
         recs = sides.of(w.worker_id)
         open_runs: set[tuple[str, int]] = set()
         open_calls: set[str] = set()
-        in_recovery = flat = False
+        in_recovery = flat = aio = False
         for r in recs:
             e = r["e"]
             if e == "start":
-                flat = bool(r.get("flat"))
+                flat, aio = bool(r.get("flat")), bool(r.get("aio"))
             elif e == "run":
                 open_runs.add((r["i"], r["a"]))
             elif e == "ran":
@@ -603,6 +604,8 @@ def _stats(
             at_kill["a recovery pass running"] += in_recovery
             at_kill["a call in flight"] += bool(open_calls)
             at_kill["a call in flight on the flat path"] += bool(open_calls) and flat
+            at_kill["an acall in flight"] += bool(open_calls) and aio
+            at_kill["an acall in flight on the async flat path"] += bool(open_calls) and aio and flat
     return {
         "intents by class and state": {k: dict(v) for k, v in sorted(states.items())},
         "effects in the ledger": sum(effects.values()),

@@ -43,6 +43,8 @@ def assert_clean(report: SoakReport) -> None:
     at_kill = report.stats["kills with ... at the SIGKILL"]
     assert at_kill["a tool running"] > 0, report.table()
     assert at_kill["a recovery pass running"] > 0, report.table()
+    # A quarter of the workers call by `acall` on the async flat path (w1, w5, ...).
+    assert at_kill["an acall in flight on the async flat path"] > 0, report.table()
     faults = report.stats["writes received, by injected fault"]
     assert all(faults.get(k, 0) > 0 for k in ("before", "after", "lost", "refuse")), faults
     assert report.stats["calls made again by call id"] > 0

@@ -5,6 +5,7 @@ the race is run by real processes on both backends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -363,41 +364,60 @@ SLOW = "ship.slow"
 
 
 def slow_kernel(store_url: str, provider: str, started: threading.Event,
-                release: threading.Event) -> Kernel:
+                release: threading.Event, *, asynchronous: bool = False) -> Kernel:
     from poimen import Queryable
     from poimen.testing import provider_lookup
 
     k = Kernel(store_url, notifiers=[], lease_ttl=1.0, deadline_margin=0.0, wait_bound=0.2)
     client = httpx.Client(base_url=provider, timeout=5)
     k.on_close(client.close)
+    register = k.tool(id=SLOW, effects=Queryable(lookup=provider_lookup(provider, client)),
+                      caps=Caps(), timeout=5)
 
-    @k.tool(id=SLOW, effects=Queryable(lookup=provider_lookup(provider, client)), caps=Caps(),
-            timeout=5)
-    def slow(ctx: ToolContext, order_id: str) -> Any:
-        started.set()
-        assert release.wait(30)
+    def post(ctx: ToolContext, order_id: str) -> Any:
         assert ctx.request_id is not None
         return client.post("/requests", json={"order_id": order_id},
                            headers={"X-Request-Id": ctx.request_id}).json()
+
+    if asynchronous:  # `acall` of an async tool takes the async flat path
+        @register
+        async def aslow(ctx: ToolContext, order_id: str) -> Any:
+            started.set()
+            # Blocks the loop: the caller paused as a whole (its timeout cannot fire either).
+            assert release.wait(30)
+            return post(ctx, order_id)
+    else:
+        @register
+        def slow(ctx: ToolContext, order_id: str) -> Any:
+            started.set()
+            assert release.wait(30)
+            return post(ctx, order_id)
 
     return k
 
 
 # Both of Kernel.call's paths: the flat one and the generator protocol (docs/design.md §4).
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["call", "acall"])
 @pytest.mark.parametrize("flat_path", [True, False], ids=["flat", "protocol"])
 def test_a_caller_that_settled_its_call_after_a_recovery_seize_owes_no_answer(
     store_url: str, provider: ProviderProcess, ledger: ProviderClient,
-    monkeypatch: pytest.MonkeyPatch, flat_path: bool,
+    monkeypatch: pytest.MonkeyPatch, flat_path: bool, asynchronous: bool,
 ) -> None:
     started, release = threading.Event(), threading.Event()
     monkeypatch.setattr(Kernel, "_renew", lambda self: None)  # renewals starved: a pause
-    caller = slow_kernel(store_url, provider.url, started, release)
+    caller = slow_kernel(store_url, provider.url, started, release, asynchronous=asynchronous)
     caller._engine.flat = flat_path
-    recoverer = slow_kernel(store_url, provider.url, threading.Event(), threading.Event())
+    recoverer = slow_kernel(store_url, provider.url, threading.Event(), threading.Event(),
+                            asynchronous=asynchronous)
     got: list[Any] = []
     order = {"order_id": "o-9"}
-    t = threading.Thread(target=lambda: got.append(
-        caller.call(SLOW, order, call_id="conv/call_a", scope="conv")))
+
+    def first_call() -> Any:
+        if asynchronous:
+            return asyncio.run(caller.acall(SLOW, order, call_id="conv/call_a", scope="conv"))
+        return caller.call(SLOW, order, call_id="conv/call_a", scope="conv")
+
+    t = threading.Thread(target=lambda: got.append(first_call()))
     try:
         t.start()
         assert started.wait(30)

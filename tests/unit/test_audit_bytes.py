@@ -1,9 +1,11 @@
-"""`row_bytes` takes a fast path for the values SQLite hands the chain's triggers: its bytes
-must be those of the definition (`_value` over every column) for every value, or every link
-written since would fail `poimen audit verify`."""
+"""`row_bytes` and `sqlite_link` (the triggers' ``poimen_link``) take a fast path generated
+from `COLUMNS` for the values SQLite hands the chain's triggers: their bytes must be those of
+the definition (`_value` over every column) for every value, or every link written since would
+fail `poimen audit verify`."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import re
@@ -14,7 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from poimen._core.audit import _TYPES, COLUMNS, _text, _value, link, row_bytes
+from poimen._core.audit import (
+    _TYPES,
+    COLUMNS,
+    GENESIS,
+    _text,
+    _value,
+    link,
+    row_bytes,
+    sqlite_link,
+)
 from poimen.store._base import migrations
 
 
@@ -50,6 +61,87 @@ def test_row_bytes_are_the_definitions_for_every_value(kind: str, data: Any) -> 
     assert row_bytes(kind, values) == want
 
 
+_texts = st.one_of(
+    st.text(),
+    st.text(st.characters(exclude_categories=())),  # non-BMP and lone surrogates mixed
+    st.sampled_from(["", "\x00", "\ud800", "\udfff", "\U0010ffff", "\u00e9" * 512]),
+    # past 1 KiB of UTF-8, where the header is packed rather than looked up
+    st.tuples(st.text(min_size=1, max_size=4), st.integers(1021, 1400)).map(lambda p: p[0] * p[1]),
+)
+# What SQLite hands a trigger, in any column: NULL, INTEGER, REAL, TEXT, BLOB.
+_sqlite_values = st.one_of(
+    st.none(),
+    _texts,
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.sampled_from([0, 1, -1, 2**31, -(2**31) - 1, 2**63 - 1, -(2**63)]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, math.nan, -math.nan, math.inf, -math.inf, 5e-324]),
+    st.binary(),
+)
+
+
+def _outcome(f: Any, *args: Any) -> object:
+    try:
+        return f(*args)
+    except (ValueError, KeyError, OverflowError) as exc:
+        return type(exc)
+
+
+def _defined_link(prev: Any, kind: Any, *values: Any) -> str:
+    """The link by the definition: SHA-256 over the previous hash and `reference`."""
+    if str(kind) not in _TYPES:
+        raise KeyError(kind)
+    if len(values) != len(_TYPES[str(kind)]):
+        raise ValueError(kind)
+    return hashlib.sha256(bytes.fromhex(str(prev)) + reference(str(kind), list(values))).hexdigest()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.binary(min_size=32, max_size=32).map(bytes.hex),
+    st.sampled_from(sorted(COLUMNS)),
+    st.data(),
+)
+def test_sqlite_link_is_the_definitions_for_every_value(prev: str, kind: str, data: Any) -> None:
+    # Each column drawn from its own type half the time (the fast path) and from anything
+    # SQLite may hold in it (the columns have affinities, not types) otherwise.
+    own = {"t": _texts, "i": st.integers(-(2**63), 2**63 - 1), "f": st.floats()}
+    values = [
+        data.draw(st.one_of(own[t], _sqlite_values, st.booleans(), st.integers()))
+        for t in _TYPES[kind]
+    ]
+    assert _outcome(sqlite_link, prev, kind, *values) == _outcome(_defined_link, prev, kind, *values)
+
+
+def _storable(v: object) -> bool:
+    """SQLite's module binds a text as strict UTF-8: a lone surrogate never reaches it."""
+    return not isinstance(v, str) or not any("\ud800" <= c <= "\udfff" for c in v)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_poimen_link_through_sqlite_is_the_definitions(data: Any) -> None:
+    # The values as SQLite itself hands them to the function (NaN as NULL, each storage
+    # class), and calls with a column too few or too many, or of a kind no table has.
+    kind = data.draw(st.sampled_from([*sorted(COLUMNS), "other"]))
+    n = len(_TYPES.get(kind, "ttt")) + data.draw(st.sampled_from([0, 0, 0, -1, 1]))
+    values = data.draw(st.lists(_sqlite_values.filter(_storable), min_size=n, max_size=n))
+    db = sqlite3.connect(":memory:")
+    db.create_function("poimen_link", -1, sqlite_link)
+    marks = ", ".join("?" for _ in range(n + 2))
+    params = (GENESIS, kind, *values)
+    try:
+        handed = db.execute(f"SELECT {marks}", params).fetchone()
+        try:
+            got: object = db.execute(f"SELECT poimen_link({marks})", params).fetchone()[0]
+        except sqlite3.OperationalError:  # the function raised
+            got = "refused"
+    finally:
+        db.close()
+    want = _outcome(_defined_link, *handed)
+    assert got == (want if isinstance(want, str) else "refused")
+
+
 def test_a_settled_intents_link_is_unchanged() -> None:
     # A row as SQLite gives it to the trigger, and its link as the definition made it.
     row = ["in_1", "c1", "t", "idempotent", '{"a":1}', "h" * 64, "k", None, "COMPLETED", 1,
@@ -58,6 +150,7 @@ def test_a_settled_intents_link_is_unchanged() -> None:
     prev = "0" * 64
     assert row_bytes("intent", row) == reference("intent", row)
     assert link(prev, "intent", row) == link(prev, "intent", tuple(row))
+    assert sqlite_link(prev, "intent", *row) == _defined_link(prev, "intent", *row)
 
 
 @pytest.mark.parametrize("n", [0, 1, 1023, 1024, 1025, 70_000])
@@ -107,7 +200,6 @@ EFFECTS = ("idempotent", "queryable", "unsafe", "readonly", "transactional")
 
 def _log_at(version: int) -> sqlite3.Connection:
     """An in-memory log migrated to `version`, as the migrator runs the files."""
-    from poimen._core.audit import sqlite_link
     from poimen.store.sqlite import _statements
 
     db = sqlite3.connect(":memory:", isolation_level=None)

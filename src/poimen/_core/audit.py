@@ -8,10 +8,11 @@ link follows `GENESIS`. The database makes the links, whatever code writes the r
 copy of `row_bytes`), under one head row (``audit_head``) that every chained write moves in
 its own transaction: one linear chain, whatever number of writers.
 
-`row_bytes` is the one definition of a row's canonical bytes; `walk` checks a chain and
-names the first row edited, deleted, inserted or reordered. Pure: reading the rows is the
-store's (`poimen.store._chain`), checking a log and exporting it the operator's
-(`poimen.operator._audit`, `poimen.operator._audit_export`).
+`row_bytes` is the one definition of a row's canonical bytes (`_value`, column by column;
+the code that runs is generated from `COLUMNS`, and tests hold it to `_value`); `walk`
+checks a chain and names the first row edited, deleted, inserted or reordered. Pure: reading
+the rows is the store's (`poimen.store._chain`), checking a log and exporting it the
+operator's (`poimen.operator._audit`, `poimen.operator._audit_export`).
 """
 
 from __future__ import annotations
@@ -88,12 +89,114 @@ def _value(t: str, v: Any) -> bytes:
     return b"\x03" + _FLOAT.pack(v)
 
 
-_TAG_TEXT = struct.Struct(">BI")  # 01, then the length
-_TAG_INT = struct.Struct(">Bq")  # 02, then the integer
-_TAG_FLOAT = struct.Struct(">Bd")  # 03, then the double
-_KIND = {kind: _text(kind) for kind in COLUMNS}
-_INT_MIN, _INT_MAX = -(2**63), 2**63
-_HEADS = tuple(_TAG_TEXT.pack(1, n) for n in range(1024))  # a text's tag and length, made once
+def link(prev: str, kind: str, values: Sequence[Any]) -> str:
+    """The hash of a row's link: SHA-256 over (the previous hash || the row's bytes)."""
+    return hashlib.sha256(bytes.fromhex(prev) + row_bytes(kind, values)).hexdigest()
+
+
+def _sqlite_link(prev: Any, kind: Any, *values: Any) -> str:
+    """`link` for whatever SQLite hands the triggers."""
+    return link(str(prev), str(kind), values)
+
+
+# The fast path: every settle hashes a row (the settle trigger's ``poimen_link``), so each
+# kind's encoder is generated from `COLUMNS`, straight-line code with no loop or type table
+# per column, for the values SQLite hands the triggers: None and each column's own type. Any
+# other value takes `_value`, the definition; a test holds both to the same bytes.
+_NO = object()  # a column SQLite did not pass
+_ENCODE = {
+    "t": (
+        "if type(v{i}) is str:\n"
+        "    try:  # strict UTF-8 (the codec's fast path): the same bytes where it succeeds\n"
+        "        b{i} = v{i}.encode()\n"
+        "    except UnicodeEncodeError:\n"
+        "        b{i} = v{i}.encode('utf-8', 'surrogatepass')\n"
+        "    try:\n"
+        "        h{i} = HEADS[len(b{i})]\n"
+        "    except IndexError:  # 1 KiB or more\n"
+        "        h{i} = TEXT(1, len(b{i}))\n"
+        "elif v{i} is None:\n"
+        "    h{i}, b{i} = NULL, b''\n"
+        "else:\n"
+        "    h{i}, b{i} = value('t', v{i}), b''\n"
+    ),
+    "i": (
+        "if type(v{i}) is int:\n"
+        "    try:\n"
+        "        h{i} = INT(2, v{i})\n"
+        "    except error:  # past 64 bits\n"
+        "        h{i} = value('i', v{i})\n"
+        "elif v{i} is None:\n"
+        "    h{i} = NULL\n"
+        "else:\n"
+        "    h{i} = value('i', v{i})\n"
+    ),
+    "f": (
+        "if type(v{i}) is float:\n"
+        "    h{i} = FLOAT(3, v{i})\n"
+        "elif v{i} is None:\n"
+        "    h{i} = NULL\n"
+        "else:\n"
+        "    h{i} = value('f', v{i})\n"
+    ),
+}
+
+
+def _fast_source() -> str:
+    """Per kind, ``row_KIND(v0, ...)`` (its bytes) and a branch of ``sqlite_link`` (its hash).
+    ``sqlite_link`` takes the columns as parameters, each defaulting to `_NO`, so that no
+    tuple is made of them; a call with more columns than any kind has takes ``generic``."""
+    rows, branches = [], []
+    most = max(map(len, _TYPES.values()))
+    for kind in sorted(_TYPES, key=lambda k: k != "intent"):  # the settle's kind first
+        types = _TYPES[kind]
+        n = len(types)
+        names = [f"v{i}" for i in range(n)]
+        body = "".join(_ENCODE[t].format(i=i) for i, t in enumerate(types))
+        pieces = "".join(f"h{i}, b{i}, " if t == "t" else f"h{i}, " for i, t in enumerate(types))
+        rows.append(
+            f"def row_{kind}({', '.join(names)}):\n"
+            + _indent(body, 1)
+            + f"    return b''.join((KIND_{kind}, {pieces}))\n"
+        )
+        complete = f"v{n - 1} is not NO" + (f" and v{n} is NO" if n < most else "")
+        branches.append(
+            f"    if kind == {kind!r} and {complete} and type(prev) is str:\n"
+            + _indent(body, 2)
+            + f"        return sha256(b''.join((fromhex(prev), KIND_{kind}, {pieces}))).hexdigest()\n"
+        )
+    params = ", ".join(f"v{i}=NO" for i in range(most))
+    link = (
+        f"def sqlite_link(prev, kind, {params}, *more):\n"
+        "    \"`link` as SQLite calls it from the chain's triggers (``poimen_link``).\"\n"
+        "    if not more:\n"
+        + "".join(_indent(b, 1) for b in branches)
+        + f"    values = ({', '.join(f'v{i}' for i in range(most))}, *more)\n"
+        + "    return generic(prev, kind, *(v for v in values if v is not NO))\n"
+    )
+    return "\n".join([*rows, link])
+
+
+def _indent(text: str, level: int) -> str:
+    pad = "    " * level
+    return "".join(pad + line for line in text.splitlines(keepends=True))
+
+
+def _fast() -> tuple[dict[str, Callable[..., bytes]], Callable[..., str]]:
+    text = struct.Struct(">BI").pack
+    ns: dict[str, Any] = {
+        "__name__": __name__,
+        "HEADS": tuple(text(1, n) for n in range(1024)),  # a text's tag and length, made once
+        "TEXT": text, "INT": struct.Struct(">Bq").pack, "FLOAT": struct.Struct(">Bd").pack,
+        "NULL": _NULL, "NO": _NO, "error": struct.error, "value": _value,
+        "sha256": hashlib.sha256, "fromhex": bytes.fromhex, "generic": _sqlite_link,
+        **{f"KIND_{kind}": _text(kind) for kind in COLUMNS},
+    }  # fmt: skip
+    exec(compile(_fast_source(), f"<{__name__} fast path>", "exec"), ns)
+    return {kind: ns[f"row_{kind}"] for kind in COLUMNS}, ns["sqlite_link"]
+
+
+_ROWS, sqlite_link = _fast()
 
 
 def row_bytes(kind: str, values: Sequence[Any]) -> bytes:
@@ -101,39 +204,7 @@ def row_bytes(kind: str, values: Sequence[Any]) -> bytes:
     types = _TYPES[kind]
     if len(values) != len(types):
         raise ValueError(f"a {kind} row has {len(types)} columns, not {len(values)}")
-    # The values SQLite hands the triggers, in their own column's type, inline (every settle
-    # hashes a row); anything else takes `_value`, the definition.
-    out = [_KIND[kind]]
-    add = out.append
-    for t, v in zip(types, values, strict=True):
-        tp = type(v)
-        if tp is str:
-            try:  # strict UTF-8 (the codec's fast path) gives the same bytes where it succeeds
-                b = v.encode()
-            except UnicodeEncodeError:
-                b = v.encode("utf-8", "surrogatepass")
-            n = len(b)
-            add(_HEADS[n] if n < 1024 else _TAG_TEXT.pack(1, n))
-            add(b)
-        elif v is None:
-            add(_NULL)
-        elif tp is int and t == "i" and _INT_MIN <= v < _INT_MAX:
-            add(_TAG_INT.pack(2, v))
-        elif tp is float and t == "f":
-            add(_TAG_FLOAT.pack(3, v))
-        else:
-            add(_value(t, v))
-    return b"".join(out)
-
-
-def link(prev: str, kind: str, values: Sequence[Any]) -> str:
-    """The hash of a row's link: SHA-256 over (the previous hash || the row's bytes)."""
-    return hashlib.sha256(bytes.fromhex(prev) + row_bytes(kind, values)).hexdigest()
-
-
-def sqlite_link(prev: Any, kind: Any, *values: Any) -> str:
-    """`link` as SQLite calls it from the chain's triggers (``poimen_link``)."""
-    return link(str(prev), str(kind), values)
+    return _ROWS[kind](*values)
 
 
 # Reading a chain: its rows, as the store (or an export) gives them.
