@@ -30,13 +30,20 @@ from poimen import Caps, Kernel, ToolContext, Unsafe
 ADMIN_URL = os.environ.get("POIMEN_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 
-def worker(url: str, start_at: float, seconds: float, wid: str) -> dict[str, Any]:
-    """One process: sequential calls from `start_at` for `seconds`; returns its counts."""
+def pg_kernel(url: str, wid: str) -> Kernel:
+    """A worker's kernel, with the no-op tool `bench.noop`."""
     kernel = Kernel(url, worker_id=wid)
 
     @kernel.tool(id="bench.noop", effects=Unsafe(), caps=Caps(), timeout=5.0)
     def noop(ctx: ToolContext, n: int) -> int:
         return n
+
+    return kernel
+
+
+def worker(url: str, start_at: float, seconds: float, wid: str) -> dict[str, Any]:
+    """One process: sequential calls from `start_at` for `seconds`; returns its counts."""
+    kernel = pg_kernel(url, wid)
 
     # Warm the pool and the prepared statements before the clock starts.
     for i in range(20):

@@ -17,6 +17,7 @@ wall-clock groups include. Kernel time (the write system calls) is not counted e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -25,14 +26,23 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from bench._util import ROOT
 
 WORKLOADS = (
     *("floor", "store", "call", "acall"),
     *("observed", "otel", "otel_by_hand", "otel_no_sdk", "logged"),
+    *("aobserved", "aotel", "aotel_by_hand"),
 )
+#: The async workloads' concurrent callers, as bench.observe's.
+CALLERS = 64
+# On the PostgreSQL server of POIMEN_BENCH_POSTGRES, in a scratch database: asked for by name
+# (`--only pg_floor pg_store pg_call`), never in the default set.
+PG_WORKLOADS = ("pg_floor", "pg_store", "pg_call")
 BASE = 100
 
 
@@ -55,6 +65,12 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
         return
     if what in ("observed", "otel", "otel_by_hand", "otel_no_sdk", "logged"):
         _observed(what, n, workdir)
+        return
+    if what in ("aobserved", "aotel", "aotel_by_hand"):
+        _aobserved(what, n, workdir)
+        return
+    if what in PG_WORKLOADS:
+        _postgres(what, n, total, os.environ["POIMEN_CG_POSTGRES"])
         return
     kernel = noop_kernel(workdir / "poimen.db", synchronous="OFF")
     kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
@@ -116,6 +132,103 @@ def _observed(what: str, n: int, workdir: Path) -> None:
         mp.shutdown()
 
 
+def _aobserved(what: str, n: int, workdir: Path) -> None:
+    """bench.observe's 64 async callers, `n` acalls in all: without observers ("aobserved"),
+    with the OpenTelemetry SDK observer, or each acall wrapped by hand in the same span and
+    point; the writer thread's instructions are counted with the loop's."""
+    import asyncio
+
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from bench.observe import TOOL, ByHand, _kernel, _sdk
+    from poimen.otel import OpenTelemetry
+
+    tp, mp = _sdk(processor=SimpleSpanProcessor)
+    observers = [OpenTelemetry(tracer_provider=tp, meter_provider=mp)] if what == "aotel" else []
+    kernel = _kernel(workdir / "poimen.db", "OFF", observers, False)
+    kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
+    hand = ByHand(tp, mp) if what == "aotel_by_hand" else None
+    tool = TOOL + ".async"
+    left = iter(range(n))
+
+    async def caller() -> None:
+        for i in left:  # the callers share the calls: `n` in all
+            if hand is not None:
+                await hand.acall(kernel, tool, {"n": i}, f"c{i}")
+            else:
+                await kernel.acall(tool, {"n": i}, call_id=f"c{i}")
+
+    async def main() -> None:
+        await kernel.acall(tool, {"n": -1}, call_id="warm")
+        await asyncio.gather(*(caller() for _ in range(CALLERS)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        kernel.close()
+        tp.shutdown()
+        mp.shutdown()
+
+
+def _postgres(what: str, n: int, total: int, url: str) -> None:
+    """A worker of bench.bench_postgres (one process, one session) or bench.pg_floor's loop;
+    the client's instructions alone: the server's backend is another process."""
+    if what == "pg_floor":
+        import psycopg
+
+        from bench.single import ARGS_JSON
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS calls (call_id TEXT PRIMARY KEY, "
+                         "args TEXT NOT NULL, state TEXT NOT NULL, result TEXT)")
+            run = os.urandom(4).hex()
+            for i in range(-5, n):  # as pg_floor's worker; its first 5 warm the plans
+                cid = f"{run}-{i}"
+                conn.execute("INSERT INTO calls VALUES (%s, %s, 'D', NULL)", (cid, ARGS_JSON))
+                conn.execute("UPDATE calls SET state = 'C', result = 'null' WHERE call_id = %s",
+                             (cid,))
+        return
+    from bench.bench_postgres import pg_kernel
+    from bench.single import TOOL, store_call
+    from poimen._runtime import engine_of
+
+    kernel = pg_kernel(url, "cg")
+    run = os.urandom(4).hex()
+    try:
+        for i in range(10):  # the pool, the prepared statements, the generic plans
+            kernel.call(TOOL, {"n": i}, call_id=f"{run}-warm-{i}")
+        if what == "pg_store":
+            engine = engine_of(kernel)
+            ds = [engine.prepare(TOOL, {"n": i}, f"{run}-{i}")[1] for i in range(total)]
+            for d in ds[:n]:
+                store_call(kernel.store, d)
+        else:
+            for i in range(n):
+                kernel.call(TOOL, {"n": i}, call_id=f"{run}-{i}")
+    finally:
+        kernel.close()
+
+
+@contextlib.contextmanager
+def _scratch_postgres() -> Iterator[str]:
+    """A fresh database, migrated, dropped at the end."""
+    import psycopg
+
+    from poimen.store import open_store
+
+    admin_url = os.environ.get("POIMEN_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+    name = f"poimen_cg_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+    url = urlsplit(admin_url)._replace(path=f"/{name}").geturl()
+    try:
+        open_store(url).close()
+        yield url
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def _instructions(what: str, n: int, total: int) -> int:
     with tempfile.TemporaryDirectory(prefix="poimen-cg-") as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -136,7 +249,7 @@ def _instructions(what: str, n: int, total: int) -> int:
             cwd=ROOT,
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
+            env={**os.environ, "PYTHONHASHSEED": "0", "POIMEN_CG_POSTGRES": _PG_URL[0]},
         )
         if proc.returncode != 0:
             raise RuntimeError(f"callgrind run of {what} failed: {proc.stderr[-2000:]}")
@@ -146,13 +259,19 @@ def _instructions(what: str, n: int, total: int) -> int:
         return int(m.group(1))
 
 
+_PG_URL = [""]  # the scratch database of the PostgreSQL workloads, while they run
+
+
 def measure(calls: int = 500, only: tuple[str, ...] = WORKLOADS) -> dict[str, float]:
     """Instructions per call of each workload."""
     total = BASE + calls
-    return {
-        what: (_instructions(what, total, total) - _instructions(what, BASE, total)) / calls
-        for what in only
-    }
+    with contextlib.ExitStack() as stack:
+        if set(only) & set(PG_WORKLOADS):
+            _PG_URL[0] = stack.enter_context(_scratch_postgres())
+        return {
+            what: (_instructions(what, total, total) - _instructions(what, BASE, total)) / calls
+            for what in only
+        }
 
 
 def main() -> None:
@@ -162,7 +281,9 @@ def main() -> None:
         return
     p = argparse.ArgumentParser(prog="python -m bench.instructions")
     p.add_argument("--calls", type=int, default=500)
-    p.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    p.add_argument(
+        "--only", nargs="+", choices=WORKLOADS + PG_WORKLOADS, default=list(WORKLOADS)
+    )
     ns = p.parse_args()
     why = available()
     if why:

@@ -418,9 +418,18 @@ def _rows(samples: dict[str, list[float]], callers: int) -> list[Row]:
         ),
         tasks,
     )
+    # Paired by repetition: the rounds of one repetition saw the same load.
+    tasks_vs_floor = Row(
+        GROUP,
+        f"{callers} async callers at FULL, SDK observer against the floor",
+        "x",
+        [s / f for s, f in zip(samples["tasks_sdk"], samples["tasks_floor"], strict=True)],
+        note="each repetition's calls/s with poimen's observer over the by-hand floor's",
+    )
+    tasks_vs_floor.ratio, tasks_vs_floor.ratio_of = tasks_vs_floor.median, "x the floor's rate"
     out = [
         *(base, noop, sdk, log, floor, added, full, sdk_full, log_full),
-        *(tasks, tasks_sdk, tasks_floor),
+        *(tasks, tasks_sdk, tasks_floor, tasks_vs_floor),
     ]
     if "tasks_sampled" in samples:
         sampled = row(

@@ -340,7 +340,9 @@ class Suite:
         if why:
             self.skipped.append(Skipped("1 instructions", "callgrind", why))
             return
-        per = instructions.measure(calls=50 if self.s is QUICK else 500)
+        per = instructions.measure(
+            calls=50 if self.s is QUICK else 500, only=("floor", "store", "call", "acall")
+        )
         note = "callgrind, synchronous=OFF; repeatable, so one run"
         f = self.add(
             Row("1 instructions", "floor: raw sqlite3, 2 commits", "instr/call", [per["floor"]], note)

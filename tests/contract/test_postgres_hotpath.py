@@ -103,7 +103,8 @@ def test_statements_dropped_from_a_live_session_are_prepared_again(postgres_url:
             store.get_intent(first)
         with pytest.raises(NotIndeterminateError):  # an operator's refused write rolls back
             store.resolve(first, landed=True, result=None, operator="op", reason="r", now=1.0)
-        with store._pool.connection() as conn:  # the same session, its statements gone
+        # The same session, its statements gone.
+        with store._connection(5.0, direct=False) as conn:
             names = {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements")}
         assert not {"poimen_dispatch", "poimen_settle"} & names
         second = dispatch(store, "c2")

@@ -201,6 +201,11 @@ class PostgresStore(SqlStore):
         self._pool_lock = threading.Lock()
         self._forked = False
         self._pool = self._open_pool()
+        # Sessions lent by the pool and kept between uses: taking one is a `pop`, where
+        # `getconn` and `putconn` were the biggest part of a commit's own Python. Any thread
+        # takes any of them; `now()` gives them back to the pool every `clock_refresh` seconds,
+        # so its lifetime and idle limits still apply.
+        self._idle: list[psycopg.Connection[Any]] = []
         try:
             if migrate and not readonly:
                 self.migrate()
@@ -236,7 +241,8 @@ class PostgresStore(SqlStore):
         """In a forked child: a pool of its own. The parent's sessions are never used here,
         nor closed (closing one would end the parent's session on the server): they are
         kept referenced for the life of the child."""
-        _INHERITED.append(self._pool)
+        _INHERITED.append((self._pool, self._idle))
+        self._idle = []
         self._prepared = weakref.WeakKeyDictionary()
         self._clock_lock = threading.Lock()
         self._pool_lock = threading.Lock()
@@ -326,8 +332,11 @@ class PostgresStore(SqlStore):
             with psycopg.connect(self.url, **self._params) as conn:
                 yield conn
             return
-        pool = self._pool_open()
-        conn = pool.getconn(timeout=wait)
+        idle = self._idle
+        try:
+            conn = idle.pop()
+        except IndexError:
+            conn = self._pool_open().getconn(timeout=wait)
         try:
             # What `with conn:` does for a pooled session, without its commit()'s round of
             # psycopg's machinery when nothing is open (the common case: autocommit).
@@ -347,7 +356,23 @@ class PostgresStore(SqlStore):
                 conn.close()
             raise
         finally:
-            pool.putconn(conn)
+            # Kept for the next use while sound and idle; anything else goes back to the pool,
+            # which rolls back, or replaces a closed session.
+            if conn.pgconn.transaction_status == _IDLE and not self._closed:
+                idle.append(conn)
+                if self._closed:  # closed meanwhile: `close` may have drained the list already
+                    self._return_idle()
+            else:
+                self._pool.putconn(conn)
+
+    def _return_idle(self) -> None:
+        """Give the kept sessions back to the pool (which closes them once it is closed)."""
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                return
+            self._pool.putconn(conn)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         def op(cur: Cursor, _retrying: bool) -> list[Any]:
@@ -407,6 +432,7 @@ class PostgresStore(SqlStore):
             return
         self._closed = True
         if not self._forked:
+            self._return_idle()
             self._pool.close()
 
     def now(self) -> float:
@@ -428,6 +454,7 @@ class PostgresStore(SqlStore):
             finally:
                 self._clock_next = time.monotonic() + self._clock_refresh
                 self._clock_lock.release()
+            self._return_idle()
             server, at, _ = self._clock
             mono = time.monotonic()
         return server + (mono - at)
