@@ -52,7 +52,7 @@ def test_other_host_recovers_a_killed_workers_calls_after_lease_expiry(
         prefix="fifty",
         host="host-a",
         worker_id="worker-a",
-        lease_ttl=6.0,
+        lease_ttl=20.0,  # the early pass must start and finish before it, on a loaded machine
         timeout=3.0,
     )
     unfinished = store.list_unfinished(after_id="", limit=count + 1)

@@ -125,4 +125,6 @@ def test_the_observability_bench_runs(tmp_path: Path) -> None:
     assert added["ratio"] == pytest.approx(added["median"] / added["extra"]["floor_added"])
     by_hand = rows["4 async callers at FULL, each acall wrapped by hand (the SDK floor)"]
     assert by_hand["ratio_of"] == "x no observer"
-    assert len(rows) == 12
+    paired = rows["4 async callers at FULL, SDK observer against the floor"]
+    assert paired["ratio"] == paired["median"] and paired["ratio_of"] == "x the floor's rate"
+    assert len(rows) == 13
