@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,3 +55,23 @@ def recover_until_settled(k: Kernel, call_id: str, *, within: float = 10.0) -> I
         if intent.state != IntentState.DISPATCHED or time.monotonic() > end:
             return intent
         time.sleep(0.1)
+
+
+@contextmanager
+def held_leader(gc: Any) -> Iterator[None]:
+    """A leader holding a SQLite group commit's role (its own write waits) while the block
+    runs, so that writes made meanwhile queue behind it and commit as one batch after it."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold(conn: Any) -> None:
+        held.set()
+        assert release.wait(10)
+
+    leader = threading.Thread(target=gc.run, args=(hold,))
+    leader.start()
+    assert held.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        leader.join(10)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from poimen.store._group_commit import GroupCommit as _GroupCommit
+from tests.helpers import held_leader
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -172,28 +173,19 @@ def _fresh(path: Path) -> _GroupCommit:
 
 def _behind_a_leader(gc: _GroupCommit, fns: list[Any]) -> list[tuple[str, object]]:
     """`fns` queued in order behind a held leader, then committed as one batch."""
-    held, release = threading.Event(), threading.Event()
-
-    def hold(c: sqlite3.Connection) -> None:
-        held.set()
-        assert release.wait(10)
-
-    leader = threading.Thread(target=gc.run, args=(hold,))
-    leader.start()
-    assert held.wait(10)
     told: list[tuple[str, object]] = [("", None)] * len(fns)
 
     def call(i: int) -> None:
         told[i] = _told(lambda: gc.run(fns[i]))
 
     threads = []
-    for i in range(len(fns)):
-        threads.append(threading.Thread(target=call, args=(i,)))
-        threads[-1].start()
-        while len(gc._queue) <= i:  # queued in this order
-            threading.Event().wait(0.002)
-    release.set()
-    for t in [leader, *threads]:
+    with held_leader(gc):
+        for i in range(len(fns)):
+            threads.append(threading.Thread(target=call, args=(i,)))
+            threads[-1].start()
+            while len(gc._queue) <= i:  # queued in this order
+                threading.Event().wait(0.002)
+    for t in threads:
         t.join(10)
     return told
 

@@ -20,6 +20,7 @@ from poimen._core.intents import IntentState, Owner
 from poimen.errors import StoreUnavailableError
 from poimen.store import NewDispatch
 from poimen.store.sqlite import SqliteStore
+from tests.helpers import held_leader
 
 S = IntentState
 A = Owner("worker-a", "host-a", 101, "1000")
@@ -58,15 +59,6 @@ def one_batch(store: SqliteStore, calls: list[Callable[[], Any]]) -> tuple[list[
     """Run `calls` on threads queued behind a held leader, so that they commit as one batch;
     returns each call's result (or exception) and the writer's statements."""
     writer = store._writer
-    held, release = threading.Event(), threading.Event()
-
-    def hold(conn: sqlite3.Connection) -> None:
-        held.set()
-        assert release.wait(10)
-
-    leader = threading.Thread(target=writer.run, args=(hold,))
-    leader.start()
-    assert held.wait(10)
     results: list[Any] = [None] * len(calls)
 
     def run(i: int) -> None:
@@ -76,14 +68,14 @@ def one_batch(store: SqliteStore, calls: list[Callable[[], Any]]) -> tuple[list[
             results[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    while len(writer._queue) < len(calls):
-        threading.Event().wait(0.005)
     statements: list[str] = []
-    writer._conn.set_trace_callback(statements.append)
-    release.set()
-    for t in [leader, *threads]:
+    with held_leader(writer):
+        for t in threads:
+            t.start()
+        while len(writer._queue) < len(calls):
+            threading.Event().wait(0.005)
+        writer._conn.set_trace_callback(statements.append)
+    for t in threads:
         t.join(10)
     writer._conn.set_trace_callback(None)
     # A statement that fires a trigger (the audit chain's) is reported again at the start of
