@@ -266,6 +266,20 @@ def test_racing_claims_have_exactly_one_winner(store: Store) -> None:
         assert len(store.attempts(iid)) == 2
 
 
+def test_a_stale_owner_cannot_make_a_claimed_intent_indeterminate(store: Store) -> None:
+    # Recovery claimed the intent (fence 2) while its first owner still ran: the first owner's
+    # verdict of an unknown outcome is stale and must change nothing the new owner holds.
+    iid = dispatch(store, effect="unsafe")
+    assert claim(store, iid, 1) is not None
+    assert not store.mark_indeterminate(iid, 1, "unsafe_unknown_outcome", note(iid), store.now())
+    assert not store.defer(iid, 1, next_check_at=1.0, unknown_count=1, reason="r", now=1.0)
+    it = store.get_intent(iid)
+    assert it is not None and (it.state, it.fence, it.owner) == (S.DISPATCHED, 2, B)
+    assert (it.reason, it.unknown_count) != ("unsafe_unknown_outcome", 1)
+    assert store.notifications(iid) == []
+    assert store.mark_indeterminate(iid, 2, "unsafe_unknown_outcome", note(iid), store.now())
+
+
 def test_complete_landed_is_a_cas_on_the_fence(store: Store) -> None:
     iid = dispatch(store, effect="queryable")
     assert claim(store, iid, 1, new_attempt=False) is not None
