@@ -47,6 +47,9 @@ def test_bench_quick_run_writes_every_group(tmp_path: Path) -> None:
     assert {"1 floor", "2 dbos", "3 concurrency", "5 recovery", "6 keys"} <= ran
     assert "SQLite floor: raw sqlite3, 2 commits/call" in names
     assert "poimen Kernel.call, no-op Idempotent tool" in names
+    # What an acall's commit pays for crossing threads, beside the same fsync on the loop.
+    assert "fsync by a parked thread the loop awaits (an acall's commit)" in names
+    assert "fsync on the event loop's thread" in names
     for row in doc["rows"]:
         assert len(row["samples"]) >= 1 and row["min"] <= row["median"] <= row["max"], row
     # Every pass recovered every orphan (the suite raises otherwise); the durable setting held.
