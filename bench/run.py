@@ -82,7 +82,7 @@ class Suite:
     # 1. Floor against poimen, one caller.
     def single(self) -> None:
         s = self.s
-        fsync, floor, store, call, acall = [], [], [], [], []
+        fsync, floor, store, call, acall, astore = [], [], [], [], [], []
         inline, crossed = [], []
         for rep in range(s.reps):
             # Interleaved so that disk weather hits both sides alike.
@@ -91,6 +91,10 @@ class Suite:
                 (None, lambda: self._crossing(inline, crossed)),
                 (floor, lambda: single.floor_sqlite(self.dir / "floor.db", s.calls, s.warmup)),
                 (store, lambda: single.poimen_store_only(self.dir / "store.db", s.calls, s.warmup)),
+                (
+                    astore,
+                    lambda: single.poimen_store_awaited(self.dir / "astore.db", s.calls, s.warmup),
+                ),
                 (call, lambda: single.poimen_call(self.dir / "single.db", s.calls, s.warmup)),
                 (acall, lambda: single.poimen_acall(self.dir / "asingle.db", s.calls, s.warmup)),
             ]
@@ -136,8 +140,17 @@ class Suite:
                 note="SqliteStore defaults (WAL, FULL)",
             )
         )
+        sa = self.add(
+            Row(
+                "1 floor",
+                "poimen store alone, awaited from an event loop: arecord_dispatch + arecord_outcome",
+                "µs/call",
+                astore,
+                note="the same two commits by the store's writer thread while the loop waits",
+            )
+        )
         a = self.add(Row("1 floor", "poimen Kernel.acall, no-op async tool", "µs/call", acall))
-        for r in (so, c, a):
+        for r in (so, sa, c, a):
             r.ratio, r.ratio_of = r.median / f.median, "x floor"
         c.target, c.met = "≤ 1.15x floor", c.median / f.median <= 1.15
         a.target, a.met = "≤ 1.2x Kernel.call", a.median / c.median <= 1.2

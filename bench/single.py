@@ -151,6 +151,38 @@ def poimen_store_only(path: Path, calls: int, warmup: int) -> float:
         kernel.close()
 
 
+def poimen_store_awaited(path: Path, calls: int, warmup: int) -> float:
+    """`poimen_store_only` from an event loop (arecord_dispatch + arecord_outcome): the same
+    two commits, made by the store's writer thread while the loop awaits each."""
+    kernel = noop_kernel(path)
+    store = kernel.store
+    ds = [engine_of(kernel).prepare(TOOL, args(i), f"c{i}")[1] for i in range(warmup + calls)]
+
+    async def one(d: NewDispatch) -> None:
+        intent, _ = await store.arecord_dispatch(d)
+        await store.arecord_outcome(
+            intent.id,
+            intent.fence,
+            IntentState.COMPLETED,
+            result="null",
+            error=None,
+            now=store.now(),
+        )
+
+    async def main() -> float:
+        for d in ds[:warmup]:
+            await one(d)
+        t0 = time.perf_counter()
+        for d in ds[warmup:]:
+            await one(d)
+        return per_call_us(time.perf_counter() - t0, calls)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        kernel.close()
+
+
 def poimen_acall(path: Path, calls: int, warmup: int) -> float:
     kernel = noop_kernel(path)
 

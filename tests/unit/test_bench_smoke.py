@@ -50,6 +50,7 @@ def test_bench_quick_run_writes_every_group(tmp_path: Path) -> None:
     # What an acall's commit pays for crossing threads, beside the same fsync on the loop.
     assert "fsync by a parked thread the loop awaits (an acall's commit)" in names
     assert "fsync on the event loop's thread" in names
+    assert any(n.startswith("poimen store alone, awaited from an event loop") for n in names)
     for row in doc["rows"]:
         assert len(row["samples"]) >= 1 and row["min"] <= row["median"] <= row["max"], row
     # Every pass recovered every orphan (the suite raises otherwise); the durable setting held.
