@@ -257,8 +257,9 @@ class Suite:
                         note="SQLite FULL, group commit",
                     )
                 )
-                if n == 64:
-                    r.target, r.met = "≥ 10,000 calls/s", r.median >= 10_000
+                if n == 64:  # issue 25's targets
+                    goal = 10_000 if kind == "threads" else 15_000
+                    r.target, r.met = f"≥ {goal:,} calls/s", r.median >= goal
         for kind in ("threads", "async tasks"):
             one = self.find(f"1 callers, {kind}")
             for n in s.callers[1:]:
