@@ -4,6 +4,7 @@ synchronous=OFF (no fsync to wait for); and what the OpenTelemetry SDK observer 
 call, beside the same span and point made by hand (the SDK's floor).
 
     python -m bench.instructions [--calls 500]
+    python -m bench.instructions --only store store_sql store_sql_nochain   # SQLite's share
 
 Instruction counts do not depend on what else the machine is doing, so this group shows what
 poimen's own code and SQL cost where wall-clock figures drown in noise. Each figure is the
@@ -29,6 +30,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from bench._util import ROOT
@@ -43,6 +45,9 @@ CALLERS = 64
 # On the PostgreSQL server of POIMEN_BENCH_POSTGRES, in a scratch database: asked for by name
 # (`--only pg_floor pg_store pg_call`), never in the default set.
 PG_WORKLOADS = ("pg_floor", "pg_store", "pg_call")
+# The store's own statements replayed by raw sqlite3 (`--only store_sql store_sql_nochain`):
+# what SQLite spends on poimen's schema, which no Python change removes.
+SQL_WORKLOADS = ("store_sql", "store_sql_nochain")
 BASE = 100
 
 
@@ -71,6 +76,9 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
         return
     if what in PG_WORKLOADS:
         _postgres(what, n, total, os.environ["POIMEN_CG_POSTGRES"])
+        return
+    if what in SQL_WORKLOADS:
+        _store_sql(n, total, workdir, chain=what == "store_sql")
         return
     kernel = noop_kernel(workdir / "poimen.db", synchronous="OFF")
     kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
@@ -179,14 +187,17 @@ def _postgres(what: str, n: int, total: int, url: str) -> None:
         from bench.single import ARGS_JSON
 
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS calls (call_id TEXT PRIMARY KEY, "
-                         "args TEXT NOT NULL, state TEXT NOT NULL, result TEXT)")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS calls (call_id TEXT PRIMARY KEY, "
+                "args TEXT NOT NULL, state TEXT NOT NULL, result TEXT)"
+            )
             run = os.urandom(4).hex()
             for i in range(-5, n):  # as pg_floor's worker; its first 5 warm the plans
                 cid = f"{run}-{i}"
                 conn.execute("INSERT INTO calls VALUES (%s, %s, 'D', NULL)", (cid, ARGS_JSON))
-                conn.execute("UPDATE calls SET state = 'C', result = 'null' WHERE call_id = %s",
-                             (cid,))
+                conn.execute(
+                    "UPDATE calls SET state = 'C', result = 'null' WHERE call_id = %s", (cid,)
+                )
         return
     from bench.bench_postgres import pg_kernel
     from bench.single import TOOL, store_call
@@ -207,6 +218,60 @@ def _postgres(what: str, n: int, total: int, url: str) -> None:
                 kernel.call(TOOL, {"n": i}, call_id=f"{run}-{i}")
     finally:
         kernel.close()
+
+
+class _Recording:
+    """The store's writer connection, recording each statement and its parameters."""
+
+    def __init__(self, conn: Any, into: list[tuple[str, Any]]) -> None:
+        self._conn, self._into = conn, into
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        self._into.append((sql, params))
+        return self._conn.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def _store_sql(n: int, total: int, workdir: Path, *, chain: bool) -> None:
+    """The `store` workload's statements, in its transactions, replayed by raw sqlite3 on a
+    log poimen made (its migrations, triggers, `poimen_link`), without the store's Python.
+    The statements are recorded from the store itself on another log first: every call's,
+    `total` of them, so the recording cancels out. `chain=False`: the audit head row
+    removed first, so the settle trigger's WHEN (`EXISTS (SELECT 1 FROM audit_head)`) is false
+    and no link is made."""
+    import sqlite3
+
+    from bench.single import TOOL, args, noop_kernel, store_call
+    from poimen._core.audit import sqlite_link
+    from poimen._runtime import engine_of
+
+    kernel = noop_kernel(workdir / "record.db", synchronous="OFF")
+    calls: list[list[tuple[str, Any]]] = []
+    try:
+        writer = kernel.store._writer  # type: ignore[attr-defined]
+        ds = [engine_of(kernel).prepare(TOOL, args(i), f"c{i}")[1] for i in range(total)]
+        raw = writer._conn
+        for d in ds:
+            calls.append([])
+            writer._conn = _Recording(raw, calls[-1])
+            store_call(kernel.store, d)
+        writer._conn = raw
+    finally:
+        kernel.close()
+    noop_kernel(workdir / "replay.db", synchronous="OFF").close()
+    conn = sqlite3.connect(workdir / "replay.db", isolation_level=None)
+    conn.create_function("poimen_link", -1, sqlite_link)
+    for pragma in ("synchronous=OFF", "foreign_keys=ON", "wal_autocheckpoint=0"):
+        conn.execute(f"PRAGMA {pragma}")
+    if not chain:
+        conn.execute("DELETE FROM audit_head")
+    assert conn.execute("SELECT COUNT(*) FROM audit_head").fetchone()[0] == int(chain)
+    for stmts in calls[:n]:
+        for sql, params in stmts:
+            conn.execute(sql, params)
+    conn.close()
 
 
 @contextlib.contextmanager
@@ -282,7 +347,10 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.instructions")
     p.add_argument("--calls", type=int, default=500)
     p.add_argument(
-        "--only", nargs="+", choices=WORKLOADS + PG_WORKLOADS, default=list(WORKLOADS)
+        "--only",
+        nargs="+",
+        choices=WORKLOADS + PG_WORKLOADS + SQL_WORKLOADS,
+        default=list(WORKLOADS),
     )
     ns = p.parse_args()
     why = available()

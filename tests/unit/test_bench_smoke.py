@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -58,3 +59,26 @@ def test_bench_quick_run_writes_every_group(tmp_path: Path) -> None:
     assert doc["settings"]["sqlite_journal_mode"] == "wal"
     assert doc["machine"]["cores"] and doc["machine"]["sqlite"]
     assert "poimen Kernel.call" in proc.stdout and "median" in proc.stdout
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_the_store_sql_workload_replays_the_stores_own_writes(
+    tmp_path: Path, chain: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench.instructions' store_sql: the statements the store ran, replayed by raw sqlite3;
+    # its figure means something only if the replay writes what the store wrote.
+    import sqlite3
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.instructions import _store_sql
+
+    _store_sql(4, 6, tmp_path, chain=chain)
+    cols = "call_id, tool_id, effect, args, args_hash, key, state, result, fence, attempts"
+    with contextlib.closing(sqlite3.connect(tmp_path / "record.db")) as rec:
+        recorded = rec.execute(f"SELECT {cols} FROM intents ORDER BY call_id").fetchall()
+    with contextlib.closing(sqlite3.connect(tmp_path / "replay.db")) as rep:
+        replayed = rep.execute(f"SELECT {cols} FROM intents ORDER BY call_id").fetchall()
+        linked = rep.execute("SELECT COUNT(*) FROM intents WHERE chain_seq IS NOT NULL")
+        assert linked.fetchone()[0] == (4 if chain else 0)
+    assert len(recorded) == 6 and replayed == recorded[:4]
+    assert {r[6] for r in replayed} == {"COMPLETED"}
