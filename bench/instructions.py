@@ -5,6 +5,7 @@ call, beside the same span and point made by hand (the SDK's floor).
 
     python -m bench.instructions [--calls 500]
     python -m bench.instructions --only store store_sql store_sql_nochain   # SQLite's share
+    python -m bench.instructions --only call threads64 aobserved   # 64 callers' CPU a call
 
 Instruction counts do not depend on what else the machine is doing, so this group shows what
 poimen's own code and SQL cost where wall-clock figures drown in noise. Each figure is the
@@ -48,6 +49,9 @@ PG_WORKLOADS = ("pg_floor", "pg_store", "pg_call")
 # The store's own statements replayed by raw sqlite3 (`--only store_sql store_sql_nochain`):
 # what SQLite spends on poimen's schema, which no Python change removes.
 SQL_WORKLOADS = ("store_sql", "store_sql_nochain")
+# 64 thread callers sharing the calls, as bench.concurrency's (`--only threads64`):
+# callgrind runs one thread at a time, so the count is the CPU work a call, every thread's.
+THREAD_WORKLOADS = ("threads64",)
 BASE = 100
 
 
@@ -76,6 +80,9 @@ def _workload(what: str, n: int, total: int, workdir: Path) -> None:
         return
     if what in PG_WORKLOADS:
         _postgres(what, n, total, os.environ["POIMEN_CG_POSTGRES"])
+        return
+    if what in THREAD_WORKLOADS:
+        _threads(n, workdir)
         return
     if what in SQL_WORKLOADS:
         _store_sql(n, total, workdir, chain=what == "store_sql")
@@ -220,6 +227,36 @@ def _postgres(what: str, n: int, total: int, url: str) -> None:
         kernel.close()
 
 
+def _threads(n: int, workdir: Path) -> None:
+    """`n` calls of `Kernel.call` made by 64 threads in all, on SQLite at `synchronous=OFF`."""
+    import threading
+
+    from bench.single import TOOL, args, noop_kernel
+
+    kernel = noop_kernel(workdir / "poimen.db", synchronous="OFF")
+    kernel.store._writer._conn.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[attr-defined]
+    left = iter(range(n))
+    lock = threading.Lock()
+
+    def caller() -> None:
+        while True:
+            with lock:
+                i = next(left, None)
+            if i is None:
+                return
+            kernel.call(TOOL, args(i), call_id=f"c{i}")
+
+    try:
+        kernel.call(TOOL, args(-1), call_id="warm")
+        workers = [threading.Thread(target=caller) for _ in range(CALLERS)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        kernel.close()
+
+
 class _Recording:
     """The store's writer connection, recording each statement and its parameters."""
 
@@ -349,7 +386,7 @@ def main() -> None:
     p.add_argument(
         "--only",
         nargs="+",
-        choices=WORKLOADS + PG_WORKLOADS + SQL_WORKLOADS,
+        choices=WORKLOADS + PG_WORKLOADS + SQL_WORKLOADS + THREAD_WORKLOADS,
         default=list(WORKLOADS),
     )
     ns = p.parse_args()
